@@ -1,0 +1,51 @@
+"""Log-in for gpulab: NativeAuthenticator (sign-up in the browser) plus a bootstrapped admin.
+
+On first start ``gpulab up`` writes a random admin password to the data dir; this authenticator
+creates the admin account with it, so there is never a fixed default password. It also mounts
+gpulab's hub-side JSON API (the pool and catalog), which must live in the hub process where the
+allocator is.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from nativeauthenticator import NativeAuthenticator
+from traitlets import Unicode
+
+from gpulab.hub_config.handlers import extra_handlers
+
+
+class GpulabAuthenticator(NativeAuthenticator):
+    admin_password_file = Unicode(
+        "",
+        config=True,
+        help="""File holding the initial admin password. On start, if the first admin user has
+        no account yet, one is created with this password. Empty: no bootstrap.""",
+    )
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._bootstrap_admin()
+
+    def _bootstrap_admin(self) -> None:
+        if not self.admin_password_file or not self.admin_users:
+            return
+        admin = sorted(self.admin_users)[0]
+        if self.user_exists(admin):
+            return
+        password = Path(self.admin_password_file).read_text().strip()
+        # create_user refuses when sign-up is disabled or the password is "weak"; the generated
+        # password is long and random, and bootstrap must work whatever sign-up policy is set.
+        saved = self.enable_signup, self.check_common_password
+        self.enable_signup, self.check_common_password = True, False
+        try:
+            if self.create_user(admin, password) is None:
+                self.log.error("Could not create the admin account %r", admin)
+            else:
+                self.log.info("Created the admin account %r", admin)
+        finally:
+            self.enable_signup, self.check_common_password = saved
+
+    def get_handlers(self, app) -> list:
+        return [*super().get_handlers(app), *extra_handlers()]

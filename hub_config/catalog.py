@@ -1,0 +1,236 @@
+"""The platform catalog: GPU types, prices, images and datasets, as typed models.
+
+The catalog is one declarative TOML file. It is validated once at start-up; every error names the
+offending key (``gpu_types.a100-80g.on_demand_price``) and, where the set is closed, the allowed
+values, so an operator never has to guess.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import tomllib
+from decimal import Decimal
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+DEFAULT_CATALOG = Path(__file__).with_name("catalog.toml")
+
+SLUG_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
+MEM_RE = re.compile(r"^\d+(?:\.\d+)?[KMGT]$")
+
+Money = Annotated[Decimal, Field(ge=0, max_digits=12, decimal_places=6)]
+
+
+class CatalogError(ValueError):
+    """The catalog file is missing, unreadable or invalid; the message names the key."""
+
+
+def slugify(name: str) -> str:
+    """``A100-80G`` -> ``a100-80g``; ``RTX 4090`` -> ``rtx-4090``."""
+    return re.sub(r"[^a-z0-9]+", "-", name.strip().lower()).strip("-")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _check_mem(value: str) -> str:
+    if not MEM_RE.match(value):
+        raise ValueError(
+            f"must look like '4G' or '512M' (a number and one of K, M, G, T), not {value!r}"
+        )
+    return value
+
+
+class NoGpuMode(_Model):
+    display_name: str = "No GPU"
+    description: str = "Write and debug code on the same disk at CPU prices"
+    price_per_hour: Money
+    cpus: float = Field(gt=0)
+    mem: str
+
+    _mem = field_validator("mem")(_check_mem)
+
+
+class GpuType(_Model):
+    slug: str
+    display_name: str
+    vram_gb: int = Field(gt=0)
+    on_demand_price: Money
+    spot_floor_price: Money
+    cpus_per_card: float = Field(gt=0)
+    mem_per_card: str
+    nvml_names: list[str] = Field(
+        default_factory=list,
+        description="Substrings of NVML device names that are this type (e.g. 'A100 80GB').",
+    )
+
+    _mem = field_validator("mem_per_card")(_check_mem)
+
+    @model_validator(mode="after")
+    def _floor_below_on_demand(self) -> GpuType:
+        if self.spot_floor_price > self.on_demand_price:
+            raise ValueError(
+                f"spot_floor_price ({self.spot_floor_price}) must not exceed "
+                f"on_demand_price ({self.on_demand_price})"
+            )
+        return self
+
+    def matches(self, nvml_name: str) -> bool:
+        return any(n.lower() in nvml_name.lower() for n in self.nvml_names)
+
+
+class Image(_Model):
+    slug: str
+    display_name: str
+    description: str
+    preloads: list[str] = Field(default_factory=list)
+    gpu_types: list[str] = Field(
+        default_factory=list, description="GPU type slugs this image supports; empty means all."
+    )
+    docker_image: str | None = None
+
+    def supports(self, gpu_type: str) -> bool:
+        return not self.gpu_types or gpu_type in self.gpu_types or gpu_type == "none"
+
+
+class Dataset(_Model):
+    slug: str
+    display_name: str
+    description: str
+    size: str
+    license: str
+    source: str = Field(
+        description="Absolute path, or 'package:PKG/sub/dir' for data inside an installed package."
+    )
+    read_only: bool = True
+
+    @field_validator("read_only")
+    @classmethod
+    def _always_read_only(cls, value: bool) -> bool:
+        if not value:
+            raise ValueError("datasets are always mounted read-only; remove the key or set true")
+        return value
+
+    def resolve_source(self) -> Path:
+        """The directory on this machine that holds the dataset."""
+        if self.source.startswith("package:"):
+            package, _, sub = self.source[len("package:") :].partition("/")
+            spec = importlib.util.find_spec(package)
+            if spec is None or not spec.submodule_search_locations:
+                raise CatalogError(
+                    f"datasets.{self.slug}.source: package {package!r} is not installed"
+                )
+            return Path(next(iter(spec.submodule_search_locations))) / sub
+        return Path(self.source)
+
+
+class Catalog(_Model):
+    currency: str = Field(pattern=r"^[A-Z]{3}$")
+    trial_credit: Money
+    max_gpus_per_server: int = Field(ge=1, le=64)
+    no_gpu: NoGpuMode
+    gpu_types: dict[str, GpuType]
+    images: dict[str, Image]
+    datasets: dict[str, Dataset] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _inject_slugs(cls, data: Any) -> Any:
+        # Slugs are the TOML table names; copy them into the entries so each model knows its own.
+        if isinstance(data, dict):
+            data = dict(data)
+            for section in ("gpu_types", "images", "datasets"):
+                entries = data.get(section)
+                if isinstance(entries, dict):
+                    data[section] = {
+                        k: ({**v, "slug": k} if isinstance(v, dict) else v)
+                        for k, v in entries.items()
+                    }
+        return data
+
+    @model_validator(mode="after")
+    def _check_references(self) -> Catalog:
+        for section in ("gpu_types", "images", "datasets"):
+            for slug in getattr(self, section):
+                if not SLUG_RE.match(slug) or slug == "none":
+                    raise ValueError(
+                        f"{section}.{slug}: slugs are lowercase letters, digits and '-' "
+                        f"(and not 'none'), e.g. {slugify(slug) or 'a100-80g'!r}"
+                    )
+        if not self.images:
+            raise ValueError("images: at least one image is required")
+        for image in self.images.values():
+            for gpu in image.gpu_types:
+                if gpu not in self.gpu_types and gpu != "none":
+                    raise ValueError(
+                        f"images.{image.slug}.gpu_types: unknown GPU type {gpu!r}; "
+                        f"allowed: {', '.join(['none', *self.gpu_types])}"
+                    )
+        return self
+
+    def gpu_type_for_nvml_name(self, nvml_name: str) -> GpuType | None:
+        for gpu_type in self.gpu_types.values():
+            if gpu_type.matches(nvml_name):
+                return gpu_type
+        return None
+
+    def public(self) -> dict[str, Any]:
+        """The catalog as JSON-ready data for the form, the API and the extensions."""
+        return self.model_dump(mode="json", exclude={"datasets": {"__all__": {"source"}}})
+
+
+def _allowed_fields(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    """Walk ``loc`` through the model tree to list the fields allowed where an extra key was found."""
+    current: Any = model
+    for part in loc[:-1]:
+        if isinstance(current, type) and issubclass(current, BaseModel):
+            field = current.model_fields.get(str(part))
+            if field is None:
+                return []
+            annotation = field.annotation
+            args = getattr(annotation, "__args__", ())
+            # dict[str, Model] -> the next loc part is a slug, then the model's fields
+            current = args[-1] if args else annotation
+        # slugs inside dicts: stay on the value model
+    if isinstance(current, type) and issubclass(current, BaseModel):
+        return [f for f in current.model_fields if f != "slug"]
+    return []
+
+
+def format_validation_error(error: ValidationError, model: type[BaseModel], where: str) -> str:
+    lines = []
+    for item in error.errors():
+        loc = tuple(p for p in item["loc"] if not str(p).startswith("function-"))
+        key = ".".join(str(p) for p in loc) or "(top level)"
+        if item["type"] == "extra_forbidden":
+            allowed = _allowed_fields(model, loc)
+            lines.append(f"{key}: unknown key; allowed keys: {', '.join(allowed)}")
+        elif item["type"] == "missing":
+            lines.append(f"{key}: required key is missing")
+        else:
+            msg = item["msg"].removeprefix("Value error, ")
+            lines.append(f"{key}: {msg}")
+    return f"{where}: " + "; ".join(lines)
+
+
+def parse_catalog(data: dict[str, Any], where: str = "catalog") -> Catalog:
+    try:
+        return Catalog.model_validate(data)
+    except ValidationError as e:
+        raise CatalogError(format_validation_error(e, Catalog, where)) from None
+
+
+def load_catalog(path: str | Path | None = None) -> Catalog:
+    """Load and validate a catalog file (the shipped default when ``path`` is empty)."""
+    path = Path(path) if path else DEFAULT_CATALOG
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise CatalogError(f"{path}: catalog file not found") from None
+    except tomllib.TOMLDecodeError as e:
+        raise CatalogError(f"{path}: not valid TOML: {e}") from None
+    return parse_catalog(data, str(path))

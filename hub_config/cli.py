@@ -1,0 +1,139 @@
+"""``gpulab``: the command line of a gpulab node.
+
+``gpulab up`` validates the catalog and GPU settings, prepares the data dir (admin password on
+first start), prints how to log in and runs JupyterHub in this process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import sys
+from pathlib import Path
+
+from gpulab.hub_config.catalog import CatalogError, load_catalog
+from gpulab.spawners.inventory import GpuInventory, SimulateSpecError, parse_simulate_spec
+
+CONFIG_FILE = Path(__file__).with_name("jupyterhub_config.py")
+DEMO_POOL = "RTX-4090:4,A100-80G:2,H100-80G:1"
+
+
+def _port(value: str) -> int:
+    port = int(value)
+    if not 0 < port < 65536:
+        raise argparse.ArgumentTypeError(f"port must be 1-65535, not {port}")
+    return port
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gpulab", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up", help="start the platform (JupyterHub + GPU spawner + SQLite)")
+    up.add_argument("--ip", default=os.environ.get("GPULAB_IP", "127.0.0.1"))
+    up.add_argument("--port", type=_port, default=int(os.environ.get("GPULAB_PORT", "8000")))
+    up.add_argument(
+        "--hub-port", type=_port, default=int(os.environ.get("GPULAB_HUB_PORT", "8081"))
+    )
+    up.add_argument(
+        "--proxy-api-port",
+        type=_port,
+        default=int(os.environ.get("GPULAB_PROXY_API_PORT", "8001")),
+    )
+    up.add_argument(
+        "--data-dir",
+        default=os.environ.get("GPULAB_DATA_DIR", ".gpulab"),
+        help="state: hub database, homes, allocation ledger, logs (default ./.gpulab)",
+    )
+    up.add_argument(
+        "--simulate-gpus",
+        default=os.environ.get("GPULAB_SIMULATE_GPUS", "auto"),
+        metavar="SPEC",
+        help=f"simulated GPUs, e.g. 'A100-80G:2,RTX-4090:4'; 'auto' (default): {DEMO_POOL} "
+        "when NVML finds no GPU; 'none': never",
+    )
+    up.add_argument("--catalog", default=os.environ.get("GPULAB_CATALOG", ""), help="catalog TOML")
+    up.add_argument(
+        "--open-signup",
+        action="store_true",
+        default=os.environ.get("GPULAB_OPEN_SIGNUP") == "1",
+        help="let new sign-ups log in without admin approval",
+    )
+    up.add_argument("jupyterhub_args", nargs="*", help="extra JupyterHub arguments (after --)")
+    return parser
+
+
+def resolve_simulation(spec: str, catalog_path: str) -> str:
+    """Turn 'auto'/'none'/a spec into the spec the hub uses, validating it against the catalog."""
+    catalog = load_catalog(catalog_path or None)
+    if spec == "none":
+        return ""
+    if spec == "auto":
+        inventory = GpuInventory(catalog)
+        if inventory.devices:
+            return ""
+        print(f"gpulab: no GPU found by NVML; simulating a demo pool: {DEMO_POOL} (SIMULATED)")
+        spec = DEMO_POOL
+    parse_simulate_spec(spec, catalog)
+    return spec
+
+
+def admin_password(data_dir: Path) -> tuple[str, bool]:
+    path = data_dir / "admin-password"
+    if path.exists():
+        return path.read_text().strip(), False
+    password = secrets.token_urlsafe(15)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(password + "\n")
+    return password, True
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    data_dir = Path(args.data_dir).resolve()
+    try:
+        simulate = resolve_simulation(args.simulate_gpus, args.catalog)
+    except (CatalogError, SimulateSpecError) as e:
+        print(f"gpulab: {e}", file=sys.stderr)
+        return 2
+    data_dir.mkdir(parents=True, exist_ok=True)
+    password, new = admin_password(data_dir)
+    os.environ.update(
+        GPULAB_DATA_DIR=str(data_dir),
+        GPULAB_IP=args.ip,
+        GPULAB_PORT=str(args.port),
+        GPULAB_HUB_PORT=str(args.hub_port),
+        GPULAB_PROXY_API_PORT=str(args.proxy_api_port),
+        GPULAB_SIMULATE_GPUS=simulate,
+        GPULAB_CATALOG=args.catalog,
+        GPULAB_OPEN_SIGNUP="1" if args.open_signup else "0",
+    )
+    host = "127.0.0.1" if args.ip in ("", "0.0.0.0") else args.ip
+    print(f"gpulab: starting on http://{host}:{args.port}  (data: {data_dir})")
+    if new:
+        print(
+            f"gpulab: log in as 'admin' with password {password}  (saved in {data_dir}/admin-password)"
+        )
+    else:
+        print(f"gpulab: log in as 'admin'; the password is in {data_dir}/admin-password")
+    print(
+        "gpulab: new users sign up at /hub/signup; "
+        + ("sign-up is open." if args.open_signup else "the admin approves them at /hub/authorize.")
+    )
+    sys.stdout.flush()
+
+    from jupyterhub.app import main as jupyterhub_main
+
+    jupyterhub_main(["-f", str(CONFIG_FILE), *args.jupyterhub_args])
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "up":
+        return cmd_up(args)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,275 @@
+"""Whole-GPU allocation with a crash-safe ledger.
+
+Every server, GPU or not, gets one ledger record before its process starts. The ledger is a small
+JSON file replaced atomically (write, fsync, rename), so a hub killed with SIGKILL finds on restart
+exactly which servers held which cards. Records that no restored spawner claims are orphans: their
+processes (found by the allocation id in their environment) are killed and their GPUs freed.
+
+All mutations are synchronous and run on the hub's event loop thread, so two coroutines can never
+interleave inside one allocation: a card can't go to two servers however many spawns race.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from gpulab.spawners.inventory import GpuDevice
+
+
+@dataclass
+class Allocation:
+    alloc_id: str
+    owner: str  # "user/server-name" ("alice/" for the default server)
+    gpu_type: str | None  # None: no-GPU mode
+    uuids: list[str]
+    created: float
+    pid: int | None = None
+    pricing: str = "on-demand"
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+class NoCapacity(Exception):
+    """The requested GPU type has too few free cards. ``str()`` says what is free instead."""
+
+    def __init__(self, message: str, free: dict[str, int]) -> None:
+        super().__init__(message)
+        self.free = free
+
+
+def owner_key(user: str, server: str = "") -> str:
+    return f"{user}/{server}"
+
+
+@dataclass
+class _State:
+    allocations: dict[str, Allocation] = field(default_factory=dict)  # by owner
+
+
+class GpuAllocator:
+    """Hands out whole GPUs by UUID and remembers who holds what across hub restarts."""
+
+    def __init__(self, devices: Iterable[GpuDevice], ledger_path: str | Path, log=None) -> None:
+        import logging
+
+        self.devices = [d for d in devices if d.gpu_type is not None]
+        self.ledger_path = Path(ledger_path)
+        self.log = log or logging.getLogger("gpulab.allocator")
+        self.started = time.time()
+        self._adopted: set[str] = set()
+        self._state = self._load()
+
+    # ---- persistence -------------------------------------------------------------------------
+
+    def _load(self) -> _State:
+        try:
+            raw = json.loads(self.ledger_path.read_text())
+        except FileNotFoundError:
+            return _State()
+        known = {d.uuid for d in self.devices}
+        state = _State()
+        for rec in raw.get("allocations", []):
+            alloc = Allocation(**rec)
+            missing = [u for u in alloc.uuids if u not in known]
+            if missing:
+                # The card vanished (driver change, different --simulate-gpus). Keep the record so
+                # the orphan sweep can stop its process, but nothing can be allocated on it anyway.
+                self.log.warning(
+                    "Ledger record %s for %s names GPUs not on this node: %s",
+                    alloc.alloc_id,
+                    alloc.owner,
+                    ", ".join(missing),
+                )
+            state.allocations[alloc.owner] = alloc
+        return state
+
+    def _save(self) -> None:
+        self.ledger_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.ledger_path.with_suffix(".tmp")
+        data = {"allocations": [a.to_json() for a in self._state.allocations.values()]}
+        with open(tmp, "w") as f:
+            json.dump(data, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.ledger_path)
+
+    # ---- queries -----------------------------------------------------------------------------
+
+    @property
+    def allocations(self) -> list[Allocation]:
+        return list(self._state.allocations.values())
+
+    def held_uuids(self) -> dict[str, Allocation]:
+        return {u: a for a in self._state.allocations.values() for u in a.uuids}
+
+    def get(self, owner: str) -> Allocation | None:
+        return self._state.allocations.get(owner)
+
+    def counts(self) -> dict[str, dict[str, int]]:
+        """Per GPU type: total and free cards."""
+        held = self.held_uuids()
+        out: dict[str, dict[str, int]] = {}
+        for d in self.devices:
+            c = out.setdefault(d.gpu_type, {"total": 0, "free": 0})
+            c["total"] += 1
+            if d.uuid not in held:
+                c["free"] += 1
+        return out
+
+    def describe_free(self, exclude: str | None = None) -> str:
+        free = [
+            f"{slug} x{c['free']}"
+            for slug, c in sorted(self.counts().items())
+            if c["free"] and slug != exclude
+        ]
+        others = ", ".join(free) if free else "no other GPU type has a free card"
+        return f'Free now: {others}; no-GPU mode (gpu: "none") is always available.'
+
+    # ---- mutations ---------------------------------------------------------------------------
+
+    def allocate(
+        self, owner: str, gpu_type: str | None, count: int, pricing: str = "on-demand"
+    ) -> Allocation:
+        """Reserve ``count`` whole cards of ``gpu_type`` (none for no-GPU mode) for ``owner``."""
+        old = self._state.allocations.get(owner)
+        if old is not None:
+            # The hub only spawns a server it believes stopped, so an old record is stale.
+            self.log.warning("Replacing stale allocation %s of %s", old.alloc_id, owner)
+            self._evict(old)
+        uuids: list[str] = []
+        if gpu_type is not None:
+            held = self.held_uuids()
+            candidates = [d for d in self.devices if d.gpu_type == gpu_type and d.uuid not in held]
+            if len(candidates) < count:
+                total = sum(1 for d in self.devices if d.gpu_type == gpu_type)
+                free = {s: c["free"] for s, c in self.counts().items()}
+                raise NoCapacity(
+                    f"No {gpu_type} available: {count} requested, {len(candidates)} of {total} "
+                    f"free. {self.describe_free(exclude=gpu_type)}",
+                    free,
+                )
+            uuids = [d.uuid for d in sorted(candidates, key=lambda d: d.index)[:count]]
+        alloc = Allocation(
+            alloc_id=uuid.uuid4().hex,
+            owner=owner,
+            gpu_type=gpu_type,
+            uuids=uuids,
+            created=time.time(),
+            pricing=pricing,
+        )
+        self._state.allocations[owner] = alloc
+        self._adopted.add(alloc.alloc_id)
+        self._save()
+        return alloc
+
+    def set_pid(self, owner: str, pid: int) -> None:
+        alloc = self._state.allocations.get(owner)
+        if alloc is not None and alloc.pid != pid:
+            alloc.pid = pid
+            self._save()
+
+    def release(self, owner: str, alloc_id: str | None = None) -> Allocation | None:
+        """Free ``owner``'s cards. With ``alloc_id``, only if it is still that allocation."""
+        alloc = self._state.allocations.get(owner)
+        if alloc is None or (alloc_id is not None and alloc.alloc_id != alloc_id):
+            return None
+        del self._state.allocations[owner]
+        self._adopted.discard(alloc.alloc_id)
+        self._save()
+        return alloc
+
+    def adopt(self, owner: str, alloc_id: str) -> Allocation | None:
+        """A restored spawner claims its record after a hub restart."""
+        alloc = self._state.allocations.get(owner)
+        if alloc is None or alloc.alloc_id != alloc_id:
+            return None
+        self._adopted.add(alloc_id)
+        return alloc
+
+    def orphans(self) -> list[Allocation]:
+        return [a for a in self._state.allocations.values() if a.alloc_id not in self._adopted]
+
+    def sweep_orphans(self, hub_id: str) -> list[Allocation]:
+        """Stop the processes of unclaimed records and free them. Call once spawners are restored."""
+        swept = []
+        for alloc in self.orphans():
+            killed = kill_allocation_processes(hub_id, alloc.alloc_id)
+            self.log.warning(
+                "Orphaned allocation %s of %s (GPUs: %s): no server claims it after restart; "
+                "stopped %d process(es) and freed it.",
+                alloc.alloc_id,
+                alloc.owner,
+                ", ".join(alloc.uuids) or "none",
+                killed,
+            )
+            del self._state.allocations[alloc.owner]
+            swept.append(alloc)
+        known = {a.alloc_id for a in self._state.allocations.values()}
+        # Processes carrying an allocation id the ledger never recorded (the hub died between
+        # starting them and saving) are orphans too.
+        for alloc_id in allocation_ids_running(hub_id) - known:
+            n = kill_allocation_processes(hub_id, alloc_id)
+            self.log.warning("Stopped %d stray process(es) of unknown allocation %s", n, alloc_id)
+        if swept:
+            self._save()
+        return swept
+
+    def _evict(self, alloc: Allocation) -> None:
+        kill_allocation_processes(None, alloc.alloc_id)
+        del self._state.allocations[alloc.owner]
+        self._adopted.discard(alloc.alloc_id)
+
+
+# ---- processes by allocation id -----------------------------------------------------------------
+
+ENV_ALLOC = "GPULAB_ALLOCATION_ID"
+ENV_HUB = "GPULAB_HUB_ID"
+
+
+def _process_env(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    env = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep and key in (ENV_ALLOC.encode(), ENV_HUB.encode()):
+            env[key.decode()] = value.decode(errors="replace")
+    return env
+
+
+def _pids() -> list[int]:
+    return [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()]
+
+
+def allocation_ids_running(hub_id: str) -> set[str]:
+    ids = set()
+    for pid in _pids():
+        env = _process_env(pid)
+        if env.get(ENV_HUB) == hub_id and ENV_ALLOC in env:
+            ids.add(env[ENV_ALLOC])
+    return ids
+
+
+def kill_allocation_processes(hub_id: str | None, alloc_id: str) -> int:
+    """SIGKILL every process whose environment carries ``alloc_id`` (server and kernels)."""
+    killed = 0
+    for pid in _pids():
+        env = _process_env(pid)
+        if env.get(ENV_ALLOC) != alloc_id or (hub_id is not None and env.get(ENV_HUB) != hub_id):
+            continue
+        try:
+            os.kill(pid, signal.SIGKILL)
+            killed += 1
+        except ProcessLookupError:
+            pass
+    return killed

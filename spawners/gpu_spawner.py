@@ -1,0 +1,251 @@
+"""What every gpulab spawner shares: option validation, GPU allocation, GPU env, state, progress.
+
+A concrete spawner (local processes, Docker) mixes this in and implements ``_launch`` (start the
+server with the given environment, return its URL) and its own stop/poll.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from tornado import web
+from traitlets import HasTraits, default
+
+from gpulab.spawners.allocator import ENV_ALLOC, ENV_HUB, Allocation, NoCapacity, owner_key
+from gpulab.spawners.options import OptionsError, ServerOptions, options_from_form, parse_options
+from gpulab.spawners.pool import GpuPool
+
+
+class SpawnError(web.HTTPError):
+    """A spawn failure whose message is meant for the person who clicked start."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(status, log_message=message.replace("%", "%%"), reason=None)
+        self.jupyterhub_message = message
+
+
+class GpuSpawnerMixin(HasTraits):
+    """Mixin for a JupyterHub Spawner class (put it first in the bases)."""
+
+    gpulab_options: ServerOptions | None = None
+    allocation: Allocation | None = None
+    # Human label of the running mode, e.g. "A100-80G x1 (simulated)" or "No GPU".
+    mode_label: str = ""
+
+    @property
+    def pool(self) -> GpuPool:
+        pool = GpuPool.instance(config=self.config)
+        pool.start_reconciling()
+        return pool
+
+    # ---- options -----------------------------------------------------------------------------
+
+    @default("options_form")
+    def _default_options_form(self):
+        from gpulab.spawners.form import render_form
+
+        return render_form
+
+    @default("options_from_form")
+    def _default_options_from_form(self):
+        return options_from_form
+
+    @default("apply_user_options")
+    def _default_apply_user_options(self):
+        return type(self)._apply_gpulab_options
+
+    def _apply_gpulab_options(self, raw: dict[str, Any]) -> None:
+        try:
+            options = parse_options(raw, self.pool.catalog)
+        except OptionsError as e:
+            # user.spawn saved the bad options as "future defaults" before calling us; put the
+            # last good ones back so a failed request changes nothing.
+            self.orm_spawner.user_options = self._last_good_options()
+            raise SpawnError(400, f"Invalid spawn option {e}") from None
+        self.gpulab_options = options
+        self.user_options = options.to_json()
+        self.orm_spawner.user_options = options.to_json()
+
+    def _last_good_options(self) -> dict[str, Any]:
+        return self.gpulab_options.to_json() if self.gpulab_options else {}
+
+    # ---- allocation --------------------------------------------------------------------------
+
+    @property
+    def owner(self) -> str:
+        return owner_key(self.user.name, self.name)
+
+    def _allocate(self) -> Allocation:
+        opts = self.gpulab_options or parse_options(self.user_options, self.pool.catalog)
+        self.gpulab_options = opts
+        try:
+            alloc = self.pool.allocator.allocate(self.owner, opts.gpu_type, opts.gpus, opts.pricing)
+        except NoCapacity as e:
+            raise SpawnError(409, str(e)) from None
+        self.allocation = alloc
+        self.mode_label = self._label(alloc)
+        return alloc
+
+    def _label(self, alloc: Allocation) -> str:
+        catalog = self.pool.catalog
+        if alloc.gpu_type is None:
+            return catalog.no_gpu.display_name
+        devices = [self.pool.inventory.by_uuid(u) for u in alloc.uuids]
+        simulated = any(d is not None and d.simulated for d in devices)
+        label = f"{catalog.gpu_types[alloc.gpu_type].display_name} x{len(alloc.uuids)}"
+        return label + (" (simulated)" if simulated else "")
+
+    def _release(self) -> None:
+        if self.allocation is not None:
+            released = self.pool.allocator.release(self.owner, self.allocation.alloc_id)
+            if released is not None:
+                self.log.info(
+                    "Released %s of %s (GPUs: %s)",
+                    released.alloc_id,
+                    self.owner,
+                    ", ".join(released.uuids) or "none",
+                )
+            self.allocation = None
+
+    def gpu_env(self, alloc: Allocation) -> dict[str, str]:
+        """The environment that pins a server to its cards (and says what it is)."""
+        simulated = any(
+            (d := self.pool.inventory.by_uuid(u)) is not None and d.simulated for u in alloc.uuids
+        )
+        opts = self.gpulab_options
+        env = {
+            ENV_ALLOC: alloc.alloc_id,
+            ENV_HUB: self.pool.hub_id,
+            "GPULAB_MODE": self.mode_label,
+            "GPULAB_GPU_TYPE": alloc.gpu_type or "none",
+            "GPULAB_GPU_COUNT": str(len(alloc.uuids)),
+            "GPULAB_GPUS_SIMULATED": "1" if simulated else "0",
+            "GPULAB_PRICING": alloc.pricing,
+            "GPULAB_PRICE_PER_HOUR": str(opts.price_per_hour(self.pool.catalog)) if opts else "",
+            "GPULAB_CURRENCY": self.pool.catalog.currency,
+            "GPULAB_IMAGE": opts.image if opts else "",
+            "GPULAB_DATASETS": ",".join(opts.datasets) if opts else "",
+        }
+        if alloc.uuids:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(alloc.uuids)
+            env["NVIDIA_VISIBLE_DEVICES"] = ",".join(alloc.uuids)
+        else:
+            env["CUDA_VISIBLE_DEVICES"] = ""
+            env["NVIDIA_VISIBLE_DEVICES"] = "void"
+        return env
+
+    # ---- progress ----------------------------------------------------------------------------
+
+    def _progress_reset(self) -> None:
+        self._progress_events: list[dict[str, Any]] = []
+        self._progress_changed = asyncio.Event()
+        self._progress_done = False
+        self._spawn_t0 = time.perf_counter()
+
+    def emit_progress(self, progress: int, message: str) -> None:
+        if not hasattr(self, "_progress_events"):
+            self._progress_reset()
+        elapsed = time.perf_counter() - self._spawn_t0
+        self._progress_events.append(
+            {"progress": progress, "message": f"{message} ({elapsed:.2f}s)"}
+        )
+        self._progress_changed.set()
+
+    def _progress_finish(self) -> None:
+        self._progress_done = True
+        if hasattr(self, "_progress_changed"):
+            self._progress_changed.set()
+
+    async def progress(self) -> AsyncIterator[dict[str, Any]]:
+        """Yield the real spawn steps as they happen (allocating, datasets, starting, waiting)."""
+        if not hasattr(self, "_progress_events"):
+            self._progress_reset()
+        sent = 0
+        while True:
+            while sent < len(self._progress_events):
+                yield self._progress_events[sent]
+                sent += 1
+            if self._progress_done:
+                return
+            self._progress_changed.clear()
+            try:
+                await asyncio.wait_for(self._progress_changed.wait(), timeout=1)
+            except TimeoutError:
+                pass
+
+    # ---- state -------------------------------------------------------------------------------
+
+    def gpulab_state(self) -> dict[str, Any]:
+        state: dict[str, Any] = {}
+        if self.allocation is not None:
+            state["allocation"] = self.allocation.to_json()
+        if self.gpulab_options is not None:
+            state["options"] = self.gpulab_options.to_json()
+        if self.mode_label:
+            state["mode_label"] = self.mode_label
+        return state
+
+    def load_gpulab_state(self, state: dict[str, Any]) -> None:
+        rec = state.get("allocation")
+        if rec:
+            alloc = self.pool.allocator.adopt(self.owner, rec["alloc_id"])
+            if alloc is None:
+                self.log.warning(
+                    "%s: stored allocation %s is not in the ledger; not claiming GPUs %s",
+                    self.owner,
+                    rec["alloc_id"],
+                    rec.get("uuids"),
+                )
+            self.allocation = alloc
+        if state.get("options"):
+            try:
+                self.gpulab_options = parse_options(state["options"], self.pool.catalog)
+            except OptionsError as e:
+                self.log.warning("%s: stored options no longer valid: %s", self.owner, e)
+        self.mode_label = state.get("mode_label", "")
+
+    # ---- the spawn ---------------------------------------------------------------------------
+
+    async def gpulab_start(self) -> str:
+        """Allocate, then launch; on any failure give the GPUs back before raising."""
+        self._progress_reset()
+        try:
+            self.emit_progress(10, "Allocating GPUs")
+            alloc = self._allocate()
+            self.emit_progress(
+                20,
+                f"Allocated {self.mode_label}"
+                + (f": {', '.join(alloc.uuids)}" if alloc.uuids else ""),
+            )
+            url = await self._launch(self.gpu_env(alloc))
+            self.emit_progress(100, f"JupyterLab is ready on {self.mode_label}")
+            return url
+        except BaseException:
+            self._release()
+            raise
+        finally:
+            self._progress_finish()
+
+    async def _launch(self, gpu_env: dict[str, str]) -> str:
+        raise NotImplementedError
+
+    def user_home_name(self) -> str:
+        """The user name made safe as one path component."""
+        out = []
+        for ch in self.user.name:
+            out.append(ch if ch.isascii() and (ch.isalnum() or ch in "_-") else f"-{ord(ch):x}-")
+        return "".join(out)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,120 @@
+"""Entry point of a local single-user server: mount datasets read-only, then run JupyterHub's server.
+
+Runs as ``python -m gpulab.spawners.launcher [server args]`` in the server's own process, before any
+thread exists, which is what ``unshare(CLONE_NEWNS)`` needs. Datasets arrive in the environment:
+
+- ``GPULAB_DATASET_MOUNTS``: JSON list of ``[source_dir, target_dir]``;
+- ``GPULAB_DATASET_MODE``: ``bind`` (a private mount namespace with read-only bind mounts, so even
+  root inside the server gets EROFS) or ``symlink`` (links to read-only directories).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import importlib.abc
+import json
+import os
+import sys
+from pathlib import Path
+
+CLONE_NEWNS = 0x00020000
+MS_RDONLY = 0x1
+MS_NOSUID = 0x2
+MS_NODEV = 0x4
+MS_REMOUNT = 0x20
+MS_BIND = 0x1000
+MS_REC = 0x4000
+MS_PRIVATE = 0x40000
+
+# Imported only for jsonschema's "iri" format checker, which no Jupyter event schema uses, yet its
+# import compiles a grammar that costs about a second of every server start.
+SKIPPED_IMPORTS = frozenset({"rfc3987_syntax"})
+
+
+class _SkipImports(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname.partition(".")[0] in SKIPPED_IMPORTS:
+            raise ModuleNotFoundError(
+                f"{fullname} skipped by gpulab for start-up speed", name=fullname
+            )
+        return None
+
+
+def _libc():
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_char_p]
+    return libc
+
+
+def _check(ret: int, what: str) -> None:
+    if ret != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def bind_read_only(mounts: list[tuple[str, str]]) -> None:
+    """Enter a private mount namespace and bind each source read-only onto its target."""
+    libc = _libc()
+    _check(libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+    # Keep our mounts from propagating back to the host's namespace.
+    _check(libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "make / private")
+    for src, dst in mounts:
+        Path(dst).mkdir(parents=True, exist_ok=True)
+        _check(libc.mount(src.encode(), dst.encode(), None, MS_BIND | MS_REC, None), f"bind {src}")
+        flags = MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV
+        _check(libc.mount(None, dst.encode(), None, flags, None), f"remount {dst} read-only")
+
+
+def link_read_only(mounts: list[tuple[str, str]]) -> None:
+    for src, dst in mounts:
+        target = Path(dst)
+        if target.is_symlink() or target.is_file():
+            target.unlink()
+        elif target.is_dir():
+            target.rmdir()  # an empty mount point left from bind mode
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.symlink_to(src, target_is_directory=True)
+
+
+def tidy_datasets_dir(datasets_dir: Path, keep: set[str]) -> None:
+    """Remove links and empty mount points of datasets no longer requested."""
+    if not datasets_dir.is_dir():
+        return
+    for entry in datasets_dir.iterdir():
+        if entry.name in keep:
+            continue
+        if entry.is_symlink():
+            entry.unlink()
+        elif entry.is_dir():
+            try:
+                entry.rmdir()
+            except OSError:
+                pass  # the user put files there; leave them
+
+
+def prepare_datasets(env: dict[str, str]) -> None:
+    mounts = [tuple(m) for m in json.loads(env.get("GPULAB_DATASET_MOUNTS") or "[]")]
+    home = Path(env.get("HOME") or os.getcwd())
+    tidy_datasets_dir(home / "datasets", {Path(dst).name for _, dst in mounts})
+    if not mounts:
+        return
+    if env.get("GPULAB_DATASET_MODE") == "bind":
+        bind_read_only(mounts)
+    else:
+        link_read_only(mounts)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    prepare_datasets(dict(os.environ))
+    if os.environ.get("GPULAB_TRIM_IMPORTS", "1") == "1":
+        sys.meta_path.insert(0, _SkipImports())
+    sys.argv = ["jupyterhub-singleuser", *argv]
+    from jupyterhub.singleuser import main as singleuser_main
+
+    sys.exit(singleuser_main())
+
+
+if __name__ == "__main__":
+    main()

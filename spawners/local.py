@@ -1,0 +1,265 @@
+"""The embedded default: single-user servers as local processes, pinned to their GPUs.
+
+Each user has one home under the data dir, the same in GPU and no-GPU mode. Datasets appear under
+``~/datasets/SLUG`` read-only. ``start()`` returns only once the server accepts connections, so the
+hub's readiness check succeeds at once; if the server exits first, the spawn fails with the cause
+and the server's last log lines instead of JupyterHub's opaque error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from jupyterhub.spawner import LocalProcessSpawner
+from jupyterhub.utils import random_port
+from traitlets import Bool, Float, Integer, Unicode, default, validate
+
+from gpulab.spawners.gpu_spawner import GpuSpawnerMixin, SpawnError
+
+
+def _can_unshare_mounts() -> bool:
+    probe = (
+        "import ctypes,ctypes.util,sys;"
+        "l=ctypes.CDLL(ctypes.util.find_library('c'),use_errno=True);"
+        "sys.exit(l.unshare(0x20000))"
+    )
+    try:
+        return subprocess.run([sys.executable, "-c", probe], timeout=10).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+class GpuLocalSpawner(GpuSpawnerMixin, LocalProcessSpawner):
+    """Runs each server as a local process of the hub's own user, with its GPUs pinned."""
+
+    home_dir_template = Unicode(
+        "{data_dir}/users/{username}",
+        config=True,
+        help="""Where each user's home lives. {data_dir} is GpuPool.data_dir, {username} the
+        user name made safe as a path component. The same home serves GPU and no-GPU mode.""",
+    )
+
+    dataset_mode = Unicode(
+        "auto",
+        config=True,
+        help="""How datasets appear in ~/datasets: 'bind' (read-only bind mounts in a private
+        mount namespace: nobody in the server can write, root included; needs CAP_SYS_ADMIN),
+        'symlink' (links to read-only directories: enough when the hub does not run as root),
+        or 'auto' (bind where the hub can, else symlink).""",
+    )
+
+    ready_poll_interval = Float(
+        0.01,
+        config=True,
+        help="Seconds between checks that the starting server accepts connections.",
+    )
+
+    log_tail_lines = Integer(
+        20,
+        config=True,
+        help="How many of the server's last log lines a failed spawn shows.",
+    )
+
+    trim_imports = Bool(
+        True,
+        config=True,
+        help="""Skip imports that only slow server start-up (jsonschema's rfc3987 grammar, used
+        by no Jupyter event schema).""",
+    )
+
+    @validate("dataset_mode")
+    def _check_dataset_mode(self, proposal: dict) -> str:
+        if proposal["value"] not in {"auto", "bind", "symlink"}:
+            raise ValueError(
+                f"dataset_mode: {proposal['value']!r} is not allowed; allowed: auto, bind, symlink"
+            )
+        return proposal["value"]
+
+    @default("cmd")
+    def _default_cmd(self) -> list[str]:
+        return [sys.executable, "-m", "gpulab.spawners.launcher"]
+
+    @default("default_url")
+    def _default_url(self) -> str:
+        return "/lab"
+
+    @default("poll_interval")
+    def _default_poll_interval(self) -> int:
+        # Polling a pid is cheap, and a dead server's GPUs should return to the pool quickly.
+        return 5
+
+    @default("env_keep")
+    def _default_env_keep(self) -> list[str]:
+        return ["PATH", "LANG", "LC_ALL", "TZ", "JUPYTERHUB_SINGLEUSER_APP", "GPULAB_REQUIRE_ALL"]
+
+    # ---- paths -------------------------------------------------------------------------------
+
+    @property
+    def home_dir(self) -> str:
+        return self.home_dir_template.format(
+            data_dir=self.pool.data_dir, username=self.user_home_name()
+        )
+
+    @property
+    def log_path(self) -> Path:
+        suffix = f"-{self.name}" if self.name else ""
+        return Path(self.pool.data_dir) / "logs" / f"{self.user_home_name()}{suffix}.log"
+
+    def _dataset_mode(self) -> str:
+        if self.dataset_mode != "auto":
+            return self.dataset_mode
+        cls = type(self)
+        if not hasattr(cls, "_auto_mode"):
+            cls._auto_mode = "bind" if _can_unshare_mounts() else "symlink"
+            self.log.info("Datasets are mounted with mode %r", cls._auto_mode)
+        return cls._auto_mode
+
+    def _dataset_source(self, slug: str, mode: str) -> str:
+        dataset = self.pool.catalog.datasets[slug]
+        src = dataset.resolve_source()
+        if not src.is_dir():
+            raise SpawnError(500, f"Dataset {slug} is unavailable: {src} is not a directory")
+        if mode == "bind" or not os.access(src, os.W_OK):
+            return str(src)
+        # Symlink mode and we could write the source (e.g. package data in our own venv): serve
+        # a read-only copy instead, made once.
+        copy = Path(self.pool.data_dir) / "datasets" / slug
+        if not copy.exists():
+            tmp = copy.with_name(f".{slug}.tmp")
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.copytree(src, tmp)
+            for path in [*tmp.rglob("*"), tmp]:
+                mode_bits = path.stat().st_mode
+                path.chmod(mode_bits & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
+            tmp.rename(copy)
+        return str(copy)
+
+    # ---- environment -------------------------------------------------------------------------
+
+    def user_env(self, env: dict[str, str]) -> dict[str, str]:
+        env["USER"] = self.user.name
+        env["HOME"] = self.home_dir
+        env["SHELL"] = "/bin/bash"
+        return env
+
+    def make_preexec_fn(self, name: str):
+        return None
+
+    def move_certs(self, paths: dict[str, str]) -> dict[str, str]:
+        return paths
+
+    def get_args(self) -> list[str]:
+        args = list(super().get_args())
+        if os.geteuid() == 0 and "--allow-root" not in args:
+            # The hub runs as root (as in CI containers); jupyter_server refuses without this.
+            args.append("--allow-root")
+        return args
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> str:
+        return await self.gpulab_start()
+
+    async def _launch(self, gpu_env: dict[str, str]) -> str:
+        opts = self.gpulab_options
+        assert opts is not None
+        home = Path(self.home_dir)
+        mounts: list[list[str]] = []
+        if opts.datasets:
+            mode = self._dataset_mode()
+            self.emit_progress(
+                30, f"Mounting datasets read-only ({mode}): {', '.join(opts.datasets)}"
+            )
+            for slug in opts.datasets:
+                src = await asyncio.to_thread(self._dataset_source, slug, mode)
+                mounts.append([src, str(home / "datasets" / slug)])
+        else:
+            mode = "symlink"
+
+        if self.port == 0:
+            self.port = random_port()
+        env = self.get_env()
+        env.update(gpu_env)
+        env["GPULAB_DATASET_MODE"] = mode
+        env["GPULAB_DATASET_MOUNTS"] = json.dumps(mounts)
+        env["GPULAB_TRIM_IMPORTS"] = "1" if self.trim_imports else "0"
+        venv_bin = os.path.dirname(sys.executable)
+        env["PATH"] = os.pathsep.join([venv_bin, env.get("PATH", os.defpath)])
+        cmd = [*self.cmd, *self.get_args()]
+
+        self.emit_progress(40, "Starting the server process")
+        self.proc = await asyncio.to_thread(self._popen, cmd, env, home)
+        self.pid = self.proc.pid
+        self.pool.allocator.set_pid(self.owner, self.pid)
+        self.emit_progress(60, "Waiting for JupyterLab to answer")
+        await self._wait_listening()
+        return f"http://{self.ip or '127.0.0.1'}:{self.port}"
+
+    def _popen(self, cmd: list[str], env: dict[str, str], home: Path) -> subprocess.Popen:
+        home.mkdir(parents=True, exist_ok=True)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            log.write(f"\n--- gpulab: starting {self.owner} at {time.ctime()} ---\n".encode())
+            log.flush()
+            return subprocess.Popen(
+                cmd,
+                env=env,
+                cwd=str(home),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+
+    async def _wait_listening(self) -> None:
+        host = self.ip or "127.0.0.1"
+        deadline = time.monotonic() + self.start_timeout
+        while time.monotonic() < deadline:
+            code = self.proc.poll()
+            if code is not None:
+                raise SpawnError(500, self._early_exit_message(code))
+            try:
+                _, writer = await asyncio.open_connection(host, self.port)
+            except OSError:
+                await asyncio.sleep(self.ready_poll_interval)
+                continue
+            writer.close()
+            return
+        raise SpawnError(500, f"Server did not listen on port {self.port} in {self.start_timeout}s")
+
+    def _early_exit_message(self, code: int) -> str:
+        tail = self.log_tail()
+        how = f"signal {-code}" if code < 0 else f"code {code}"
+        return f"Server exited with {how} before it answered. Last log lines:\n" + "\n".join(tail)
+
+    def log_tail(self) -> list[str]:
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return list(deque((line.rstrip("\n") for line in f), maxlen=self.log_tail_lines))
+        except OSError:
+            return []
+
+    def clear_state(self) -> None:
+        # Called on every stop path: clean stop, server found dead, failed spawn.
+        self._release()
+        super().clear_state()
+
+    def get_state(self) -> dict[str, Any]:
+        state = super().get_state()
+        if self.pid:
+            state.update(self.gpulab_state())
+        return state
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        super().load_state(state)
+        self.load_gpulab_state(state)

@@ -1,0 +1,198 @@
+"""The spawn contract shared by the HTML form and REST spawns, as one typed model.
+
+``POST /hub/api/users/NAME/server`` with a JSON body, or the spawn form, both end up here::
+
+    {"image": "base", "gpu": "a100-80g" | "none", "gpus": 1,
+     "datasets": ["sklearn-toy"], "pricing": "on-demand" | "spot", "max_price": 1.5}
+
+Every field is checked against the catalog; an error names the field and the allowed values.
+"""
+
+from __future__ import annotations
+
+import math
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from gpulab.hub_config.catalog import Catalog
+
+PRICING = ("on-demand", "spot")
+FIELDS = ("image", "gpu", "gpus", "datasets", "pricing", "max_price")
+
+DEFAULTS: dict[str, Any] = {
+    "image": "base",
+    "gpu": "none",
+    "gpus": 1,
+    "datasets": [],
+    "pricing": "on-demand",
+    "max_price": None,
+}
+
+
+class OptionsError(ValueError):
+    """Bad spawn options. ``field`` is the offending key; ``str()`` is the message for the user."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+class ServerOptions(BaseModel):
+    """Validated spawn options. Build with :func:`parse_options`, never directly from input."""
+
+    model_config = ConfigDict(frozen=True)
+
+    image: str
+    gpu: str  # a GPU type slug, or "none"
+    gpus: int  # 0 in no-GPU mode
+    datasets: tuple[str, ...]
+    pricing: str
+    max_price: Decimal | None  # per card-hour; spot only
+
+    @property
+    def gpu_type(self) -> str | None:
+        return None if self.gpu == "none" else self.gpu
+
+    def price_per_hour(self, catalog: Catalog) -> Decimal:
+        """The on-demand price of this server per hour (spot prices come from the market)."""
+        if self.gpu_type is None:
+            return catalog.no_gpu.price_per_hour
+        return catalog.gpu_types[self.gpu].on_demand_price * self.gpus
+
+    def label(self, catalog: Catalog) -> str:
+        if self.gpu_type is None:
+            return catalog.no_gpu.display_name
+        return f"{catalog.gpu_types[self.gpu].display_name} x{self.gpus}"
+
+    def to_json(self) -> dict[str, Any]:
+        out = self.model_dump(mode="json")
+        out["datasets"] = list(self.datasets)
+        out["max_price"] = None if self.max_price is None else str(self.max_price)
+        return out
+
+
+def _allowed(values: Any) -> str:
+    return ", ".join(str(v) for v in values)
+
+
+def _as_int(field: str, value: Any) -> int:
+    if isinstance(value, bool):
+        raise OptionsError(field, f"must be a whole number, not {value!r}")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value.strip())
+    raise OptionsError(field, f"must be a whole number, not {value!r}")
+
+
+def _as_price(field: str, value: Any) -> Decimal:
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise OptionsError(field, f"must be a positive number (price per card-hour), not {value!r}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise OptionsError(field, f"must be a positive number (price per card-hour), not {value!r}")
+    try:
+        price = Decimal(str(value).strip())
+    except InvalidOperation:
+        raise OptionsError(
+            field, f"must be a positive number (price per card-hour), not {value!r}"
+        ) from None
+    if not price.is_finite() or price <= 0:
+        raise OptionsError(field, f"must be a positive number (price per card-hour), not {value!r}")
+    return price
+
+
+def parse_options(raw: Any, catalog: Catalog) -> ServerOptions:
+    """Validate raw spawn options (JSON body or converted form) against the catalog."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise OptionsError("user_options", f"must be a JSON object with keys {_allowed(FIELDS)}")
+    unknown = sorted(set(raw) - set(FIELDS))
+    if unknown:
+        raise OptionsError(unknown[0], f"unknown field; allowed fields: {_allowed(FIELDS)}")
+    opts = {**DEFAULTS, **{k: v for k, v in raw.items() if v is not None or k == "max_price"}}
+
+    gpu = opts["gpu"]
+    gpu_choices = ["none", *catalog.gpu_types]
+    if not isinstance(gpu, str) or gpu not in gpu_choices:
+        raise OptionsError("gpu", f"unknown GPU type {gpu!r}; allowed: {_allowed(gpu_choices)}")
+
+    if gpu == "none":
+        if "gpus" in raw and raw["gpus"] not in (None, 0, 1):
+            raise OptionsError(
+                "gpus", "no-GPU mode takes no GPUs; omit gpus or choose a GPU type with gpu"
+            )
+        gpus = 0
+    else:
+        gpus = _as_int("gpus", opts["gpus"])
+        if not 1 <= gpus <= catalog.max_gpus_per_server:
+            raise OptionsError(
+                "gpus", f"must be between 1 and {catalog.max_gpus_per_server}, not {gpus}"
+            )
+
+    image = opts["image"]
+    if not isinstance(image, str) or image not in catalog.images:
+        raise OptionsError("image", f"unknown image {image!r}; allowed: {_allowed(catalog.images)}")
+    if not catalog.images[image].supports(gpu):
+        ok = [s for s, i in catalog.images.items() if i.supports(gpu)]
+        raise OptionsError(
+            "image", f"image {image!r} does not support gpu {gpu!r}; allowed for it: {_allowed(ok)}"
+        )
+
+    datasets = opts["datasets"]
+    if isinstance(datasets, str):
+        datasets = [datasets]
+    if not isinstance(datasets, list | tuple):
+        raise OptionsError(
+            "datasets", f"must be a list of dataset slugs from: {_allowed(catalog.datasets)}"
+        )
+    for slug in datasets:
+        if not isinstance(slug, str) or slug not in catalog.datasets:
+            raise OptionsError(
+                "datasets", f"unknown dataset {slug!r}; allowed: {_allowed(catalog.datasets)}"
+            )
+
+    pricing = opts["pricing"]
+    if pricing not in PRICING:
+        raise OptionsError("pricing", f"unknown pricing {pricing!r}; allowed: {_allowed(PRICING)}")
+    if pricing == "spot" and gpu == "none":
+        raise OptionsError("pricing", "spot pricing needs a GPU type; no-GPU mode is on-demand")
+
+    max_price = opts["max_price"]
+    if max_price is not None:
+        max_price = _as_price("max_price", max_price)
+    if pricing == "spot" and max_price is None:
+        # A bid defaults to the on-demand price: spot never costs more than on-demand.
+        max_price = catalog.gpu_types[gpu].on_demand_price
+
+    return ServerOptions(
+        image=image,
+        gpu=gpu,
+        gpus=gpus,
+        datasets=tuple(dict.fromkeys(datasets)),
+        pricing=pricing,
+        max_price=max_price,
+    )
+
+
+def options_from_form(form: dict[str, list[str]]) -> dict[str, Any]:
+    """Turn the spawn form's fields (lists of strings) into the JSON contract."""
+
+    def one(key: str) -> str | None:
+        values = form.get(key) or []
+        return values[0] if values and values[0] != "" else None
+
+    out: dict[str, Any] = {}
+    for key in ("image", "gpu", "pricing"):
+        if (v := one(key)) is not None:
+            out[key] = v
+    if (v := one("gpus")) is not None:
+        out["gpus"] = v
+    if out.get("pricing") == "spot" and (v := one("max_price")) is not None:
+        out["max_price"] = v
+    out["datasets"] = [d for d in form.get("datasets", []) if d]
+    return out

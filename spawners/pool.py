@@ -1,0 +1,168 @@
+"""The node's GPU pool: catalog + inventory + allocator, one per hub process.
+
+Spawners, the spawn form and the JSON API all read the same pool, so what the form shows is what
+the allocator will hand out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import secrets
+from pathlib import Path
+from typing import Any
+
+from traitlets import Float, Instance, Unicode, default
+from traitlets.config import SingletonConfigurable
+
+from gpulab.hub_config.catalog import Catalog, load_catalog
+from gpulab.spawners.allocator import GpuAllocator
+from gpulab.spawners.inventory import GpuInventory
+
+
+class GpuPool(SingletonConfigurable):
+    """The GPUs of this node and who holds them."""
+
+    data_dir = Unicode(
+        config=True,
+        help="""Directory for gpulab's state: the allocation ledger, user homes, the hub id.
+
+        Defaults to $GPULAB_DATA_DIR, else ./.gpulab.""",
+    )
+
+    catalog_path = Unicode(
+        "",
+        config=True,
+        help="""Path of the platform catalog (TOML). Empty: the catalog shipped with gpulab.""",
+    )
+
+    reconcile_interval = Float(
+        30.0,
+        config=True,
+        help="""Seconds between checks for orphaned allocations (a random jitter of up to 10%
+        is added so that many hubs don't sweep in lockstep).""",
+    )
+
+    catalog = Instance(Catalog)
+    inventory = Instance(GpuInventory)
+    allocator = Instance(GpuAllocator)
+
+    @default("data_dir")
+    def _default_data_dir(self) -> str:
+        return os.environ.get("GPULAB_DATA_DIR") or os.path.abspath(".gpulab")
+
+    @default("catalog")
+    def _default_catalog(self) -> Catalog:
+        return load_catalog(self.catalog_path or None)
+
+    @default("inventory")
+    def _default_inventory(self) -> GpuInventory:
+        return GpuInventory(self.catalog, parent=self)
+
+    @default("allocator")
+    def _default_allocator(self) -> GpuAllocator:
+        return GpuAllocator(
+            self.inventory.devices, Path(self.data_dir) / "allocations.json", log=self.log
+        )
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._reconcile_task: asyncio.Task | None = None
+
+    @property
+    def hub_id(self) -> str:
+        """A random id of this node's hub, stamped into every server's environment."""
+        path = Path(self.data_dir) / "hub-id"
+        try:
+            return path.read_text().strip()
+        except FileNotFoundError:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(secrets.token_hex(8))
+            return path.read_text().strip()
+
+    # ---- orphan sweep ------------------------------------------------------------------------
+
+    def start_reconciling(self) -> None:
+        """Start the periodic orphan sweep (idempotent; needs a running event loop)."""
+        if self._reconcile_task is None:
+            self._reconcile_task = asyncio.get_running_loop().create_task(self._reconcile_loop())
+
+    async def _reconcile_loop(self) -> None:
+        await _hub_started()
+        while True:
+            try:
+                self.allocator.sweep_orphans(self.hub_id)
+            except Exception:
+                self.log.exception("Orphan sweep failed")
+            await asyncio.sleep(self.reconcile_interval * (1 + random.uniform(0, 0.1)))
+
+    # ---- JSON views --------------------------------------------------------------------------
+
+    async def snapshot(self, *, show_holders: bool = False, viewer: str | None = None) -> dict:
+        """The live pool: per type free/total, and each card with its state."""
+        usage = await self.inventory.usage()
+        held = self.allocator.held_uuids()
+        counts = self.allocator.counts()
+        types = []
+        for slug, gpu_type in self.catalog.gpu_types.items():
+            c = counts.get(slug, {"total": 0, "free": 0})
+            simulated = sum(
+                1 for d in self.inventory.rentable if d.gpu_type == slug and d.simulated
+            )
+            types.append(
+                {
+                    "slug": slug,
+                    "display_name": gpu_type.display_name,
+                    "vram_gb": gpu_type.vram_gb,
+                    "on_demand_price": str(gpu_type.on_demand_price),
+                    "spot_floor_price": str(gpu_type.spot_floor_price),
+                    "total": c["total"],
+                    "free": c["free"],
+                    "simulated": simulated,
+                }
+            )
+        gpus = []
+        for dev in self.inventory.devices:
+            holder = held.get(dev.uuid)
+            u = usage.get(dev.uuid)
+            entry: dict[str, Any] = {
+                **dev.to_json(),
+                "held": holder is not None,
+                "utilization_percent": u.utilization_percent if u else None,
+                "memory_used_mib": u.memory_used_mib if u else None,
+            }
+            if holder is not None:
+                user = holder.owner.split("/", 1)[0]
+                entry["yours"] = viewer is not None and user == viewer
+                if show_holders:
+                    entry["holder"] = holder.owner
+            gpus.append(entry)
+        return {
+            "currency": self.catalog.currency,
+            "gpu_types": types,
+            "gpus": gpus,
+            "no_gpu": {
+                "available": True,
+                "price_per_hour": str(self.catalog.no_gpu.price_per_hour),
+            },
+            "nvml": {
+                "available": self.inventory.nvml_error is None,
+                "error": self.inventory.nvml_error,
+            },
+        }
+
+
+async def _hub_started() -> None:
+    """Wait until JupyterHub has restored its spawners (so unclaimed records really are orphans)."""
+    try:
+        from jupyterhub.app import JupyterHub
+
+        if JupyterHub.initialized():
+            started = getattr(JupyterHub.instance(), "_start_future", None)
+            if started is not None:
+                await asyncio.shield(started)
+                return
+    except Exception:
+        pass
+    await asyncio.sleep(10)

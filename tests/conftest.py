@@ -1,0 +1,67 @@
+"""Shared fixtures: one real hub for the suite, a fresh user per test, and the CI strictness switch."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from harness import REPO, Hub
+
+REQUIRE_ALL = os.environ.get("GPULAB_REQUIRE_ALL") == "1"
+
+
+def require(condition: bool, what: str) -> None:
+    """Skip when a service is missing, except under CI (GPULAB_REQUIRE_ALL=1), where it fails."""
+    if condition:
+        return
+    if REQUIRE_ALL:
+        pytest.fail(f"{what} is required (GPULAB_REQUIRE_ALL=1) but missing")
+    pytest.skip(f"{what} is missing")
+
+
+def nvml_gpus() -> int:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return pynvml.nvmlDeviceGetCount()
+    except Exception:
+        return 0
+
+
+def pytest_collection_modifyitems(config, items):
+    # `gpu` tests are the one kind that may skip under CI: no machine there has a GPU.
+    if nvml_gpus() == 0:
+        skip = pytest.mark.skip(reason="no NVIDIA GPU/driver on this machine")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def chp_installed() -> None:
+    require(
+        (REPO / "node_modules" / ".bin" / "configurable-http-proxy").exists()
+        or shutil.which("configurable-http-proxy") is not None,
+        "configurable-http-proxy (make install)",
+    )
+
+
+@pytest.fixture(scope="session")
+def hub(tmp_path_factory, chp_installed) -> Hub:
+    """One real hub with a simulated pool of 2 A100-80G and 2 RTX 4090, shared by the suite."""
+    data = Path(tmp_path_factory.mktemp("hub")) / "data"
+    h = Hub(data, simulate="A100-80G:2,RTX-4090:2").start()
+    yield h
+    h.stop()
+
+
+@pytest.fixture
+def user(hub: Hub):
+    """A new user on the shared hub; their server is stopped after the test."""
+    name = hub.create_user()
+    yield name
+    if hub.server(name) is not None:
+        hub.stop_server(name)

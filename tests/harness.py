@@ -1,0 +1,272 @@
+"""Drive a real gpulab hub from tests and benchmarks: start it, call its API, run kernel code.
+
+Everything here talks to real processes over loopback: ``gpulab up`` (JupyterHub + the real
+configurable-http-proxy), single-user servers, and kernels through the Jupyter websocket API.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import requests
+import websocket
+
+REPO = Path(__file__).resolve().parent.parent
+VENV_BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(predicate, timeout: float = 30, interval: float = 0.1, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+class Hub:
+    """A gpulab hub in its own data dir, on free loopback ports, with an admin API token."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        simulate: str = "A100-80G:2,RTX-4090:2",
+        extra_args: Iterable[str] = (),
+        env: dict[str, str] | None = None,
+        cli: list[str] | None = None,
+    ) -> None:
+        self.data_dir = Path(data_dir)
+        self.simulate = simulate
+        self.extra_args = list(extra_args)
+        self.extra_env = env or {}
+        self.cli = cli or [str(VENV_BIN / "gpulab"), "up"]
+        self.token = uuid.uuid4().hex
+        self.port = free_port()
+        self.hub_port = free_port()
+        self.proxy_api_port = free_port()
+        self.proc: subprocess.Popen | None = None
+        self.log_path = self.data_dir.parent / f"{self.data_dir.name}-hub.log"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    # ---- process -----------------------------------------------------------------------------
+
+    def start(self, timeout: float = 60) -> Hub:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "GPULAB_ADMIN_TOKEN": self.token, **self.extra_env}
+        args = [
+            *self.cli,
+            "--data-dir",
+            str(self.data_dir),
+            "--port",
+            str(self.port),
+            "--hub-port",
+            str(self.hub_port),
+            "--proxy-api-port",
+            str(self.proxy_api_port),
+            "--simulate-gpus",
+            self.simulate,
+        ]
+        if self.extra_args:
+            args += ["--", *self.extra_args]
+        log = open(self.log_path, "ab")  # noqa: SIM115 (lives as long as the hub)
+        self.proc = subprocess.Popen(
+            args, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True
+        )
+        log.close()
+
+        def up() -> bool:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"hub exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                return requests.get(f"{self.url}/hub/api/", timeout=2).status_code == 200
+            except requests.RequestException:
+                return False
+
+        wait_for(up, timeout, what="the hub to answer")
+        return self
+
+    def log_tail(self, n: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def kill(self) -> None:
+        """SIGKILL the hub alone: the proxy and the servers stay, as after a crash."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        self.proc = None
+
+    # ---- API ---------------------------------------------------------------------------------
+
+    def api(self, method: str, path: str, token: str | None = None, **kw: Any) -> requests.Response:
+        headers = kw.pop("headers", {})
+        headers["Authorization"] = f"token {token or self.token}"
+        kw.setdefault("timeout", 60)
+        return requests.request(method, f"{self.url}/hub/api{path}", headers=headers, **kw)
+
+    def create_user(self, name: str | None = None) -> str:
+        name = name or f"u{uuid.uuid4().hex[:8]}"
+        r = self.api("POST", f"/users/{name}")
+        assert r.status_code in (201, 409), r.text
+        return name
+
+    def user(self, name: str) -> dict:
+        r = self.api("GET", f"/users/{name}")
+        r.raise_for_status()
+        return r.json()
+
+    def server(self, name: str) -> dict | None:
+        return self.user(name)["servers"].get("")
+
+    def pool(self) -> dict:
+        r = self.api("GET", "/gpulab/pool")
+        r.raise_for_status()
+        return r.json()
+
+    def free(self, gpu_type: str) -> int:
+        return next(t["free"] for t in self.pool()["gpu_types"] if t["slug"] == gpu_type)
+
+    def spawn(self, name: str, options: dict | None = None) -> requests.Response:
+        return self.api("POST", f"/users/{name}/server", json=options or {})
+
+    def spawn_ready(self, name: str, options: dict | None = None, timeout: float = 60) -> dict:
+        r = self.spawn(name, options)
+        assert r.status_code in (201, 202), f"{r.status_code} {r.text}"
+        return self.wait_ready(name, timeout)
+
+    def wait_ready(self, name: str, timeout: float = 60) -> dict:
+        def ready():
+            s = self.server(name)
+            return s if s and s["ready"] else None
+
+        return wait_for(ready, timeout, what=f"{name}'s server to be ready")
+
+    def stop_server(self, name: str, timeout: float = 60) -> None:
+        r = self.api("DELETE", f"/users/{name}/server")
+        assert r.status_code in (202, 204), r.text
+        wait_for(lambda: self.server(name) is None, timeout, what=f"{name}'s server to stop")
+
+    # ---- kernels -----------------------------------------------------------------------------
+
+    def kernel(self, name: str) -> Kernel:
+        return Kernel(self, name)
+
+
+class Kernel:
+    """A real kernel in a user's server, driven over the Jupyter kernel websocket API."""
+
+    def __init__(self, hub: Hub, user: str) -> None:
+        self.hub = hub
+        self.user = user
+        self.base = f"{hub.url}/user/{user}/api"
+        self.headers = {"Authorization": f"token {hub.token}"}
+        r = requests.post(f"{self.base}/kernels", headers=self.headers, json={}, timeout=60)
+        r.raise_for_status()
+        self.id = r.json()["id"]
+        ws_url = self.base.replace("http://", "ws://") + f"/kernels/{self.id}/channels"
+        self.session = uuid.uuid4().hex
+        self.ws = websocket.create_connection(
+            ws_url, header=[f"Authorization: token {hub.token}"], timeout=60
+        )
+
+    def execute(self, code: str, timeout: float = 60) -> str:
+        """Run ``code``; return its stdout plus the repr of its result. Raise on a kernel error."""
+        msg_id = uuid.uuid4().hex
+        self.ws.send(
+            json.dumps(
+                {
+                    "header": {
+                        "msg_id": msg_id,
+                        "username": self.user,
+                        "session": self.session,
+                        "msg_type": "execute_request",
+                        "version": "5.3",
+                    },
+                    "parent_header": {},
+                    "metadata": {},
+                    "content": {
+                        "code": code,
+                        "silent": False,
+                        "store_history": False,
+                        "user_expressions": {},
+                        "allow_stdin": False,
+                        "stop_on_error": True,
+                    },
+                    "channel": "shell",
+                    "buffers": [],
+                }
+            )
+        )
+        out: list[str] = []
+        error = None
+        got_reply = got_idle = False
+        deadline = time.monotonic() + timeout
+        while not (got_reply and got_idle):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"kernel did not finish {code!r}")
+            msg = json.loads(self.ws.recv())
+            if msg.get("parent_header", {}).get("msg_id") != msg_id:
+                continue
+            kind = msg["header"]["msg_type"]
+            content = msg["content"]
+            if kind == "stream":
+                out.append(content["text"])
+            elif kind == "execute_result":
+                out.append(content["data"].get("text/plain", ""))
+            elif kind == "error":
+                error = f"{content['ename']}: {content['evalue']}"
+            elif kind == "execute_reply":
+                got_reply = True
+            elif kind == "status" and content["execution_state"] == "idle":
+                got_idle = True
+        if error:
+            raise KernelError(error)
+        return "".join(out)
+
+    def close(self) -> None:
+        try:
+            self.ws.close()
+        finally:
+            requests.delete(f"{self.base}/kernels/{self.id}", headers=self.headers, timeout=30)
+
+    def __enter__(self) -> Kernel:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class KernelError(RuntimeError):
+    pass
