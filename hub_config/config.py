@@ -32,6 +32,13 @@ class Settings:
     admin_token: str = ""
     open_signup: bool = False
     db_url: str = ""
+    # Which spawner runs the servers: "local" (processes, the embedded default) or "docker".
+    spawner: str = "local"
+    # Docker only: the network user containers join, and where they reach the hub API. An empty
+    # hub_ip binds the hub to that network's gateway (the host's address on it).
+    docker_network: str = "bridge"
+    hub_ip: str = ""
+    hub_connect_ip: str = ""
 
     @classmethod
     def from_env(cls, env: os._Environ | dict | None = None) -> Settings:
@@ -48,6 +55,10 @@ class Settings:
             admin_token=env.get("GPULAB_ADMIN_TOKEN", ""),
             open_signup=env.get("GPULAB_OPEN_SIGNUP", "0") == "1",
             db_url=env.get("GPULAB_DB_URL", ""),
+            spawner=env.get("GPULAB_SPAWNER", "local"),
+            docker_network=env.get("GPULAB_DOCKER_NETWORK", "bridge"),
+            hub_ip=env.get("GPULAB_HUB_IP", ""),
+            hub_connect_ip=env.get("GPULAB_HUB_CONNECT_IP", ""),
         )
 
 
@@ -82,6 +93,10 @@ def configure(c, settings: Settings | None = None) -> None:
     c.ConfigurableHTTPProxy.pid_file = str(data / "jupyterhub-proxy.pid")
 
     c.JupyterHub.spawner_class = "gpulab-local"
+    if s.spawner == "docker":
+        configure_docker(c, s)
+    elif s.spawner != "local":
+        raise SystemExit(f"GPULAB_SPAWNER: {s.spawner!r} is not allowed; allowed: local, docker")
     c.GpuPool.data_dir = str(data)
     c.GpuPool.catalog_path = s.catalog
     c.GpuInventory.simulate_gpus = s.simulate_gpus
@@ -106,3 +121,22 @@ def configure(c, settings: Settings | None = None) -> None:
 
     c.Spawner.start_timeout = 60
     c.Spawner.http_timeout = 30
+
+
+def configure_docker(c, s: Settings) -> None:
+    """Run every server in a container (``gpulab-docker``); the hub must be reachable from them."""
+    from gpulab.spawners.docker import network_gateway
+
+    c.JupyterHub.spawner_class = "gpulab-docker"
+    c.DockerSpawner.network_name = s.docker_network
+    # The hub talks to each container on the container's own address on that network, so no
+    # port is published on the host.
+    c.DockerSpawner.use_internal_ip = True
+    if s.hub_ip:
+        c.JupyterHub.hub_ip = s.hub_ip
+    else:
+        # Bind only to the host's address on the containers' network: reachable from the
+        # containers and from the proxy on this host, not from the outside.
+        c.JupyterHub.hub_ip = network_gateway(s.docker_network)
+    if s.hub_connect_ip:
+        c.JupyterHub.hub_connect_ip = s.hub_connect_ip

@@ -96,13 +96,24 @@ async def render_form(spawner: Any) -> str:
     )
     parts.append("</fieldset>")
 
+    # A spawner whose images may be missing on this node (Docker) says which are present; the
+    # others (local processes) always run the hub's own environment.
+    hook = getattr(spawner, "image_availability", None)
+    available = await hook() if hook is not None else {}
+    present = [s for s in catalog.images if s not in available or available[s].present]
+    selected = last["image"] if last["image"] in present else (present[0] if present else "")
     parts.append('<fieldset><legend>Image</legend><select name="image" class="form-control">')
     for slug, image in catalog.images.items():
-        preloads = ", ".join(image.preloads)
+        status = available.get(slug)
+        # The image's own labels say what it preloads; the catalog's list is the fallback.
+        preloads = ", ".join(status.preloads if status and status.present else image.preloads)
+        missing = status is not None and not status.present
         parts.append(
-            f'<option value="{escape(slug)}"{" selected" if last["image"] == slug else ""}>'
+            f'<option value="{escape(slug)}"{" selected" if selected == slug else ""}'
+            f"{' disabled' if missing else ''}>"
             f"{escape(image.display_name)}: {escape(image.description)}"
-            f"{' (' + escape(preloads) + ')' if preloads else ''}</option>"
+            f"{' (' + escape(preloads) + ')' if preloads else ''}"
+            f"{' - unavailable: ' + escape(status.reason) if missing else ''}</option>"
         )
     parts.append("</select></fieldset>")
 

@@ -10,6 +10,7 @@ import asyncio
 import os
 import random
 import secrets
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,9 @@ class GpuPool(SingletonConfigurable):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._reconcile_task: asyncio.Task | None = None
+        # Extra sweeps run after the orphan sweep, e.g. removing containers whose allocation is
+        # gone (the process sweep can't see containers when the hub itself runs in one).
+        self.reapers: dict[str, Callable[[], Awaitable[None]]] = {}
 
     @property
     def hub_id(self) -> str:
@@ -95,6 +99,11 @@ class GpuPool(SingletonConfigurable):
                 self.allocator.sweep_orphans(self.hub_id)
             except Exception:
                 self.log.exception("Orphan sweep failed")
+            for name, reap in list(self.reapers.items()):
+                try:
+                    await reap()
+                except Exception:
+                    self.log.exception("Reaper %s failed", name)
             await asyncio.sleep(self.reconcile_interval * (1 + random.uniform(0, 0.1)))
 
     # ---- JSON views --------------------------------------------------------------------------
