@@ -29,7 +29,7 @@ from traitlets import Float, Integer, Unicode, default, validate
 from gpulab.spawners.allocator import Allocation
 from gpulab.spawners.docker_images import ImageStatus, image_status
 from gpulab.spawners.gpu_spawner import GpuSpawnerMixin, SpawnError
-from gpulab.spawners.options import parse_options
+from gpulab.spawners.options import OptionsError, parse_options
 
 LABEL_PREFIX = "org.gpulab."
 L_HUB = LABEL_PREFIX + "hub-id"
@@ -442,6 +442,7 @@ class GpuDockerSpawner(GpuSpawnerMixin, DockerSpawner):
     def clear_state(self) -> None:
         # Called on every stop path: clean stop, container found dead, failed spawn.
         self._release()
+        self._stored_alloc = None
         super().clear_state()
 
     def get_state(self) -> dict[str, Any]:
@@ -450,60 +451,80 @@ class GpuDockerSpawner(GpuSpawnerMixin, DockerSpawner):
             state.update(self.gpulab_state())
         return state
 
-    _unclaimed: dict[str, Any] | None = None
+    _stored_alloc: dict[str, Any] | None = None
 
     def load_state(self, state: dict[str, Any]) -> None:
         super().load_state(state)
         self.load_gpulab_state(state)
-        rec = state.get("allocation")
-        # The ledger lost this record (e.g. a fresh data dir): poll() rebuilds it from the
-        # running container's labels, off the event loop.
-        self._unclaimed = rec if rec and self.allocation is None else None
+        self._stored_alloc = state.get("allocation")
 
     async def poll(self):
         status = await super().poll()
-        if status is None and self._unclaimed is not None:
-            await self._restore_from_labels()
+        if status is None and self.allocation is None:
+            # Running, yet no allocation claimed: the ledger lost the record, or the hub died
+            # between starting the container and saving the server's state. The container's
+            # labels (checked against the hub database where it has a record) say what it holds.
+            await self._claim_from_container()
         return status
 
-    async def _restore_from_labels(self) -> None:
-        rec, self._unclaimed = self._unclaimed, None
+    async def _claim_from_container(self) -> None:
         obj = await self.get_object()
         labels = (obj or {}).get("Config", {}).get("Labels") or {}
+        alloc_id = labels.get(L_ALLOC)
+        if not alloc_id or labels.get(L_HUB) != self.pool.hub_id:
+            return
         uuids = [u for u in labels.get(L_GPUS, "").split(",") if u]
-        if labels.get(L_ALLOC) != rec["alloc_id"] or sorted(uuids) != sorted(rec["uuids"]):
-            self.log.warning(
-                "%s: container labels %s do not match stored allocation %s; not claiming GPUs",
+        stored = self._stored_alloc
+        if stored and (stored["alloc_id"] != alloc_id or sorted(stored["uuids"]) != sorted(uuids)):
+            self.log.error(
+                "%s: container labels (allocation %s) contradict the hub database (%s); "
+                "not claiming GPUs %s",
                 self.owner,
-                labels.get(L_ALLOC),
-                rec["alloc_id"],
+                alloc_id,
+                stored["alloc_id"],
+                ", ".join(uuids),
             )
             return
+        gpu_type = labels.get(L_GPU_TYPE, "none")
         alloc = Allocation(
-            alloc_id=rec["alloc_id"],
+            alloc_id=alloc_id,
             owner=self.owner,
-            gpu_type=None if labels.get(L_GPU_TYPE) == "none" else labels.get(L_GPU_TYPE),
+            gpu_type=None if gpu_type == "none" else gpu_type,
             uuids=uuids,
-            created=float(labels.get(L_CREATED) or rec.get("created") or time.time()),
-            pricing=labels.get(L_PRICING, rec.get("pricing", "on-demand")),
+            created=float(labels.get(L_CREATED) or time.time()),
+            pricing=labels.get(L_PRICING, "on-demand"),
         )
         allocator = self.pool.allocator
-        if allocator.restore(alloc) and allocator.adopt(self.owner, alloc.alloc_id):
-            self.allocation = alloc
-            self.log.warning(
-                "%s: rebuilt allocation %s (GPUs: %s) from container %s",
-                self.owner,
-                alloc.alloc_id,
-                ", ".join(uuids) or "none",
-                self.container_name,
-            )
-        else:
+        if not (allocator.restore(alloc) and allocator.adopt(self.owner, alloc_id)):
             self.log.error(
                 "%s: GPUs %s of container %s are held by another allocation; not claiming them",
                 self.owner,
                 ", ".join(uuids),
                 self.container_name,
             )
+            return
+        self.allocation = allocator.get(self.owner)
+        self.mode_label = self._label(self.allocation)
+        if self.gpulab_options is None:
+            try:
+                self.gpulab_options = parse_options(
+                    {
+                        "image": labels.get(L_IMAGE),
+                        "gpu": gpu_type,
+                        "gpus": len(uuids) or 1,
+                        "pricing": alloc.pricing,
+                    },
+                    self.pool.catalog,
+                )
+            except OptionsError as e:
+                self.log.warning("%s: options from container labels: %s", self.owner, e)
+        self.log.warning(
+            "%s: claimed allocation %s (GPUs: %s) from running container %s",
+            self.owner,
+            alloc_id,
+            ", ".join(uuids) or "none",
+            self.container_name,
+        )
 
     # ---- reaping -----------------------------------------------------------------------------
 
