@@ -14,9 +14,24 @@ from nativeauthenticator import NativeAuthenticator
 from traitlets import Unicode
 
 from gpulab.hub_config.handlers import extra_handlers
+from gpulab.spawners.pool import GpuPool
 
 
-class GpulabAuthenticator(NativeAuthenticator):
+class GpulabHubMixin:
+    """Hooks gpulab into the hub process through its authenticator, the one plugin JupyterHub
+    asks for handlers at start-up: mounts the JSON API and starts the GPU pool right away, so
+    NVML problems show at start and orphans of a crash are swept even before anyone spawns.
+
+    Mix it into any authenticator class to use that authenticator with gpulab.
+    """
+
+    def get_handlers(self, app) -> list:
+        pool = GpuPool.instance(config=app.config)
+        pool.start_reconciling()
+        return [*super().get_handlers(app), *extra_handlers()]
+
+
+class GpulabAuthenticator(GpulabHubMixin, NativeAuthenticator):
     admin_password_file = Unicode(
         "",
         config=True,
@@ -46,6 +61,3 @@ class GpulabAuthenticator(NativeAuthenticator):
                 self.log.info("Created the admin account %r", admin)
         finally:
             self.enable_signup, self.check_common_password = saved
-
-    def get_handlers(self, app) -> list:
-        return [*super().get_handlers(app), *extra_handlers()]

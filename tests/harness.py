@@ -89,7 +89,7 @@ class Hub:
         ]
         if self.extra_args:
             args += ["--", *self.extra_args]
-        log = open(self.log_path, "ab")  # noqa: SIM115 (lives as long as the hub)
+        log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             args, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True
         )
