@@ -47,7 +47,7 @@ def _check_mem(value: str) -> str:
 
 class NoGpuMode(_Model):
     display_name: str = "No GPU"
-    description: str = "Write and debug code on the same disk at CPU prices"
+    description: str = "write and debug code on the same disk"
     price_per_hour: Money
     cpus: float = Field(gt=0)
     mem: str
