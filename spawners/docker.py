@@ -30,6 +30,7 @@ from gpulab.spawners.allocator import Allocation
 from gpulab.spawners.docker_images import ImageStatus, image_status
 from gpulab.spawners.gpu_spawner import GpuSpawnerMixin, SpawnError
 from gpulab.spawners.options import OptionsError, parse_options
+from gpulab.spawners.pool import GpuPool
 
 LABEL_PREFIX = "org.gpulab."
 L_HUB = LABEL_PREFIX + "hub-id"
@@ -212,15 +213,6 @@ class GpuDockerSpawner(GpuSpawnerMixin, DockerSpawner):
         # One inspect per server; a dead container's GPUs should return to the pool quickly.
         return 5
 
-    # ---- hub wiring --------------------------------------------------------------------------
-
-    @property
-    def pool(self):
-        pool = super().pool
-        if "docker" not in pool.reapers:
-            pool.reapers["docker"] = self._reap_containers
-        return pool
-
     # ---- images ------------------------------------------------------------------------------
 
     _image_cache: tuple[float, dict[str, ImageStatus]] | None = None
@@ -397,9 +389,11 @@ class GpuDockerSpawner(GpuSpawnerMixin, DockerSpawner):
             f"Creating container {self.container_name} ({self.cpu_limit:g} CPUs, "
             f"{self._limits(alloc)[1]} memory, {gpu_note})",
         )
+        t0 = time.perf_counter()
         obj = await self.create_object()
         self.object_id = obj["Id"]
         self.emit_progress(50, "Starting the container")
+        t1 = time.perf_counter()
         try:
             await self.start_object()
         except Exception as e:
@@ -409,7 +403,13 @@ class GpuDockerSpawner(GpuSpawnerMixin, DockerSpawner):
         info = await self.docker("inspect_container", self.object_id)
         ip = self.get_network_ip(info["NetworkSettings"])
         self.emit_progress(60, f"Container running; waiting for JupyterLab at {ip}:{self.port}")
+        t2 = time.perf_counter()
         await self._wait_answering(ip, self.port)
+        self.launch_timings = {
+            "container_create": t1 - t0,
+            "container_start": t2 - t1,
+            "python_startup_to_listen": time.perf_counter() - t2,
+        }
         return f"http://{ip}:{self.port}"
 
     async def _wait_answering(self, ip: str, port: int) -> None:
@@ -526,36 +526,42 @@ class GpuDockerSpawner(GpuSpawnerMixin, DockerSpawner):
             self.container_name,
         )
 
-    # ---- reaping -----------------------------------------------------------------------------
 
-    async def _reap_containers(self) -> None:
-        """Remove this hub's containers whose allocation no server holds any more.
+# ---- reaping ------------------------------------------------------------------------------------
 
-        Runs after the pool's orphan sweep: a container of a spawn the hub died in the middle
-        of, of a failed spawn, or of a record swept as orphaned, must not keep running (or
-        keep a GPU busy) with nobody billing or tracking it.
-        """
-        allocator = self.pool.allocator
-        containers = await self.docker(
-            "containers", all=True, filters={"label": f"{L_HUB}={self.pool.hub_id}"}
+
+async def reap_containers(pool: GpuPool) -> None:
+    """Remove this hub's containers whose allocation no server holds any more.
+
+    Runs after each orphan sweep of the pool (from hub start on, see GpuPool.reapers): a
+    container of a spawn the hub died in the middle of, of a failed spawn, or of a record swept
+    as orphaned must not keep running, or keep a GPU busy, with nobody tracking or billing it.
+    """
+    import docker
+
+    client = GpuDockerSpawner._client or docker.APIClient(version="auto")
+    containers = await asyncio.to_thread(
+        client.containers, all=True, filters={"label": f"{L_HUB}={pool.hub_id}"}
+    )
+    allocator = pool.allocator
+    live = {a.alloc_id for a in allocator.allocations} - {o.alloc_id for o in allocator.orphans()}
+    for c in containers:
+        alloc_id = (c.get("Labels") or {}).get(L_ALLOC)
+        if alloc_id in live:
+            continue
+        pool.log.warning(
+            "Removing container %s (%s): its allocation %s is held by no server",
+            c["Names"][0].lstrip("/") if c.get("Names") else c["Id"][:12],
+            c.get("State"),
+            alloc_id,
         )
-        live = {a.alloc_id for a in allocator.allocations} - {
-            o.alloc_id for o in allocator.orphans()
-        }
-        for c in containers:
-            alloc_id = (c.get("Labels") or {}).get(L_ALLOC)
-            if alloc_id in live:
-                continue
-            self.log.warning(
-                "Removing container %s (%s): its allocation %s is not held by any server",
-                c["Names"][0].lstrip("/") if c.get("Names") else c["Id"][:12],
-                c.get("State"),
-                alloc_id,
-            )
-            try:
-                await self.docker("remove_container", c["Id"], force=True)
-            except Exception as e:
-                self.log.warning("Could not remove container %s: %s", c["Id"][:12], e)
+        try:
+            await asyncio.to_thread(client.remove_container, c["Id"], force=True)
+        except docker.errors.APIError as e:
+            pool.log.warning("Could not remove container %s: %s", c["Id"][:12], e)
+
+
+GpuPool.reapers["docker"] = reap_containers
 
 
 def _docker_reason(e: Exception) -> str:

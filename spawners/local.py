@@ -198,11 +198,17 @@ class GpuLocalSpawner(GpuSpawnerMixin, LocalProcessSpawner):
         cmd = [*self.cmd, *self.get_args()]
 
         self.emit_progress(40, "Starting the server process")
+        t0 = time.perf_counter()
         self.proc = await asyncio.to_thread(self._popen, cmd, env, home)
+        t1 = time.perf_counter()
         self.pid = self.proc.pid
         self.pool.allocator.set_pid(self.owner, self.pid)
         self.emit_progress(60, "Waiting for JupyterLab to answer")
         await self._wait_listening()
+        self.launch_timings = {
+            "process_start": t1 - t0,
+            "imports_and_server_init": time.perf_counter() - t1,
+        }
         return f"http://{self.ip or '127.0.0.1'}:{self.port}"
 
     def _popen(self, cmd: list[str], env: dict[str, str], home: Path) -> subprocess.Popen:

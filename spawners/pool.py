@@ -12,7 +12,7 @@ import random
 import secrets
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from traitlets import Float, Instance, Unicode, default
 from traitlets.config import SingletonConfigurable
@@ -45,6 +45,11 @@ class GpuPool(SingletonConfigurable):
         is added so that many hubs don't sweep in lockstep).""",
     )
 
+    # Extra sweeps run after each orphan sweep, registered by spawner modules on import, e.g.
+    # removing containers whose allocation is gone (the process sweep can't see containers when
+    # the hub itself runs in one).
+    reapers: ClassVar[dict[str, Callable[[GpuPool], Awaitable[None]]]] = {}
+
     catalog = Instance(Catalog)
     inventory = Instance(GpuInventory)
     allocator = Instance(GpuAllocator)
@@ -70,9 +75,7 @@ class GpuPool(SingletonConfigurable):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._reconcile_task: asyncio.Task | None = None
-        # Extra sweeps run after the orphan sweep, e.g. removing containers whose allocation is
-        # gone (the process sweep can't see containers when the hub itself runs in one).
-        self.reapers: dict[str, Callable[[], Awaitable[None]]] = {}
+        self.allocator  # noqa: B018 (build catalog, inventory and ledger now: errors surface at start)
 
     @property
     def hub_id(self) -> str:
@@ -101,7 +104,7 @@ class GpuPool(SingletonConfigurable):
                 self.log.exception("Orphan sweep failed")
             for name, reap in list(self.reapers.items()):
                 try:
-                    await reap()
+                    await reap(self)
                 except Exception:
                     self.log.exception("Reaper %s failed", name)
             await asyncio.sleep(self.reconcile_interval * (1 + random.uniform(0, 0.1)))
