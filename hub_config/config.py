@@ -39,6 +39,9 @@ class Settings:
     docker_network: str = "bridge"
     hub_ip: str = ""
     hub_connect_ip: str = ""
+    # A proxy run as its own service (docker-compose): its API URL; the hub then starts none.
+    # Its token comes from CONFIGPROXY_AUTH_TOKEN, shared with the proxy.
+    proxy_api_url: str = ""
 
     @classmethod
     def from_env(cls, env: os._Environ | dict | None = None) -> Settings:
@@ -59,6 +62,7 @@ class Settings:
             docker_network=env.get("GPULAB_DOCKER_NETWORK", "bridge"),
             hub_ip=env.get("GPULAB_HUB_IP", ""),
             hub_connect_ip=env.get("GPULAB_HUB_CONNECT_IP", ""),
+            proxy_api_url=env.get("GPULAB_PROXY_API_URL", ""),
         )
 
 
@@ -88,9 +92,13 @@ def configure(c, settings: Settings | None = None) -> None:
     c.JupyterHub.cookie_secret_file = str(data / "jupyterhub_cookie_secret")
     c.JupyterHub.pid_file = str(data / "jupyterhub.pid")
 
-    c.ConfigurableHTTPProxy.command = find_proxy_command()
-    c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{s.proxy_api_port}"
-    c.ConfigurableHTTPProxy.pid_file = str(data / "jupyterhub-proxy.pid")
+    if s.proxy_api_url:
+        c.ConfigurableHTTPProxy.should_start = False
+        c.ConfigurableHTTPProxy.api_url = s.proxy_api_url
+    else:
+        c.ConfigurableHTTPProxy.command = find_proxy_command()
+        c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{s.proxy_api_port}"
+        c.ConfigurableHTTPProxy.pid_file = str(data / "jupyterhub-proxy.pid")
 
     c.JupyterHub.spawner_class = "gpulab-local"
     if s.spawner == "docker":
