@@ -26,6 +26,7 @@ PARENTS = {"pytorch": "base", "sd-webui": "pytorch"}
 # gpulab's Jupyter extensions are built into wheels here, then installed into the base image.
 EXTENSIONS_DIR = IMAGES_DIR.parent / "extensions"
 EXTENSION_WHEELS = IMAGES_DIR / "base" / "extensions"
+EXTENSION_IMAGES = ("base", "teaching")
 
 
 def add_images_parser(sub) -> None:
@@ -80,7 +81,7 @@ def _build_order(slugs: list[str]) -> list[str]:
 
 
 def build_extension_wheels() -> list[Path]:
-    """Wheels of gpulab's Jupyter extensions (extensions/NAME with a pyproject.toml), for base."""
+    """Wheels of gpulab's Jupyter extensions (extensions/NAME with a pyproject.toml)."""
     EXTENSION_WHEELS.mkdir(parents=True, exist_ok=True)
     for old in EXTENSION_WHEELS.glob("*.whl"):
         old.unlink()
@@ -105,7 +106,7 @@ def build_image(catalog: Catalog, slug: str) -> None:
     parent = PARENTS.get(slug)
     if parent:
         cmd += ["--build-arg", f"BASE_IMAGE={catalog.images[parent].docker_image}"]
-    if slug == "base":
+    if slug in EXTENSION_IMAGES:
         build_extension_wheels()
     # The build context is the checkout, so images can COPY gpulab's launcher and extensions.
     cmd.append(str(IMAGES_DIR.parent))

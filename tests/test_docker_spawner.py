@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -248,6 +249,57 @@ def test_files_survive_gpu_to_no_gpu_to_gpu(dhub, duser, docker) -> None:
             k.execute("import os; print(os.environ['CUDA_VISIBLE_DEVICES'])").strip()
             == (held(dhub, duser)[0])
         )
+
+
+def test_progress_reports_the_container_steps(dhub, duser) -> None:
+    with ThreadPoolExecutor(1) as ex:
+        post = ex.submit(dhub.spawn, duser, {"gpu": "rtx-4090", "datasets": ["sklearn-toy"]})
+        wait_for(
+            lambda: (s := dhub.server(duser)) is not None and s["pending"] == "spawn",
+            timeout=30,
+            interval=0.01,
+            what="the spawn to be pending",
+        )
+        with dhub.api("GET", f"/users/{duser}/server/progress", stream=True) as resp:
+            events = [
+                json.loads(line[5:])
+                for line in resp.iter_lines(decode_unicode=True)
+                if line and line.startswith("data:")
+            ]
+        assert post.result().status_code in (201, 202)
+    text = "\n".join(e.get("message", "") for e in events)
+    for step in (
+        "Allocated RTX 4090 x1 (simulated)",
+        "Image base (gpulab-test-singleuser:",
+        "is present on this node",
+        "Mounting datasets read-only at /datasets: sklearn-toy",
+        "Creating container gpulab-",
+        "simulated GPUs: environment only",
+        "Starting the container",
+        "waiting for JupyterLab",
+        "JupyterLab is ready",
+    ):
+        assert step in text, text
+    assert events[-1].get("ready") is True, events
+
+
+def test_switch_to_no_gpu_moves_the_container_and_keeps_files(dhub, duser, docker) -> None:
+    dhub.spawn_ready(duser, {"gpu": "a100-80g"})
+    old = container_of(docker, dhub, duser).id
+    free = dhub.free("a100-80g")
+    with dhub.kernel(duser) as k:
+        k.execute("open('notes.txt', 'w').write('keep me')")
+    r = dhub.api("POST", f"/gpulab/users/{duser}/switch", json={"gpu": "none"})
+    assert r.status_code == 202, r.text
+    wait_for(
+        lambda: (s := dhub.server(duser)) and s["ready"] and held(dhub, duser) == [],
+        timeout=60,
+        what="the switched server",
+    )
+    assert container_of(docker, dhub, duser).id != old
+    assert dhub.free("a100-80g") == free + 1
+    with dhub.kernel(duser) as k:
+        assert k.execute("print(open('notes.txt').read())") == "keep me\n"
 
 
 # ---- failures ----------------------------------------------------------------------------------
