@@ -465,7 +465,30 @@ class GpuDockerSpawner(GpuSpawnerMixin, DockerSpawner):
             # between starting the container and saving the server's state. The container's
             # labels (checked against the hub database where it has a record) say what it holds.
             await self._claim_from_container()
+        elif status is not None and self.object_id and self.remove:
+            await self._remove_dead()
         return status
+
+    async def _remove_dead(self) -> None:
+        """A container that died by itself: log why, then remove it (the hub won't call stop())."""
+        obj = await self.get_object()
+        if obj is None:
+            return
+        state = obj["State"]
+        if state.get("Running") or state.get("StartedAt", "").startswith("0001-"):
+            # Never started (Docker refused it): kept for inspection; the reaper removes it.
+            return
+        raw = await self.docker("logs", self.object_id, tail=self.log_tail_lines)
+        self.log.warning(
+            "Container %s of %s exited with code %s%s; last log lines:\n%s",
+            self.container_name,
+            self.owner,
+            state.get("ExitCode"),
+            " (out of memory)" if state.get("OOMKilled") else "",
+            raw.decode(errors="replace").rstrip("\n"),
+        )
+        await self.remove_object()
+        self.object_id = ""
 
     async def _claim_from_container(self) -> None:
         obj = await self.get_object()
