@@ -24,7 +24,7 @@ from typing import Any
 
 from dockerspawner import DockerSpawner
 from jupyterhub.traitlets import ByteSpecification
-from traitlets import Float, Integer, Unicode, default, validate
+from traitlets import Bool, Float, Integer, Unicode, default, validate
 
 from gpulab.spawners.allocator import Allocation
 from gpulab.spawners.docker_images import ImageStatus, image_status
@@ -144,11 +144,11 @@ class GpuDockerSpawner(GpuSpawnerMixin, DockerSpawner):
         help="How many of the container's last log lines a failed spawn shows.",
     )
 
-    trim_imports = Unicode(
-        "1",
+    trim_imports = Bool(
+        True,
         config=True,
-        help="""'1': gpulab's launcher in the image skips imports that only slow server start-up
-        (jsonschema's rfc3987 grammar, used by no Jupyter event schema). '0': import as usual.""",
+        help="""gpulab's launcher in the image skips imports that only slow server start-up
+        (jsonschema's rfc3987 grammar, used by no Jupyter event schema).""",
     )
 
     image_status_ttl = Float(
@@ -271,7 +271,7 @@ class GpuDockerSpawner(GpuSpawnerMixin, DockerSpawner):
         # links of datasets no longer requested).
         env["GPULAB_DATASET_MODE"] = "symlink"
         env["GPULAB_DATASET_MOUNTS"] = json.dumps(links)
-        env["GPULAB_TRIM_IMPORTS"] = self.trim_imports
+        env["GPULAB_TRIM_IMPORTS"] = "1" if self.trim_imports else "0"
         env["HOME"] = self.home_mount
         return env
 
