@@ -273,6 +273,9 @@ class GpuDockerSpawner(GpuSpawnerMixin, DockerSpawner):
         env["GPULAB_DATASET_MOUNTS"] = json.dumps(links)
         env["GPULAB_TRIM_IMPORTS"] = "1" if self.trim_imports else "0"
         env["HOME"] = self.home_mount
+        if self.allocation is not None and self.device_requests(self.allocation):
+            # What the NVIDIA container toolkit injects: CUDA's driver library and nvidia-smi.
+            env["NVIDIA_DRIVER_CAPABILITIES"] = "compute,utility"
         return env
 
     def _limits(self, alloc: Allocation) -> tuple[float, str]:

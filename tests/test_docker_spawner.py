@@ -403,6 +403,7 @@ def test_real_gpu_device_request_names_exactly_the_allocated_cards(
         assert req["Capabilities"] == [["gpu"]]
         env = dict(e.split("=", 1) for e in c.attrs["Config"]["Env"])
         assert env["NVIDIA_VISIBLE_DEVICES"] == env["CUDA_VISIBLE_DEVICES"] == ",".join(uuids)
+        assert env["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"
         # No driver here: Docker can't start it, the spawn fails and both cards come back.
         assert r.status_code == 500 and "could not start the container" in r.text, r.text
         wait_for(lambda: hub.free("a100-80g") == 2, 10, what="the cards to be released")
@@ -413,18 +414,33 @@ def test_real_gpu_device_request_names_exactly_the_allocated_cards(
 
 @pytest.mark.gpu
 def test_real_gpu_container_sees_exactly_its_card(tmp_path, docker, catalog, chp_installed):
+    """On a GPU host with the NVIDIA container toolkit: the device request really pins the card."""
+    from test_gpu import CUDA_UUID_CODE, nvidia_smi_list
+
+    _, name, _ = nvidia_smi_list()[0]
+    # Rent this machine's model as its own type, whatever it is.
+    text = re.sub(r"nvml_names = \[.*\]", "nvml_names = []", catalog.read_text())
+    text += (
+        '\n[gpu_types.this-gpu]\ndisplay_name = "This GPU"\nvram_gb = 1\n'
+        'on_demand_price = "1.00"\nspot_floor_price = "0.50"\ncpus_per_card = 1\n'
+        f'mem_per_card = "1G"\nnvml_names = ["{name}"]\n'
+    )
+    gpu_catalog = tmp_path / "catalog.toml"
+    gpu_catalog.write_text(text)
     hub = Hub(
         tmp_path / "data",
         simulate="none",
-        cli=[GPULAB, "up", "--spawner", "docker", "--catalog", str(catalog)],
+        cli=[GPULAB, "up", "--spawner", "docker", "--catalog", str(gpu_catalog)],
     ).start()
     try:
         user = hub.create_user()
-        gpu_type = next(t for t in hub.pool()["gpu_types"] if t["total"] > 0)
-        hub.spawn_ready(user, {"gpu": gpu_type["slug"], "gpus": 1})
+        hub.spawn_ready(user, {"gpu": "this-gpu", "gpus": 1})
         [card] = held(hub, user)
-        listing = container_of(docker, hub, user).exec_run("nvidia-smi -L").output.decode()
-        assert card in listing and listing.count("GPU ") == 1
+        [req] = container_of(docker, hub, user).attrs["HostConfig"]["DeviceRequests"]
+        assert req["DeviceIDs"] == [card]
+        with hub.kernel(user) as k:
+            assert k.execute(CUDA_UUID_CODE).strip() == card
+        hub.stop_server(user)
     finally:
         hub.stop()
         cleanup(docker, hub)
