@@ -22,6 +22,8 @@ import json
 import time
 from typing import Any
 
+import docker
+from docker.types import Mount
 from dockerspawner import DockerSpawner
 from jupyterhub.traitlets import ByteSpecification
 from traitlets import Bool, Float, Integer, Unicode, default, validate
@@ -51,8 +53,6 @@ DOCKER_SOCKETS = ("/var/run/docker.sock", "/run/docker.sock")
 
 def network_gateway(network: str) -> str:
     """The host's address on a Docker network (where containers reach the hub)."""
-    import docker
-
     client = docker.APIClient(version="auto")
     try:
         info = client.inspect_network(network)
@@ -240,19 +240,37 @@ class GpuDockerSpawner(GpuSpawnerMixin, DockerSpawner):
     def home_volume_name(self) -> str:
         return self.home_volume.format(username=self.escaped_name)
 
-    def _dataset_binds(self) -> dict[str, dict[str, str]]:
+    def _dataset_mounts(self) -> list[Mount]:
+        """Read-only bind mounts of the chosen datasets at /datasets/SLUG.
+
+        Mounts, not binds: for a source missing on the Docker host (e.g. a hub in a container
+        whose dataset paths are not the host's) Docker refuses instead of mounting an empty
+        directory it created.
+        """
         opts = self.gpulab_options
-        binds: dict[str, dict[str, str]] = {}
+        mounts = []
         for slug in opts.datasets if opts else ():
             src = self.pool.catalog.datasets[slug].resolve_source()
-            binds[str(src)] = {"bind": f"{self.datasets_mount}/{slug}", "mode": "ro"}
-        return binds
+            if not src.is_dir():
+                raise SpawnError(500, f"Dataset {slug} is unavailable: {src} is not a directory")
+            mounts.append(
+                Mount(
+                    target=f"{self.datasets_mount}/{slug}",
+                    source=str(src),
+                    type="bind",
+                    read_only=True,
+                )
+            )
+        return mounts
+
+    @property
+    def mount_binds(self) -> list[Mount]:
+        return [*super().mount_binds, *self._dataset_mounts()]
 
     @property
     def volume_binds(self) -> dict[str, dict[str, str]]:
         binds = super().volume_binds
         binds[self.home_volume_name] = {"bind": self.home_mount, "mode": "rw"}
-        binds.update(self._dataset_binds())
         return binds
 
     # ---- environment and container config ----------------------------------------------------
@@ -393,7 +411,12 @@ class GpuDockerSpawner(GpuSpawnerMixin, DockerSpawner):
             f"{self._limits(alloc)[1]} memory, {gpu_note})",
         )
         t0 = time.perf_counter()
-        obj = await self.create_object()
+        try:
+            obj = await self.create_object()
+        except docker.errors.APIError as e:
+            raise SpawnError(
+                500, f"Docker could not create the container: {_docker_reason(e)}"
+            ) from None
         self.object_id = obj["Id"]
         self.emit_progress(50, "Starting the container")
         t1 = time.perf_counter()
@@ -563,8 +586,6 @@ async def reap_containers(pool: GpuPool) -> None:
     container of a spawn the hub died in the middle of, of a failed spawn, or of a record swept
     as orphaned must not keep running, or keep a GPU busy, with nobody tracking or billing it.
     """
-    import docker
-
     client = GpuDockerSpawner._client or docker.APIClient(version="auto")
     containers = await asyncio.to_thread(
         client.containers, all=True, filters={"label": f"{L_HUB}={pool.hub_id}"}

@@ -84,6 +84,8 @@ def write_catalog(path: Path, image: str, broken: str) -> Path:
     text += (
         '\n[images.broken]\ndisplay_name = "Broken"\ndescription = "Exits at start"\n'
         f'docker_image = "{broken}"\n'
+        '\n[datasets.gone]\ndisplay_name = "Gone"\ndescription = "Its directory is missing"\n'
+        f'size = "0"\nlicense = "none"\nsource = "{path.parent / "no-such-dataset"}"\n'
     )
     path.write_text(text)
     return path
@@ -313,6 +315,16 @@ def test_missing_image_is_refused_before_anything_is_held(dhub, duser, docker) -
     assert "gpulab images" in r.json()["message"]
     assert dhub.free("a100-80g") == free
     assert dhub.server(duser) is None
+    assert not docker.containers.list(all=True, filters={"label": f"org.gpulab.user={duser}"})
+
+
+def test_missing_dataset_fails_the_spawn_and_frees_the_gpu(dhub, duser, docker) -> None:
+    free = dhub.free("a100-80g")
+    r = dhub.spawn(duser, {"gpu": "a100-80g", "datasets": ["gone"]})
+    assert r.status_code == 500, r.text
+    assert "Dataset gone is unavailable" in r.json()["message"]
+    wait_for(lambda: dhub.server(duser) is None, 10, what="the failed server to be gone")
+    assert dhub.free("a100-80g") == free
     assert not docker.containers.list(all=True, filters={"label": f"org.gpulab.user={duser}"})
 
 
