@@ -3,7 +3,9 @@
 Starts two real hubs side by side on loopback (same venv, same configurable-http-proxy):
 
 - stock: JupyterHub with ``SimpleLocalProcessSpawner`` (``jupyterhub-singleuser``, /lab);
-- gpulab: ``gpulab up`` with the GPU-aware local spawner and a simulated pool.
+- gpulab: ``gpulab up`` with the GPU-aware local spawner and a simulated pool;
+- gpulab-nofork (with ``--no-fork-variant``): the same without the pre-warmed fork server, to show
+  what each start-up measure is worth.
 
 Spawns alternate between the two (so drift on a shared machine hits both alike); each is timed from
 sending ``POST /hub/api/users/NAME/server`` to the hub reporting the server ready. Prints p50/p95,
@@ -22,7 +24,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 import uuid
 from pathlib import Path
@@ -154,6 +155,11 @@ def main() -> int:
     parser.add_argument("--spawns", type=int, default=20, help="spawns per hub (>= 20 for p95)")
     parser.add_argument("--gpu", default="a100-80g", help="GPU type for gpulab spawns, or none")
     parser.add_argument("--warmup", type=int, default=2, help="untimed spawns per hub first")
+    parser.add_argument(
+        "--no-fork-variant",
+        action="store_true",
+        help="also time gpulab without its fork server (new process per spawn)",
+    )
     args = parser.parse_args()
 
     print(
@@ -161,56 +167,68 @@ def main() -> int:
     )
     base = Path(tempfile.mkdtemp(prefix="gpulab-bench-"))
     stock = stock_hub(base)
-    gpulab = Hub(base / "gpulab" / "data", simulate="A100-80G:2,RTX-4090:2")
-    options = {"gpu": args.gpu}
+    hubs: dict[str, Hub] = {
+        "stock": stock,
+        "gpulab": Hub(base / "gpulab" / "data", simulate="A100-80G:2,RTX-4090:2"),
+    }
+    if args.no_fork_variant:
+        hubs["gpulab-nofork"] = Hub(
+            base / "nofork" / "data",
+            simulate="A100-80G:2,RTX-4090:2",
+            extra_args=["--GpuLocalSpawner.use_forkserver=False"],
+        )
+    options = {name: (None if name == "stock" else {"gpu": args.gpu}) for name in hubs}
+    results: dict[str, list[float]] = {name: [] for name in hubs}
     try:
-        print("starting stock JupyterHub (SimpleLocalProcessSpawner) and gpulab ...", flush=True)
+        print(f"starting {', '.join(hubs)} ...", flush=True)
         start_stock(stock)
-        gpulab.start()
+        for name, hub in hubs.items():
+            if name != "stock":
+                hub.start()
         for i in range(args.warmup):
-            time_spawn(stock, None)
-            time_spawn(gpulab, options)
+            for name, hub in hubs.items():
+                time_spawn(hub, options[name])
             print(f"  warm-up {i + 1}/{args.warmup}", flush=True)
-        results: dict[str, list[float]] = {"stock": [], "gpulab": []}
         for i in range(args.spawns):
-            results["stock"].append(time_spawn(stock, None))
-            results["gpulab"].append(time_spawn(gpulab, options))
-            print(
-                f"  spawn {i + 1:2d}/{args.spawns}: stock {results['stock'][-1]:.2f}s  "
-                f"gpulab {results['gpulab'][-1]:.2f}s",
-                flush=True,
-            )
+            line = []
+            for name, hub in hubs.items():
+                results[name].append(time_spawn(hub, options[name]))
+                line.append(f"{name} {results[name][-1]:.2f}s")
+            print(f"  spawn {i + 1:2d}/{args.spawns}: " + "  ".join(line), flush=True)
     finally:
-        stock.stop()
-        gpulab.stop()
+        for hub in hubs.values():
+            hub.stop()
 
-    s50, s95 = pct(results["stock"], 0.5), pct(results["stock"], 0.95)
-    g50, g95 = pct(results["gpulab"], 0.5), pct(results["gpulab"], 0.95)
     print()
     print(f"POST-to-ready over {args.spawns} spawns each (gpulab: gpu={args.gpu}, simulated)")
-    print(f"  {'':8s} {'p50':>7s} {'p95':>7s}")
-    print(f"  {'stock':8s} {s50:6.2f}s {s95:6.2f}s")
-    print(f"  {'gpulab':8s} {g50:6.2f}s {g95:6.2f}s")
-    print(f"  ratio gpulab/stock: p50 {g50 / s50:.2f}, p95 {g95 / s95:.2f}")
+    print(f"  {'':14s} {'p50':>7s} {'p95':>7s} {'ratio p50':>10s} {'ratio p95':>10s}")
+    s50, s95 = pct(results["stock"], 0.5), pct(results["stock"], 0.95)
+    for name, values in results.items():
+        p50, p95 = pct(values, 0.5), pct(values, 0.95)
+        print(f"  {name:14s} {p50:6.2f}s {p95:6.2f}s {p50 / s50:10.2f} {p95 / s95:10.2f}")
 
     print("\nwhere the time goes (medians):")
-    stock_hub_s = hub_log_seconds(stock, r"took ([\d.]+) seconds to start")
-    gpulab_hub_s = hub_log_seconds(gpulab, r"took ([\d.]+) seconds to start")
-    phases = gpulab_phases(gpulab)
-    imp_stock, imp_trim = import_time(False), import_time(True)
+    stock_hub_s = statistics.median(hub_log_seconds(stock, r"took ([\d.]+) seconds to start"))
+    print(f"  stock: hub-side spawn incl. readiness polling {stock_hub_s:.2f}s")
     print(
-        textwrap.dedent(
-            f"""\
-            stock:  hub-side spawn + readiness polling {statistics.median(stock_hub_s):.2f}s
-                    (`import jupyterhub.singleuser` alone: {imp_stock:.2f}s, incl. interpreter start)
-            gpulab: hub-side spawn {statistics.median(gpulab_hub_s):.2f}s = allocate {phases.get("allocate", 0):.3f}s
-                    + process start {phases.get("process_start", 0):.3f}s
-                    + imports and server init until listening {phases.get("imports_and_server_init", 0):.2f}s
-                      (trimmed `import jupyterhub.singleuser`: {imp_trim:.2f}s)
-                    + readiness check after listening ~{statistics.median(gpulab_hub_s) - phases.get("total", 0):.2f}s
-            both:   client-measured minus hub-side = proxy route + API round trips"""
-        )
+        f"         `python -c 'import jupyterhub.singleuser'`: {import_time(False):.2f}s, "
+        f"with gpulab's import trimming {import_time(True):.2f}s"
     )
+    for name, hub in hubs.items():
+        if name == "stock":
+            continue
+        phases = gpulab_phases(hub)
+        hub_s = statistics.median(hub_log_seconds(hub, r"took ([\d.]+) seconds to start"))
+        parts = " + ".join(
+            f"{k.replace('_', ' ')} {v:.3f}s"
+            for k, v in phases.items()
+            if k not in ("launch", "total")
+        )
+        print(f"  {name}: hub-side spawn {hub_s:.2f}s = {parts}")
+        print(
+            f"         + readiness check and hub bookkeeping {hub_s - phases.get('total', 0):.3f}s"
+        )
+    print("  (client-measured minus hub-side: proxy route and API round trips)")
     print(f"\nlogs: {base}")
     return 0
 
