@@ -393,6 +393,24 @@ def test_images_command_lists_present_and_missing(catalog: Path, test_image: str
     assert not rows["pytorch"]["present"] and "gpulab images --build" in rows["pytorch"]["reason"]
 
 
+def test_images_command_builds_only_what_it_has_a_dockerfile_for(catalog: Path) -> None:
+    out = subprocess.run(
+        [GPULAB, "images", "--catalog", str(catalog), "--build", "--all", "broken"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode != 0
+    assert "no images/broken/Dockerfile; use --pull" in out.stderr
+    out = subprocess.run(
+        [GPULAB, "images", "--catalog", str(catalog), "nonsense"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode != 0 and "unknown image nonsense; allowed: base, pytorch" in out.stderr
+
+
 # ---- real GPU device requests ------------------------------------------------------------------
 
 
