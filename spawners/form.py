@@ -9,6 +9,7 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
+from gpulab.spawners.market_hub import SpotMarket
 from gpulab.spawners.options import DEFAULTS
 
 FORM_CSS = """
@@ -62,6 +63,7 @@ async def render_form(spawner: Any) -> str:
     pool = spawner.pool
     catalog = pool.catalog
     snap = await pool.snapshot()
+    market = SpotMarket.instance(config=spawner.config)
     last = {**DEFAULTS, **(spawner.user_options or {})}
     cur = catalog.currency
     parts = [FORM_CSS, '<div class="gpulab-form">']
@@ -78,7 +80,8 @@ async def render_form(spawner: Any) -> str:
             f'<input type="radio" name="gpu" value="{slug}"{_checked(last["gpu"] == t["slug"])}>'
             f"<strong>{escape(t['display_name'])}</strong>{sim}"
             f'<span class="meta">{t["vram_gb"]} GB VRAM &middot; {cur} {escape(t["on_demand_price"])}'
-            f"/h per card &middot; spot from {escape(t['spot_floor_price'])}</span>"
+            f"/h per card &middot; spot now {market.current_price(t['slug'])} "
+            f"(floor {escape(t['spot_floor_price'])})</span>"
             f'<span class="free" data-gpu-free="{slug}">{t["free"]}/{t["total"]} free</span>'
             "</label>"
         )
@@ -129,6 +132,13 @@ async def render_form(spawner: Any) -> str:
         f'<label class="choice">Max price ({cur}/card-hour) <input id="gpulab-max-price" '
         f'type="number" name="max_price" min="0.01" step="0.01" '
         f'value="{escape(str(last.get("max_price") or ""))}"></label>'
+        '<label class="choice"><input type="checkbox" name="wait" value="true"'
+        f"{_checked(bool(last.get('wait')))}> If it can't start now, queue it and start it when "
+        "a card is free and the price is at most my max price</label>"
+        '<label class="choice"><input type="checkbox" name="windows_only" value="true"'
+        f"{_checked(bool(last.get('windows_only')))}> Run only in low-price windows "
+        f"({escape(', '.join(market.low_price_windows))}"
+        f"{', weekends' if market.weekends_low else ''})</label>"
         "</fieldset>"
     )
     parts.append("</div>")
