@@ -1,4 +1,5 @@
-"""The spawn form: GPU types with live free/total, price and VRAM; images; datasets; pricing.
+"""The spawn form: GPU types with live free/total, price, spot price and VRAM; images; datasets;
+pricing (spot: max price, queue when it can't start, low-price windows only).
 
 The form reads the same pool snapshot as ``GET /hub/api/gpulab/pool`` and refreshes the free
 counts from it every few seconds, so what it shows is what the allocator will hand out.
@@ -42,7 +43,19 @@ FORM_JS = """
         });
       }).catch(function () {});
   }
+  function refreshSpot() {
+    fetch(base + "api/gpulab/spot/prices?hours=1", {headers: {"X-XSRFToken": xsrf}, credentials: "same-origin"})
+      .then(function (r) { return r.ok ? r.json() : null; })
+      .then(function (prices) {
+        if (!prices) return;
+        prices.gpu_types.forEach(function (t) {
+          var el = document.querySelector('[data-gpu-spot="' + t.slug + '"]');
+          if (el) el.textContent = t.price;
+        });
+      }).catch(function () {});
+  }
   setInterval(refresh, 5000);
+  setInterval(refreshSpot, 10000);
   var pricing = document.querySelectorAll('input[name="pricing"]');
   function togglePrice() {
     var spot = document.querySelector('input[name="pricing"]:checked');
@@ -80,9 +93,10 @@ async def render_form(spawner: Any) -> str:
             f'<input type="radio" name="gpu" value="{slug}"{_checked(last["gpu"] == t["slug"])}>'
             f"<strong>{escape(t['display_name'])}</strong>{sim}"
             f'<span class="meta">{t["vram_gb"]} GB VRAM &middot; {cur} {escape(t["on_demand_price"])}'
-            f"/h per card &middot; spot now {market.current_price(t['slug'])} "
-            f"(floor {escape(t['spot_floor_price'])})</span>"
+            f"/h per card &middot; spot from {escape(t['spot_floor_price'])}</span>"
             f'<span class="free" data-gpu-free="{slug}">{t["free"]}/{t["total"]} free</span>'
+            f'<span class="meta">spot now {cur} <span data-gpu-spot="{slug}">'
+            f"{market.current_price(t['slug'])}</span>/h</span>"
             "</label>"
         )
     no_gpu = catalog.no_gpu

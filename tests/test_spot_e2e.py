@@ -9,14 +9,16 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import re
 import threading
 import time
+import uuid
 from decimal import Decimal
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from harness import Hub, wait_for
+from harness import Hub, WebSession, wait_for
 
 from gpulab.spawners.market_store import price_at
 
@@ -309,3 +311,38 @@ def test_prices_api_history_and_pinning_rules(hub: Hub) -> None:
     assert r.status_code == 403
     r = hub.api("PUT", f"/gpulab/spot/settings/{user}", json={"webhook_url": "ftp://x"})
     assert r.status_code == 400 and "webhook_url:" in r.json()["message"]
+
+
+def test_spawn_form_shows_spot_prices_and_queues_a_waiting_bid(hub: Hub) -> None:
+    pin(hub, "rtx-4090", "0.55")
+    password = (hub.data_dir / "admin-password").read_text().strip()
+    admin = WebSession(hub)
+    assert admin.login("admin", password)
+    name, secret = f"form{uuid.uuid4().hex[:6]}", "correct-horse-battery"
+    WebSession(hub).signup(name, secret)
+    admin.get(f"/hub/authorize/{name}")
+    web = WebSession(hub)
+    assert web.login(name, secret)
+
+    text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", web.get(f"/hub/spawn/{name}").text))
+    assert "RTX 4090 simulated" in text and "spot now CNY 0.55 /h" in text
+    assert "queue it and start it when a card is free" in text
+    assert "Run only in low-price windows (18:00-09:00, weekends)" in text
+
+    r = web.post(
+        f"/hub/spawn/{name}",
+        [
+            ("gpu", "rtx-4090"),
+            ("gpus", "1"),
+            ("image", "base"),
+            ("pricing", "spot"),
+            ("max_price", "0.40"),
+            ("wait", "true"),
+        ],
+    )
+    assert "Queued as q-" in r.text
+    assert hub.server(name) is None
+    queue = hub.api("GET", "/gpulab/spot/queue").json()["queue"]
+    assert [(q["user"], q["max_price"]) for q in queue] == [(name, "0.40")]
+    pin(hub, "rtx-4090", "0.40")
+    assert hub.wait_ready(name, timeout=30)["user_options"]["pricing"] == "spot"
