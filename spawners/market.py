@@ -205,20 +205,26 @@ def decide(book: TypeBook, free: int, price: Decimal, low_window: bool) -> Decis
        low-price window ends. A preemption for price (or window end) is cancelled when the
        condition holds again before its deadline.
     2. Queued on-demand requests start first, in arrival order, on free cards; if cards are still
-       missing, the lowest-bid spot servers not already leaving are preempted to make room.
+       missing, the lowest-bid spot servers not already leaving are preempted to make room. A
+       reclaim no longer needed (the request was cancelled, a card freed) is cancelled.
     3. While no on-demand request waits, queued spot requests start by highest bid while their bid
        covers the price (window-only ones only inside a window) and cards are free.
     """
     d = Decisions()
     orders = book.orders
-    incoming = 0  # cards that servers in their warning period will give back
 
+    def keeps_running(o: Order) -> bool:
+        return (
+            o.max_price is not None and o.max_price >= price and (low_window or not o.windows_only)
+        )
+
+    incoming = 0  # cards that servers leaving for price or window end will give back
+    reclaims = []  # servers leaving to make room for on-demand requests
     for owner, reason in book.preempting.items():
         o = orders[owner]
-        holds = (o.max_price is not None and o.max_price >= price) and (
-            low_window or not o.windows_only
-        )
-        if reason in (REASON_PRICE, REASON_WINDOW) and holds:
+        if reason == REASON_ON_DEMAND:
+            reclaims.append(owner)
+        elif keeps_running(o):
             d.cancel.append(owner)
         else:
             incoming += o.cards
@@ -228,7 +234,7 @@ def decide(book: TypeBook, free: int, price: Decimal, low_window: bool) -> Decis
     # Bids below the price are a prefix of the sorted running list.
     cut = bisect.bisect_left(book.running, (price,))
     for _bid, _, owner in book.running[:cut]:
-        if owner not in book.preempting:
+        if owner not in leaving and owner not in cancelled:
             d.preempt.append((owner, REASON_PRICE))
             leaving.add(owner)
             incoming += orders[owner].cards
@@ -248,15 +254,26 @@ def decide(book: TypeBook, free: int, price: Decimal, low_window: bool) -> Decis
             available -= o.cards
         else:
             waiting_on_demand += o.cards
-    deficit = waiting_on_demand - incoming
-    if deficit > 0:
+
+    # Reclaims still needed (lowest bids first) stay; the rest are called off, e.g. when the
+    # on-demand request was cancelled or a card freed by itself.
+    need = waiting_on_demand - incoming
+    reclaims.sort(key=lambda owner: book._run_key(orders[owner]))
+    for owner in reclaims:
+        o = orders[owner]
+        if need > 0 or not keeps_running(o):
+            need -= o.cards
+        else:
+            d.cancel.append(owner)
+            leaving.discard(owner)
+    if need > 0:
         for _, _, owner in book.running:
             if owner in leaving:
                 continue
             d.preempt.append((owner, REASON_ON_DEMAND))
             leaving.add(owner)
-            deficit -= orders[owner].cards
-            if deficit <= 0:
+            need -= orders[owner].cards
+            if need <= 0:
                 break
     if waiting_on_demand:
         return d

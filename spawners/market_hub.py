@@ -191,6 +191,8 @@ class SpotMarket(SingletonConfigurable):
         self.preemptions: dict[str, Preemption] = {}
         self.active: dict[str, str] = {}  # owner -> id of its preemption in its warning period
         self._timers: dict[str, asyncio.TimerHandle] = {}
+        # Preemption id -> set once its warning webhook went out (or there was none to send).
+        self._warnings: dict[str, asyncio.Event] = {}
         self._spawners: dict[str, Any] = {}
         self._task: asyncio.Task | None = None
         self._load()
@@ -442,9 +444,7 @@ class SpotMarket(SingletonConfigurable):
         if options.pricing == "on-demand":
             if c["free"] >= options.gpus:
                 return
-            leaving = sum(book.orders[o].cards for o in book.preempting)
-            others = book.running_cards - leaving
-            if c["free"] + book.running_cards < options.gpus or others + leaving <= 0:
+            if c["free"] + book.running_cards < options.gpus:
                 return  # spot servers can't make room: the allocator says what is free
             order = Order(owner, slug, options.gpus, "on-demand", None, False, now)
             entry = self._enqueue(order, options)
@@ -654,20 +654,31 @@ class SpotMarket(SingletonConfigurable):
             time.strftime("%H:%M:%S", time.localtime(p.deadline)),
         )
         self._schedule_deadline(p)
+        self._warnings[p.id] = asyncio.Event()
         asyncio.get_running_loop().create_task(self._warn(p, alloc))
 
     async def _warn(self, p: Preemption, alloc: Any) -> None:
-        pids = await asyncio.to_thread(server_processes, alloc.pid, alloc.alloc_id)
-        signalled, skipped = signal_opted_in(pids)
-        p = p.model_copy(update={"signalled_pids": signalled, "skipped_pids": skipped})
-        self._update(p)
-        settings = self.user_settings(p.user)
-        jobs = []
-        if settings.get("webhook_url"):
-            jobs.append(self._webhook(p, "preemption-warning", settings))
-        if settings.get("checkpoint_command"):
-            jobs.append(self._checkpoint(p, settings["checkpoint_command"]))
-        await asyncio.gather(*jobs)
+        """Signal, run the checkpoint command and send the webhook, concurrently."""
+        checkpoint = None
+        try:
+            pids = await asyncio.to_thread(server_processes, alloc.pid, alloc.alloc_id)
+            signalled, skipped = signal_opted_in(pids)
+            p = p.model_copy(update={"signalled_pids": signalled, "skipped_pids": skipped})
+            self._update(p)
+            settings = self.user_settings(p.user)
+            if settings.get("checkpoint_command"):
+                checkpoint = asyncio.get_running_loop().create_task(
+                    self._checkpoint(p, settings["checkpoint_command"])
+                )
+            if settings.get("webhook_url"):
+                await self._webhook(p, "preemption-warning", settings)
+        finally:
+            # A cancellation webhook waits for this one, never for the checkpoint.
+            sent = self._warnings.pop(p.id, None)
+            if sent is not None:
+                sent.set()
+        if checkpoint is not None:
+            await checkpoint
 
     def _update(self, p: Preemption) -> None:
         """Save a changed record unless a newer state (cancelled, stopped) was saved meanwhile."""
@@ -693,7 +704,7 @@ class SpotMarket(SingletonConfigurable):
             "max_price": p.max_price,
             "warned_at": p.warned_at,
             "deadline": p.deadline,
-            "status": self.preemptions[p.id].status,
+            "status": "cancelled" if event == "preemption-cancelled" else "warning",
         }
         result = await send_webhook(
             settings["webhook_url"], settings["webhook_secret"], event, p.id, payload
@@ -725,6 +736,13 @@ class SpotMarket(SingletonConfigurable):
             result = {"command": command, "error": f"{type(e).__name__}: {e}"}
         latest = self.preemptions[p.id]
         self._save_preemption(latest.model_copy(update={"checkpoint": result}))
+
+    async def _cancelled_webhook(self, p: Preemption, settings: dict[str, Any]) -> None:
+        # The receiver must never see "cancelled" before the warning it cancels.
+        sent = self._warnings.get(p.id)
+        if sent is not None:
+            await sent.wait()
+        await self._webhook(p, "preemption-cancelled", settings)
 
     def _schedule_deadline(self, p: Preemption) -> None:
         delay = max(0.0, p.deadline - time.time())
@@ -781,12 +799,10 @@ class SpotMarket(SingletonConfigurable):
             update={"status": "cancelled", "cancelled_at": time.time()}
         )
         self._save_preemption(p)
-        self.log.info("Preemption of %s cancelled: spot price %s is within the bid", owner, price)
+        self.log.info("Preemption of %s cancelled (spot price now %s)", owner, price)
         settings = self.user_settings(p.user)
         if settings.get("webhook_url"):
-            asyncio.get_running_loop().create_task(
-                self._webhook(p, "preemption-cancelled", settings)
-            )
+            asyncio.get_running_loop().create_task(self._cancelled_webhook(p, settings))
 
     def status_json(self, owner: str) -> dict[str, Any]:
         name = owner.partition("/")[0]
@@ -808,6 +824,7 @@ class SpotMarket(SingletonConfigurable):
             "currency": self.pool.catalog.currency,
             "low_price_window": self.in_low_window(),
             "warning_seconds": self.warning_seconds,
+            "time": time.time(),  # the hub's clock, for a countdown that ignores client skew
             # The JupyterLab extension saves open documents when this turns to a warning.
             "preemption": records[-1].public() if records else None,
             "queued": queued[0] if queued else None,

@@ -122,6 +122,19 @@ def test_on_demand_reclaims_lowest_bid_and_counts_cards_already_leaving() -> Non
     assert [o.owner for o in d.starts] == ["od/"]
 
 
+def test_a_reclaim_no_longer_needed_is_called_off() -> None:
+    book = TypeBook()
+    book.add_running(spot_order("lo/", "1.10"))
+    book.add_running(spot_order("hi/", "1.90"))
+    book.add_queued(Order("od/", "a100-80g", 1, "on-demand", None, False, 10))
+    book.preempting["lo/"] = REASON_ON_DEMAND
+    assert decide(book, 0, Decimal("0.90"), False).cancel == []
+    book.remove("od/")  # the on-demand user cancelled
+    assert decide(book, 0, Decimal("0.90"), False).cancel == ["lo/"]
+    # ... unless the price has meanwhile risen above the bid: then it keeps leaving.
+    assert decide(book, 0, Decimal("1.20"), False).cancel == []
+
+
 def test_queued_spot_starts_by_highest_bid_within_price_and_windows() -> None:
     book = TypeBook()
     book.add_queued(spot_order("cheap/", "1.00", 1))
