@@ -5,6 +5,9 @@ simulation (``benchmarks/spot_market.py``) feed the same functions, so what the 
 is what the hub runs.
 
 Prices are :class:`~decimal.Decimal` per card-hour, quantised to the catalog's cent.
+
+Billing's seam: :func:`price_at` (re-exported from ``market_store``) answers the spot price in
+force for a GPU type at any second, from the durable history.
 """
 
 from __future__ import annotations
@@ -16,6 +19,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, time
 from decimal import ROUND_HALF_UP, Decimal
+
+from gpulab.spawners.market_store import price_at
+
+__all__ = ["Decisions", "Order", "Schedule", "TypeBook", "decide", "price_at", "spot_price"]
 
 CENT = Decimal("0.01")
 WINDOW_RE = re.compile(r"^([01]\d|2[0-3]):([0-5]\d)-([01]\d|2[0-3]):([0-5]\d)$")
