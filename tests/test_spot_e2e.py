@@ -13,6 +13,7 @@ import re
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -346,3 +347,36 @@ def test_spawn_form_shows_spot_prices_and_queues_a_waiting_bid(hub: Hub) -> None
     assert [(q["user"], q["max_price"]) for q in queue] == [(name, "0.40")]
     pin(hub, "rtx-4090", "0.40")
     assert hub.wait_ready(name, timeout=30)["user_options"]["pricing"] == "spot"
+
+
+def test_many_queued_bids_race_for_two_cards_and_never_share_one(hub: Hub) -> None:
+    pin(hub, "rtx-4090", "0.60")
+    bids = ["0.35", "0.50", "0.38", "0.45", "0.31", "0.42"]
+    users = [hub.create_user() for _ in bids]
+    with ThreadPoolExecutor(len(users)) as ex:
+        codes = list(
+            ex.map(
+                lambda ub: hub.spawn(ub[0], spot(ub[1], wait=True)).status_code,
+                zip(users, bids, strict=True),
+            )
+        )
+    assert codes == [202] * len(users)
+    assert len(hub.api("GET", "/gpulab/spot/queue").json()["queue"]) == len(users)
+
+    pin(hub, "rtx-4090", "0.40")  # four bids cover it; the two highest get the two cards
+    by_bid = dict(zip(bids, users, strict=True))
+    for bid in ("0.50", "0.45"):
+        hub.wait_ready(by_bid[bid], timeout=30)
+    time.sleep(1.5)
+    running = [u for u in users if hub.server(u)]
+    assert sorted(running) == sorted([by_bid["0.50"], by_bid["0.45"]])
+    held = [hub.server(u)["state"]["allocation"]["uuids"][0] for u in running]
+    assert len(set(held)) == 2 and hub.free("rtx-4090") == 0
+    queue = hub.api("GET", "/gpulab/spot/queue").json()["queue"]
+    assert sorted(q["max_price"] for q in queue) == ["0.31", "0.35", "0.38", "0.42"]
+
+    # A card frees: the best remaining bid that covers the price (0.42) takes it.
+    hub.stop_server(by_bid["0.50"])
+    hub.wait_ready(by_bid["0.42"], timeout=30)
+    assert hub.free("rtx-4090") == 0
+    assert hub.server(by_bid["0.38"]) is None
