@@ -195,6 +195,7 @@ class SpotMarket(SingletonConfigurable):
         self._warnings: dict[str, asyncio.Event] = {}
         self._spawners: dict[str, Any] = {}
         self._task: asyncio.Task | None = None
+        self.last_tick_seconds: float | None = None
         self._load()
 
     # ---- persistence -------------------------------------------------------------------------
@@ -322,6 +323,10 @@ class SpotMarket(SingletonConfigurable):
             "low_price_windows": list(self.low_price_windows),
             "weekends_low": self.weekends_low,
             "warning_seconds": self.warning_seconds,
+            "tick_interval": self.tick_interval,
+            "last_tick_ms": None
+            if self.last_tick_seconds is None
+            else round(self.last_tick_seconds * 1e3, 3),
             "gpu_types": types,
         }
 
@@ -345,9 +350,11 @@ class SpotMarket(SingletonConfigurable):
             await asyncio.sleep(self.tick_interval * (1 + random.uniform(0, 0.1)))
 
     def tick(self) -> None:
+        t0 = time.perf_counter()
         self._sync_running()
         for slug in self.books:
             self.tick_type(slug)
+        self.last_tick_seconds = time.perf_counter() - t0
 
     def tick_type(self, slug: str) -> None:
         now = time.time()

@@ -303,6 +303,12 @@ def test_prices_api_history_and_pinning_rules(hub: Hub) -> None:
         )
         assert t["history"] and t["history"][-1]["price"] == t["price"]
 
+    # The periodic tick runs by itself (every 0.5 s in this hub).
+    wait_for(
+        lambda: hub.api("GET", "/gpulab/spot/prices").json()["last_tick_ms"] is not None,
+        timeout=10,
+        what="a market tick",
+    )
     assert hub.api("GET", "/gpulab/spot/prices?hours=-1").status_code == 400
     r = hub.api("PUT", "/gpulab/spot/prices/rtx-4090", json={"price": "9.99"})
     assert r.status_code == 400 and "price:" in r.json()["message"]
