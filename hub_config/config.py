@@ -8,11 +8,13 @@ call ``configure(c)`` too and override anything after it.
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from gpulab.hub_config.handlers import CUSTOM_SCOPES, READ_POOL_SCOPE
+from gpulab.hub_config.spot_handlers import SET_PRICE_SCOPE, SPOT_SCOPES
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -78,6 +80,17 @@ def find_proxy_command() -> list[str]:
     )
 
 
+def _secret_file(path: Path) -> str:
+    """A random token kept in ``path`` (mode 0600), created on first use."""
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32))
+        return path.read_text().strip()
+
+
 def configure(c, settings: Settings | None = None) -> None:
     """Fill a JupyterHub config object ``c`` for a gpulab node."""
     s = settings or Settings.from_env()
@@ -117,15 +130,38 @@ def configure(c, settings: Settings | None = None) -> None:
     c.NativeAuthenticator.minimum_password_length = 8
     c.GpulabAuthenticator.admin_password_file = str(data / "admin-password")
 
-    c.JupyterHub.custom_scopes = CUSTOM_SCOPES
+    c.JupyterHub.custom_scopes = {**CUSTOM_SCOPES, **SPOT_SCOPES}
     roles = [{"name": "user", "scopes": ["self", READ_POOL_SCOPE]}]
+    services = []
     if s.admin_token:
-        c.JupyterHub.services = [{"name": "gpulab-admin", "api_token": s.admin_token}]
+        services.append({"name": "gpulab-admin", "api_token": s.admin_token})
         roles.append({"name": "admin", "services": ["gpulab-admin"]})
         roles.append(
             {"name": "gpulab-service", "scopes": [READ_POOL_SCOPE], "services": ["gpulab-admin"]}
         )
+    # Pinning spot prices is an operator's act: admins (and the admin service) hold the scope.
+    roles.append(
+        {
+            "name": "gpulab-market-admin",
+            "scopes": [SET_PRICE_SCOPE, READ_POOL_SCOPE],
+            "users": [s.admin_name],
+            "services": ["gpulab-admin"] if s.admin_token else [],
+        }
+    )
+    # The spot market starts queued servers and stops reclaimed ones through the REST API.
+    market_token = _secret_file(data / "spot-market-token")
+    services.append({"name": "gpulab-market", "api_token": market_token})
+    roles.append(
+        {
+            "name": "gpulab-market",
+            "scopes": ["admin:servers", "read:users", READ_POOL_SCOPE],
+            "services": ["gpulab-market"],
+        }
+    )
+    c.JupyterHub.services = services
     c.JupyterHub.load_roles = roles
+    c.SpotMarket.api_token = market_token
+    c.SpotMarket.hub_api_url = f"http://127.0.0.1:{s.hub_port}/hub/api"
 
     # A server's own token may read the pool and restart its own server in another mode
     # (the JupyterLab toggle), besides JupyterHub's defaults.

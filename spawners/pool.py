@@ -94,6 +94,10 @@ class GpuPool(SingletonConfigurable):
         """Start the periodic orphan sweep (idempotent; needs a running event loop)."""
         if self._reconcile_task is None:
             self._reconcile_task = asyncio.get_running_loop().create_task(self._reconcile_loop())
+            # The spot market's tick runs with the pool (imported here: it builds on the pool).
+            from gpulab.spawners.market_hub import SpotMarket
+
+            SpotMarket.instance(config=self.config, pool=self).start()
 
     async def _reconcile_loop(self) -> None:
         await _hub_started()
