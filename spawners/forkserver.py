@@ -196,7 +196,15 @@ class ForkServerClient:
         Path(self.log_path).parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             return subprocess.Popen(
-                [sys.executable, "-m", "gpulab.spawners.forkserver", "--socket", self.socket_path],
+                [
+                    sys.executable,
+                    "-m",
+                    "gpulab.spawners.forkserver",
+                    "--socket",
+                    self.socket_path,
+                    "--parent-pid",
+                    str(os.getpid()),
+                ],
                 env=self.env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -204,7 +212,9 @@ class ForkServerClient:
             )
 
     async def _start(self) -> None:
-        self.proc = await asyncio.to_thread(self._popen)
+        # Started from the event loop's own thread: the parent-death signal fires when the thread
+        # that forked us exits, and a pool thread may exit long before the hub does.
+        self.proc = self._popen()
         deadline = time.monotonic() + self.start_timeout
         while True:
             if self.proc.poll() is not None:
@@ -243,11 +253,12 @@ class ForkServerClient:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="gpulab's pre-warmed single-user fork server")
     parser.add_argument("--socket", required=True)
+    parser.add_argument("--parent-pid", type=int, default=0, help="the hub's pid")
     args = parser.parse_args(argv)
     # Exit with the hub; the servers we forked live on in their own sessions.
     _libc().prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    if os.getppid() == 1:
-        sys.exit(0)  # the hub died before we set the signal
+    if args.parent_pid and os.getppid() != args.parent_pid:
+        sys.exit(0)  # the hub died before the signal was set: we were already re-parented
     t0 = time.perf_counter()
     loaded = preload()
     print(
