@@ -102,6 +102,10 @@ def configure(c, settings: Settings | None = None) -> None:
         roles.append(
             {"name": "gpulab-service", "scopes": [READ_POOL_SCOPE], "services": ["gpulab-admin"]}
         )
+    # The billing service (issue 4): a managed service plus the spawner hooks that report to it.
+    from gpulab.billing_service.hub_hooks import configure_hub
+
+    configure_hub(c, str(data), s.catalog, roles)
     c.JupyterHub.load_roles = roles
 
     c.Spawner.start_timeout = 60

@@ -1,0 +1,109 @@
+"""The enforcement loop: servers that cannot be paid, and idle servers, give their GPUs back.
+
+- A GPU server whose owner's balance cannot pay ``switch_margin`` more seconds of it is moved to
+  no-GPU mode (``zero_balance_action = 'no-gpu'``), or stopped (``'stop'``, or when even no-GPU
+  cannot be paid for that long). A no-GPU server is stopped when the balance reaches zero.
+- A server alive (heartbeats arriving) with no live kernel for ``idle_timeout`` is stopped.
+
+Each decision is taken from the database only; the action goes through the hub's API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import select
+
+from gpulab.billing_service.models import MICRO, Account, ServerSession
+from gpulab.billing_service.statements import session_options
+
+if TYPE_CHECKING:
+    from gpulab.billing_service.app import BillingService
+
+log = logging.getLogger("gpulab.billing")
+
+
+class Enforcer:
+    def __init__(self, app: BillingService) -> None:
+        self.app = app
+        self.in_flight: set[tuple[str, str]] = set()
+        self.tasks: set[asyncio.Task] = set()
+
+    async def run(self) -> None:
+        while True:
+            # Jitter: many nodes never hit the hub at the same instant.
+            await asyncio.sleep(self.app.enforce_interval * random.uniform(0.8, 1.2))
+            try:
+                await self.check()
+            except Exception:
+                log.exception("billing enforcement check failed")
+
+    def decide(self) -> list[tuple[str, Any, str]]:
+        """(action, session, reason) for each open server needing one: 'no-gpu' or 'stop'."""
+        app = self.app
+        now = time.time_ns() // 1000
+        fresh = int(3 * app.heartbeat_interval * MICRO)
+        out = []
+        with app.engine.connect() as conn:
+            rows = conn.execute(
+                select(ServerSession, Account.balance_micro)
+                .join(Account, Account.user == ServerSession.user)
+                .where(
+                    ServerSession.stopped_us.is_(None),
+                    ServerSession.last_heartbeat_us >= now - fresh,
+                )
+            ).all()
+        for sess in rows:
+            balance = sess.balance_micro
+            busy = sess.last_busy_us is not None and sess.last_busy_us >= now - fresh
+            if busy:
+                rate = app.prices.rate_micro_per_hour(sess.gpu_type, sess.gpus, sess.pricing, now)
+                margin = rate * app.switch_margin / 3600
+                if sess.gpu_type != "none" and balance < margin:
+                    no_gpu = app.prices.rate_micro_per_hour("none", 0, "on-demand", now)
+                    if (
+                        app.zero_balance_action == "no-gpu"
+                        and balance > no_gpu * app.switch_margin / 3600
+                    ):
+                        out.append(("no-gpu", sess, "balance too low for the GPU"))
+                    else:
+                        out.append(("stop", sess, "balance used up"))
+                    continue
+                if sess.gpu_type == "none" and balance <= 0:
+                    out.append(("stop", sess, "balance used up"))
+                    continue
+            if app.idle_timeout > 0:
+                last = max(sess.last_busy_us or 0, sess.started_us)
+                if now - last > app.idle_timeout * MICRO:
+                    out.append(("stop", sess, f"no live kernel for {app.idle_timeout:.0f}s"))
+        return out
+
+    async def check(self) -> None:
+        decisions = await self.app.run_db(self.decide)
+        for action, sess, reason in decisions:
+            key = (sess.user, sess.server)
+            if key in self.in_flight:
+                continue
+            self.in_flight.add(key)
+            task = asyncio.create_task(self._act(action, sess, reason, key))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+
+    async def _act(self, action: str, sess: Any, reason: str, key) -> None:
+        hub = self.app.hub
+        try:
+            log.warning("%s server of %s/%s: %s", action, sess.user, sess.server, reason)
+            if action == "no-gpu":
+                await hub.move_to_no_gpu(sess.user, sess.server, session_options(sess))
+            else:
+                await hub.stop_server(sess.user, sess.server)
+        except Exception:
+            log.exception("could not %s %s/%s", action, sess.user, sess.server)
+        finally:
+            # Give the hub's stop report time to arrive before the server is considered again.
+            await asyncio.sleep(max(5.0, 3 * self.app.heartbeat_interval))
+            self.in_flight.discard(key)
