@@ -31,6 +31,10 @@ class BillingUnavailable(RuntimeError):
     pass
 
 
+class BillingUnreachable(BillingUnavailable):
+    """Nothing listens (yet): the service is starting or being restarted by the hub."""
+
+
 class BillingHooks:
     """Spawner hooks bound to one billing service URL and token."""
 
@@ -41,12 +45,14 @@ class BillingHooks:
         min_minutes: float = 10.0,
         timeout: float = 10.0,
         retry_for: float = 600.0,
+        start_wait: float = 20.0,
     ) -> None:
         self.url = url.rstrip("/") + "/"
         self.token = token
         self.min_minutes = min_minutes
         self.timeout = timeout
         self.retry_for = retry_for
+        self.start_wait = start_wait
         self._tasks: set[asyncio.Task] = set()
 
     async def _call(self, method: str, path: str, body: Any = None) -> Any:
@@ -60,11 +66,24 @@ class BillingHooks:
         try:
             resp = await AsyncHTTPClient().fetch(req)
         except HTTPClientError as e:
+            if e.code == 599:
+                raise BillingUnreachable(f"billing unreachable: {e}") from None
             detail = e.response.body.decode(errors="replace") if e.response else str(e)
             raise BillingUnavailable(f"billing answered {e.code}: {detail}") from None
         except OSError as e:
-            raise BillingUnavailable(f"billing unreachable: {e}") from None
+            raise BillingUnreachable(f"billing unreachable: {e}") from None
         return json.loads(resp.body or b"null")
+
+    async def _call_when_up(self, method: str, path: str, body: Any = None) -> Any:
+        """Like _call, but wait up to ``start_wait`` seconds for a service that is (re)starting."""
+        deadline = time.monotonic() + self.start_wait
+        while True:
+            try:
+                return await self._call(method, path, body)
+            except BillingUnreachable:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.5)
 
     async def before_start(self, spawner) -> None:
         catalog = spawner.pool.catalog
@@ -72,7 +91,7 @@ class BillingHooks:
         name = spawner.user.name
         need = opts.price_per_hour(catalog) * Decimal(str(self.min_minutes)) / 60
         try:
-            info = await self._call("GET", f"api/v1/users/{name}/balance")
+            info = await self._call_when_up("GET", f"api/v1/users/{name}/balance")
         except BillingUnavailable as e:
             log.error("Refusing start of %s: %s", spawner._log_name, e)
             raise SpawnError(
@@ -101,7 +120,7 @@ class BillingHooks:
             "options": opts.to_json(),
         }
         try:
-            await self._call("POST", "api/v1/events", {"events": [event]})
+            await self._call_when_up("POST", "api/v1/events", {"events": [event]})
         except BillingUnavailable as e:
             raise SpawnError(
                 503,
