@@ -268,7 +268,12 @@ class StatementPage(BaseHandler):
             prefix=self.billing.prefix,
             from_arg=self.get_argument("from", ""),
             to_arg=self.get_argument("to", ""),
+            xsrf=self._xsrf_value() if overview is not None else "",
         )
+
+    def _xsrf_value(self) -> str:
+        token = self.xsrf_token
+        return token.decode() if isinstance(token, bytes) else token
 
 
 class CsvHandler(BaseHandler):

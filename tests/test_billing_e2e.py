@@ -345,3 +345,18 @@ def test_idle_server_is_stopped(bhub, billing, buser) -> None:
     wait_for(lambda: bhub.server(buser) is None, 60, 0.5, "the idle server to be stopped")
     assert time.time() - t >= 14
     assert bhub.free("rtx-4090") == free + 1
+
+
+def test_admin_page_lists_users_revenue_and_pool(bhub, billing, buser) -> None:
+    billing.credit(buser, "2.50", kind="topup")
+    page = billing.get("", params={"user": buser})
+    assert page.status_code == 200, page.text
+    assert "Admin: all users" in page.text and "Admin: revenue per GPU type" in page.text
+    assert f"?user={buser}" in page.text and "CNY 12.50" in page.text
+    assert "Admin: credit an account" in page.text
+    user_page = billing.get("", user_token(bhub, buser))
+    assert user_page.status_code == 200 and "Admin: all users" not in user_page.text
+    overview = billing.get("api/v1/admin/overview").json()
+    assert any(u["user"] == buser for u in overview["users"])
+    assert {t["slug"] for t in overview["pool"]["gpu_types"]} >= {"a100-80g", "rtx-4090"}
+    assert billing.get("api/v1/admin/overview", user_token(bhub, buser)).status_code == 403
