@@ -9,7 +9,7 @@ from typing import Any
 
 from sqlalchemy import Connection, func, select
 
-from gpulab.billing_service.metering import NEVER, session_intervals
+from gpulab.billing_service.metering import NEVER
 from gpulab.billing_service.models import MICRO, Account, KernelSpan, LedgerEntry, ServerSession
 from gpulab.billing_service.rating import PriceBook, format_money, from_micro, merge
 
@@ -77,7 +77,10 @@ def usage(
                     "kernel_seconds": k_us / MICRO,
                 }
             )
-        for a, b in merge(session_intervals(conn, s)):
+        clipped = [
+            (max(k.first_us, s.started_us), min(k.last_us, hi)) for k in by_session.get(s.id, [])
+        ]
+        for a, b in merge(clipped):
             while a < b:
                 day_end = (a // DAY_US + 1) * DAY_US
                 piece_end = min(b, day_end)
