@@ -32,6 +32,8 @@ class Allocation:
     created: float
     pid: int | None = None
     pricing: str = "on-demand"
+    pid_start: int | None = None  # the process's start time (clock ticks), guards against pid reuse
+    expires: float | None = None  # reservations only: when an unclaimed hold lapses
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -47,6 +49,9 @@ class NoCapacity(Exception):
 
 def owner_key(user: str, server: str = "") -> str:
     return f"{user}/{server}"
+
+
+RESERVED = "#reserved"
 
 
 @dataclass
@@ -138,12 +143,61 @@ class GpuAllocator:
     def allocate(
         self, owner: str, gpu_type: str | None, count: int, pricing: str = "on-demand"
     ) -> Allocation:
-        """Reserve ``count`` whole cards of ``gpu_type`` (none for no-GPU mode) for ``owner``."""
+        """Give ``count`` whole cards of ``gpu_type`` (none for no-GPU mode) to ``owner``.
+
+        A matching reservation made for ``owner`` (see :meth:`reserve`) is used first.
+        """
         old = self._state.allocations.get(owner)
         if old is not None:
             # The hub only spawns a server it believes stopped, so an old record is stale.
             self.log.warning("Replacing stale allocation %s of %s", old.alloc_id, owner)
             self._evict(old)
+        reserved = self._state.allocations.pop(owner + RESERVED, None)
+        if reserved is not None:
+            if reserved.gpu_type == gpu_type and len(reserved.uuids) == count:
+                reserved.owner, reserved.pricing, reserved.expires = owner, pricing, None
+                self._state.allocations[owner] = reserved
+                self._save()
+                return reserved
+            self._adopted.discard(reserved.alloc_id)  # reserved for other options: give it back
+        return self._take(owner, gpu_type, count, pricing)
+
+    def reserve(
+        self, owner: str, gpu_type: str | None, count: int, ttl: float = 120.0
+    ) -> Allocation:
+        """Hold cards for ``owner``'s next start while its current server is being stopped.
+
+        Raises :class:`NoCapacity` (changing nothing) when too few are free. The reservation
+        lapses after ``ttl`` seconds if no start consumes it.
+        """
+        self._drop_expired_reservations()
+        key = owner + RESERVED
+        previous = self._state.allocations.pop(key, None)
+        try:
+            alloc = self._take(key, gpu_type, count, "reservation")
+        except NoCapacity:
+            if previous is not None:
+                self._state.allocations[key] = previous
+            raise
+        alloc.expires = time.time() + ttl
+        self._save()
+        return alloc
+
+    def _drop_expired_reservations(self) -> None:
+        now = time.time()
+        expired = [
+            k
+            for k, a in self._state.allocations.items()
+            if a.expires is not None and a.expires < now
+        ]
+        for key in expired:
+            alloc = self._state.allocations.pop(key)
+            self._adopted.discard(alloc.alloc_id)
+        if expired:
+            self._save()
+
+    def _take(self, owner: str, gpu_type: str | None, count: int, pricing: str) -> Allocation:
+        self._drop_expired_reservations()
         uuids: list[str] = []
         if gpu_type is not None:
             held = self.held_uuids()
@@ -174,6 +228,7 @@ class GpuAllocator:
         alloc = self._state.allocations.get(owner)
         if alloc is not None and alloc.pid != pid:
             alloc.pid = pid
+            alloc.pid_start = process_start_time(pid)
             self._save()
 
     def release(self, owner: str, alloc_id: str | None = None) -> Allocation | None:
@@ -201,7 +256,7 @@ class GpuAllocator:
         """Stop the processes of unclaimed records and free them. Call once spawners are restored."""
         swept = []
         for alloc in self.orphans():
-            killed = kill_allocation_processes(hub_id, alloc.alloc_id)
+            killed = kill_allocation_processes(hub_id, alloc.alloc_id) + kill_recorded_pid(alloc)
             self.log.warning(
                 "Orphaned allocation %s of %s (GPUs: %s): no server claims it after restart; "
                 "stopped %d process(es) and freed it.",
@@ -224,6 +279,7 @@ class GpuAllocator:
 
     def _evict(self, alloc: Allocation) -> None:
         kill_allocation_processes(None, alloc.alloc_id)
+        kill_recorded_pid(alloc)
         del self._state.allocations[alloc.owner]
         self._adopted.discard(alloc.alloc_id)
 
@@ -258,6 +314,32 @@ def allocation_ids_running(hub_id: str) -> set[str]:
         if env.get(ENV_HUB) == hub_id and ENV_ALLOC in env:
             ids.add(env[ENV_ALLOC])
     return ids
+
+
+def process_start_time(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # Field 22 (starttime), counted after the parenthesised command name.
+    return int(stat.rpartition(")")[2].split()[19])
+
+
+def kill_recorded_pid(alloc: Allocation) -> int:
+    """SIGKILL the recorded server process if it is still the same process.
+
+    Servers forked by the fork server never exec, so their /proc environ doesn't show the
+    allocation id; the pid with its start time identifies them instead.
+    """
+    if not alloc.pid or alloc.pid_start is None:
+        return 0
+    if process_start_time(alloc.pid) != alloc.pid_start:
+        return 0
+    try:
+        os.kill(alloc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return 0
+    return 1
 
 
 def kill_allocation_processes(hub_id: str | None, alloc_id: str) -> int:
