@@ -108,6 +108,17 @@ class BillingService(Application):
         server is moved to no-GPU mode (or stopped), and a no-GPU server is stopped at zero.""",
     )
 
+    start_minutes = Float(
+        config=True,
+        help="""Minutes of a mode the balance must pay for a start (the hub's check). A GPU server
+        at zero balance is moved to no-GPU only if no-GPU can be paid this long (the restart
+        would be refused otherwise); else it is stopped.""",
+    )
+
+    @default("start_minutes")
+    def _default_start_minutes(self) -> float:
+        return float(os.environ.get("GPULAB_BILLING_MIN_MINUTES") or 10)
+
     idle_timeout = Float(
         900.0,
         config=True,

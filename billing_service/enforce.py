@@ -67,7 +67,7 @@ class Enforcer:
                     no_gpu = app.prices.rate_micro_per_hour("none", 0, "on-demand", now)
                     if (
                         app.zero_balance_action == "no-gpu"
-                        and balance > no_gpu * app.switch_margin / 3600
+                        and balance >= no_gpu * app.start_minutes / 60
                     ):
                         out.append(("no-gpu", sess, "balance too low for the GPU"))
                     else:

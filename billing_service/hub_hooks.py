@@ -179,7 +179,12 @@ def configure_hub(c, data_dir: str, catalog: str, roles: list[dict]) -> None:
     token = secrets.token_hex(32)
     url = f"http://127.0.0.1:{port}"
     prefix_url = f"{url}/services/billing/"
-    env = {"GPULAB_DATA_DIR": data_dir, "GPULAB_CATALOG": catalog}
+    min_minutes = os.environ.get("GPULAB_BILLING_MIN_MINUTES", "10")
+    env = {
+        "GPULAB_DATA_DIR": data_dir,
+        "GPULAB_CATALOG": catalog,
+        "GPULAB_BILLING_MIN_MINUTES": min_minutes,
+    }
     if os.environ.get("GPULAB_BILLING_DB_URL"):
         env["GPULAB_BILLING_DB_URL"] = os.environ["GPULAB_BILLING_DB_URL"]
     services = list(c.JupyterHub.services) if "services" in c.JupyterHub else []
@@ -216,9 +221,7 @@ def configure_hub(c, data_dir: str, catalog: str, roles: list[dict]) -> None:
         if role["name"] == "user":
             role["scopes"] = [*role["scopes"], "access:services!service=billing"]
 
-    hooks = BillingHooks(
-        prefix_url, token, min_minutes=float(os.environ.get("GPULAB_BILLING_MIN_MINUTES", "10"))
-    )
+    hooks = BillingHooks(prefix_url, token, min_minutes=float(min_minutes))
     c.Spawner.pre_allocate_hook = hooks.before_start
     c.Spawner.post_stop_hook = hooks.after_stop
     server_env = dict(c.Spawner.environment) if "environment" in c.Spawner else {}
