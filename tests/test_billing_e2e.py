@@ -7,6 +7,7 @@ idle timeout and a 1-minute minimum balance for a start.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 import time
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 import requests
 from billing.client import Billing, kernel_seconds, user_token
-from harness import Hub, wait_for
+from harness import Hub, WebSession, wait_for
 
 HB = 1.0
 ENV = {
@@ -366,3 +367,54 @@ def test_admin_page_lists_users_revenue_and_pool(bhub, billing, buser) -> None:
     assert any(u["user"] == buser for u in overview["users"])
     assert {t["slug"] for t in overview["pool"]["gpu_types"]} >= {"a100-80g", "rtx-4090"}
     assert billing.get("api/v1/admin/overview", user_token(bhub, buser)).status_code == 403
+
+
+def test_new_user_signs_up_runs_a_gpu_notebook_and_reads_the_charge(bhub, billing) -> None:
+    """The issue's acceptance path, through the hub's pages and the billing page's OAuth."""
+    name, password = f"new{uuid.uuid4().hex[:6]}", "correct-horse-battery"
+    assert WebSession(bhub).signup(name, password).ok
+    admin = WebSession(bhub)
+    assert admin.login("admin", (bhub.data_dir / "admin-password").read_text().strip())
+    assert admin.get(f"/hub/authorize/{name}").ok
+    web = WebSession(bhub)
+    assert web.login(name, password)
+
+    page = web.get("/services/billing/")  # OAuth with the hub on the way, as in a browser
+    assert page.status_code == 200, page.text[-2000:]
+    assert any("/hub/api/oauth2/authorize" in h.url for h in page.history)
+    assert f'Billing statement: <span id="user">{name}</span>' in page.text
+    assert "CNY 10.00" in page.text and "Admin: all users" not in page.text
+    assert web.get("/services/billing/?user=admin").status_code == 403
+
+    bhub.spawn_ready(name, {"gpu": "a100-80g"})
+    with bhub.kernel(name) as k:
+        k.execute("import time; time.sleep(5)")
+    t_closed = time.time()
+    bhub.stop_server(name)
+    usage = settle(billing, name, {k.id: t_closed - 1})
+    (server,) = usage["servers"]
+    charge = Decimal(server["amount"]["exact"])
+    assert server["stopped"] and 5 <= server["billed_seconds"] < 8 and charge > 0
+
+    page = web.get("/services/billing/").text
+    assert f"{server['billed_seconds']:.1f}" in page and server["amount"]["display"] in page
+    balance = Decimal(10) - charge
+    assert billing.balance(name)["balance"]["exact"] == str(balance.normalize())
+    assert f"CNY {balance.quantize(Decimal('0.01'))}" in page
+    csv = web.get("/services/billing/statement.csv").text
+    assert k.id in csv and server["amount"]["exact"] in csv
+
+
+def test_admin_credits_an_account_from_the_page(bhub, billing, buser) -> None:
+    web = WebSession(bhub)
+    assert web.login("admin", (bhub.data_dir / "admin-password").read_text().strip())
+    page = web.get("/services/billing/", params={"user": buser})
+    assert page.status_code == 200 and "Admin: credit an account" in page.text
+    xsrf = re.search(r'"X-XSRFToken": "([^"]+)"', page.text).group(1)
+    body = {"amount": "2.50", "kind": "topup", "idempotency_key": uuid.uuid4().hex}
+    url = f"{bhub.url}/services/billing/api/v1/users/{buser}/credits"
+    # A cookie-authenticated POST without the page's XSRF token is refused (no cross-site top-up).
+    assert web.http.post(url, json=body, timeout=30).status_code == 403
+    r = web.http.post(url, json=body, headers={"X-XSRFToken": xsrf}, timeout=30)
+    assert r.status_code == 201, r.text
+    assert r.json()["balance"]["exact"] == "12.5" and r.json()["actor"] == "admin"
