@@ -253,6 +253,17 @@ class BillingService(Application):
             xsrf_cookies=True,
         )
 
+    async def _watch_parent(self, stop: asyncio.Event) -> None:
+        """Exit when the hub that started us is gone (e.g. SIGKILLed): the restarted hub starts
+        a fresh service on the same port, and reporters retry meanwhile."""
+        parent = os.getppid()
+        while True:
+            await asyncio.sleep(1)
+            if os.getppid() != parent:
+                break
+        self.log.warning("the hub (pid %i) is gone; stopping", parent)
+        stop.set()
+
     def start(self) -> None:
         Path(self.pid_file).parent.mkdir(parents=True, exist_ok=True)
         Path(self.pid_file).write_text(str(os.getpid()))
@@ -273,9 +284,13 @@ class BillingService(Application):
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        task = asyncio.create_task(self.enforcer.run())
+        tasks = [
+            asyncio.create_task(self.enforcer.run()),
+            asyncio.create_task(self._watch_parent(stop)),
+        ]
         await stop.wait()
-        task.cancel()
+        for task in tasks:
+            task.cancel()
         server.stop()
         self.executor.shutdown(wait=True)
 

@@ -170,13 +170,31 @@ def configure_hub(c, data_dir: str, catalog: str, roles: list[dict]) -> None:
     import secrets
     import shlex
     import sys
+    from pathlib import Path
 
     from jupyterhub.utils import random_port
 
     if os.environ.get("GPULAB_BILLING", "1") == "0":
         return
-    port = int(os.environ.get("GPULAB_BILLING_PORT") or random_port())
-    token = secrets.token_hex(32)
+    # Port and token are kept in the data dir: after a hub restart (even a SIGKILL) the servers
+    # still running keep reporting to the same URL, and the service keeps the same identity.
+    data = Path(data_dir)
+    port_file = data / "billing-port"
+    if os.environ.get("GPULAB_BILLING_PORT"):
+        port = int(os.environ["GPULAB_BILLING_PORT"])
+    elif port_file.exists():
+        port = int(port_file.read_text())
+    else:
+        port = random_port()
+        port_file.write_text(str(port))
+    token_file = data / "billing-api-token"
+    if token_file.exists():
+        token = token_file.read_text().strip()
+    else:
+        token = secrets.token_hex(32)
+        fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(token)
     url = f"http://127.0.0.1:{port}"
     prefix_url = f"{url}/services/billing/"
     min_minutes = os.environ.get("GPULAB_BILLING_MIN_MINUTES", "10")

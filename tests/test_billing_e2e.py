@@ -418,3 +418,30 @@ def test_admin_credits_an_account_from_the_page(bhub, billing, buser) -> None:
     r = web.http.post(url, json=body, headers={"X-XSRFToken": xsrf}, timeout=30)
     assert r.status_code == 201, r.text
     assert r.json()["balance"]["exact"] == "12.5" and r.json()["actor"] == "admin"
+
+
+def test_hub_sigkilled_and_restarted_while_a_kernel_runs_bills_exactly(tmp_path, chp_installed):
+    hub = Hub(tmp_path / "data", simulate="A100-80G:1", env=ENV).start()
+    try:
+        billing = Billing(hub)
+        wait_for(billing.up, 30, 0.2, "the billing service")
+        user = hub.create_user()
+        hub.spawn_ready(user, {"gpu": "none"})
+        t0 = time.time()
+        k = hub.kernel(user)
+        t1 = time.time()
+        old_service = billing.pid
+        hub.kill()
+        time.sleep(3)
+        hub.start()
+        wait_for(lambda: billing.pid != old_service and billing.up(), 60, 0.5, "a new service")
+        time.sleep(3)
+        t2 = time.time()
+        k.close()
+        t3 = time.time()
+        usage = settle(billing, user, {k.id: t2})
+        alive = (t2 + t3) / 2 - (t0 + t1) / 2
+        assert abs(kernel_seconds(usage)[k.id] - alive) <= 1, (usage, alive)
+        hub.stop_server(user)
+    finally:
+        hub.stop()
