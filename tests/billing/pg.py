@@ -15,7 +15,18 @@ from pathlib import Path
 
 from harness import free_port
 
-PG_BIN = Path(os.environ.get("GPULAB_PG_BIN", "/usr/lib/postgresql/15/bin"))
+
+def _pg_bin() -> Path:
+    if os.environ.get("GPULAB_PG_BIN"):
+        return Path(os.environ["GPULAB_PG_BIN"])
+    # Debian installs each major version side by side; take the newest (15 on Debian 12).
+    found = sorted(
+        Path("/usr/lib/postgresql").glob("*/bin/initdb"), key=lambda p: int(p.parent.parent.name)
+    )
+    return found[-1].parent if found else Path("/usr/lib/postgresql/15/bin")
+
+
+PG_BIN = _pg_bin()
 
 
 def available() -> bool:
