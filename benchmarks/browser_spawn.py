@@ -50,8 +50,13 @@ def round_stock(browser, hub: Hub) -> float:
     page = browser.new_context().new_page()
     sign_in(page, hub, name, "any-password")  # DummyAuthenticator
     page.goto(f"{hub.url}/hub/home")
+    return time_click_to_launcher(page, "#start", hub, name)
+
+
+def time_click_to_launcher(page, selector: str, hub: Hub, name: str) -> float:
+    """Click, wait for JupyterLab's launcher, then clean up; return the seconds in between."""
     t0 = time.perf_counter()
-    page.click("#start")
+    page.click(selector)
     page.wait_for_selector(LAUNCHER, timeout=120_000)
     elapsed = time.perf_counter() - t0
     page.context.close()
@@ -71,13 +76,7 @@ def round_gpulab(browser, hub: Hub) -> float:
     page.goto(f"{hub.url}/hub/spawn/{name}")
     page.check('input[name="gpu"][value="a100-80g"]')
     page.check('input[name="datasets"][value="sklearn-toy"]')
-    t0 = time.perf_counter()
-    page.click('button[type="submit"]')
-    page.wait_for_selector(LAUNCHER, timeout=120_000)
-    elapsed = time.perf_counter() - t0
-    page.context.close()
-    hub.stop_server(name)
-    return elapsed
+    return time_click_to_launcher(page, 'button[type="submit"]', hub, name)
 
 
 def main() -> int:

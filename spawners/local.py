@@ -137,6 +137,15 @@ class GpuLocalSpawner(GpuSpawnerMixin, LocalProcessSpawner):
     def _default_cmd(self) -> list[str]:
         return [sys.executable, "-m", "gpulab.spawners.launcher"]
 
+    @default("args")
+    def _default_args(self) -> list[str]:
+        # Servers have no business phoning jupyter.org for news or updates: the node may be
+        # offline, and renters should not get a consent pop-up on their first page.
+        return [
+            "--LabApp.news_url=None",
+            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        ]
+
     @default("default_url")
     def _default_url(self) -> str:
         return "/lab"
