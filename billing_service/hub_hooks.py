@@ -247,7 +247,22 @@ def configure_hub(c, data_dir: str, catalog: str, roles: list[dict]) -> None:
     for key in ("GPULAB_REPORTER_HEARTBEAT", "GPULAB_REPORTER_MAX_BACKOFF"):
         if os.environ.get(key):
             server_env[key] = os.environ[key]
+    # The usage reporter runs in every server the hub starts: its jupyter-config/ data file
+    # enables it. An installed wheel puts that file in PREFIX/etc/jupyter (always read); for the
+    # source checkout (``pip install -e``, which installs no data files) point Jupyter at it.
+    config_dir = _reporter_config_dir()
+    if config_dir is not None:
+        paths = [config_dir, *filter(None, [server_env.get("JUPYTER_CONFIG_PATH")])]
+        server_env["JUPYTER_CONFIG_PATH"] = os.pathsep.join(paths)
     c.Spawner.environment = server_env
-    # The usage reporter runs in every server the hub starts.
-    args = list(c.Spawner.args) if "args" in c.Spawner else []
-    c.Spawner.args = [*args, "--ServerApp.jpserver_extensions=gpulab_reporter=True"]
+
+
+def _reporter_config_dir() -> str | None:
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("gpulab_reporter")
+    if spec is None or spec.origin is None:
+        return None
+    config = Path(spec.origin).parent.parent / "jupyter-config"
+    return str(config) if (config / "jupyter_server_config.d").is_dir() else None
