@@ -30,8 +30,10 @@ from gpulab.billing_service import handlers, ledger, statements
 from gpulab.billing_service.db import is_sqlite, make_engine, upgrade
 from gpulab.billing_service.enforce import Enforcer
 from gpulab.billing_service.hub_client import HubClient
+from gpulab.billing_service.metering import ingest
 from gpulab.billing_service.models import MICRO, LedgerEntry
 from gpulab.billing_service.rating import PriceBook, to_micro
+from gpulab.billing_service.schemas import ServerStop
 from gpulab.hub_config.catalog import load_catalog
 
 TEMPLATES = Path(__file__).with_name("templates")
@@ -125,6 +127,14 @@ class BillingService(Application):
         help="Stop servers with no live kernel for this many seconds (0: never), so GPUs return.",
     )
 
+    silent_timeout = Float(
+        900.0,
+        config=True,
+        help="""Stop servers the hub runs that sent no heartbeat for this many seconds (their
+        reporter was killed or is not installed), so unmetered GPU time is not given away; a
+        session whose server is gone is closed at its last heartbeat. 0: never.""",
+    )
+
     enforce_interval = Float(
         10.0, config=True, help="Seconds between checks of balances and idle servers (jittered)."
     )
@@ -162,6 +172,7 @@ class BillingService(Application):
         self.prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/billing/")
         self.hub = HubClient.from_env()
         self.enforcer = Enforcer(self)
+        self.started_us = time.time_ns() // 1000
 
     async def run_db(self, fn, *args: Any) -> Any:
         loop = asyncio.get_running_loop()
@@ -207,6 +218,19 @@ class BillingService(Application):
                 note=note,
                 actor=actor,
             )
+
+    async def close_session(self, sess) -> None:
+        """Record the stop of a server that vanished without the hub's report."""
+        event = ServerStop(
+            id=f"enforcer-stop-{sess.id}",
+            kind="server_stop",
+            user=sess.user,
+            server=sess.server,
+            t=max(sess.last_heartbeat_us or 0, sess.started_us) / MICRO,
+        )
+        await self.run_db(
+            ingest, self.engine, [event], self.prices, self.trial_micro, time.time_ns() // 1000
+        )
 
     @staticmethod
     def entries(conn, user: str) -> list[dict[str, Any]]:

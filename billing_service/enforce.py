@@ -4,6 +4,8 @@
   no-GPU mode (``zero_balance_action = 'no-gpu'``), or stopped (``'stop'``, or when even no-GPU
   cannot be paid for that long). A no-GPU server is stopped when the balance reaches zero.
 - A server alive (heartbeats arriving) with no live kernel for ``idle_timeout`` is stopped.
+- A server the hub runs but that sends no heartbeat for ``silent_timeout`` (its reporter was
+  killed or is missing) is stopped: unmetered time is not given away.
 
 Each decision is taken from the database only; the action goes through the hub's API.
 """
@@ -16,7 +18,7 @@ import random
 import time
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from gpulab.billing_service.models import MICRO, Account, ServerSession
 from gpulab.billing_service.statements import session_options
@@ -43,7 +45,8 @@ class Enforcer:
                 log.exception("billing enforcement check failed")
 
     def decide(self) -> list[tuple[str, Any, str]]:
-        """(action, session, reason) for each open server needing one: 'no-gpu' or 'stop'."""
+        """(action, session, reason) for each open server needing one: 'no-gpu', 'stop', or
+        'silent' (no heartbeat: stop it if the hub still runs it, else close its session)."""
         app = self.app
         now = time.time_ns() // 1000
         fresh = int(3 * app.heartbeat_interval * MICRO)
@@ -80,6 +83,20 @@ class Enforcer:
                 last = max(sess.last_busy_us or 0, sess.started_us)
                 if now - last > app.idle_timeout * MICRO:
                     out.append(("stop", sess, f"no live kernel for {app.idle_timeout:.0f}s"))
+        silent = int(app.silent_timeout * MICRO)
+        # Only once this process has been up that long: while billing was down (or just
+        # restarted) heartbeats could not arrive, and the spools are still being flushed.
+        if silent and now - app.started_us > silent:
+            with app.engine.connect() as conn:
+                quiet = conn.execute(
+                    select(ServerSession).where(
+                        ServerSession.stopped_us.is_(None),
+                        func.coalesce(ServerSession.last_heartbeat_us, ServerSession.started_us)
+                        < now - silent,
+                    )
+                ).all()
+            for sess in quiet:
+                out.append(("silent", sess, f"no heartbeat for {app.silent_timeout:.0f}s"))
         return out
 
     async def check(self) -> None:
@@ -99,6 +116,14 @@ class Enforcer:
             log.warning("%s server of %s/%s: %s", action, sess.user, sess.server, reason)
             if action == "no-gpu":
                 await hub.move_to_no_gpu(sess.user, sess.server, session_options(sess))
+            elif action == "silent":
+                if await hub.server_model(sess.user, sess.server) is not None:
+                    # Running without a reporter (killed or removed): no metering, no server.
+                    await hub.stop_server(sess.user, sess.server)
+                else:
+                    # Gone without the hub's stop report reaching us: close the session at its
+                    # last sign of life, as the hub would have.
+                    await self.app.close_session(sess)
             else:
                 await hub.stop_server(sess.user, sess.server)
         except Exception:

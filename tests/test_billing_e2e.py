@@ -1,7 +1,7 @@
 """The billing service end to end: a real hub starts it, real servers report real kernels.
 
 One dedicated hub with a 1 s heartbeat (so the suite stays fast), 1 s enforcement checks, a 15 s
-idle timeout and a 1-minute minimum balance for a start.
+idle timeout, a 20 s silence timeout and a 1-minute minimum balance for a start.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ ENV = {
     "GPULAB_BILLING_MIN_MINUTES": "1",
     "GPULAB_BILLING_ARGS": (
         f"--BillingService.heartbeat_interval={HB} --BillingService.enforce_interval=1 "
-        "--BillingService.idle_timeout=15 --BillingService.switch_margin=90"
+        "--BillingService.idle_timeout=15 --BillingService.switch_margin=90 "
+        "--BillingService.silent_timeout=20"
     ),
 }
 A100_PER_S = Decimal("2.10") / 3600
@@ -445,3 +446,31 @@ def test_hub_sigkilled_and_restarted_while_a_kernel_runs_bills_exactly(tmp_path,
         hub.stop_server(user)
     finally:
         hub.stop()
+
+
+def test_server_without_heartbeats_is_stopped(bhub, billing, buser) -> None:
+    """A server whose reporter no longer reports (frozen here with SIGSTOP) is not run unmetered."""
+    bhub.spawn_ready(buser, {"gpu": "rtx-4090"})
+    free = bhub.free("rtx-4090")
+    pid = bhub.server(buser)["state"]["pid"]
+    with bhub.kernel(buser) as k:
+        k.execute("1")
+        os.kill(pid, signal.SIGSTOP)
+        t = time.time()
+        try:
+
+            def stopping() -> bool:
+                s = bhub.server(buser)
+                return s is None or s.get("pending") == "stop"
+
+            wait_for(stopping, 120, 0.2, "billing to stop the silent server")
+            assert time.time() - t >= 19
+        finally:
+            # Let the frozen process take its signals, so the stop finishes quickly.
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        k.ws.close()
+    wait_for(lambda: bhub.server(buser) is None, 60, 0.5, "the server to stop")
+    assert bhub.free("rtx-4090") == free + 1
