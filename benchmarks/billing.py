@@ -16,6 +16,7 @@ Without --pg-url a throw-away PostgreSQL cluster is started (Debian's postgresql
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import tempfile
 import time
@@ -282,6 +283,7 @@ def main() -> None:
     finally:
         if cluster is not None:
             cluster.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":
