@@ -159,6 +159,10 @@ def configure(c, settings: Settings | None = None) -> None:
         }
     )
     c.JupyterHub.services = services
+    # The billing service (issue 4): a managed service plus the spawner hooks that report to it.
+    from gpulab.billing_service.hub_hooks import configure_hub
+
+    configure_hub(c, str(data), s.catalog, roles)
     c.JupyterHub.load_roles = roles
     c.SpotMarket.api_token = market_token
     c.SpotMarket.hub_api_url = f"http://127.0.0.1:{s.hub_port}/hub/api"

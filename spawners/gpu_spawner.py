@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from tornado import web
+from traitlets import Any as AnyTrait
 from traitlets import HasTraits, default
 
 from gpulab.spawners.allocator import ENV_ALLOC, ENV_HUB, Allocation, NoCapacity, owner_key
@@ -38,6 +39,15 @@ class GpuSpawnerMixin(HasTraits):
     mode_label: str = ""
     # Seconds per phase of the last launch, as the concrete spawner measured them.
     launch_timings: dict[str, float] = {}  # replaced per launch, never mutated
+
+    pre_allocate_hook = AnyTrait(
+        None,
+        allow_none=True,
+        config=True,
+        help="""An async callable(spawner) awaited at the start of every start, after the options
+        are validated and before GPUs are allocated. Raise SpawnError to refuse the start with a
+        message for the user (gpulab's billing uses it to refuse starts the balance cannot pay).""",
+    )
 
     @property
     def pool(self) -> GpuPool:
@@ -222,6 +232,8 @@ class GpuSpawnerMixin(HasTraits):
         """Allocate, then launch; on any failure give the GPUs back before raising."""
         self._progress_reset()
         try:
+            if self.pre_allocate_hook is not None:
+                await self.pre_allocate_hook(self)
             self.emit_progress(10, "Allocating GPUs")
             alloc = self._allocate()
             self.emit_progress(

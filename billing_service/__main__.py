@@ -1,0 +1,3 @@
+from gpulab.billing_service.app import main
+
+main()

@@ -1,0 +1,325 @@
+"""The billing service process: a JupyterHub service named ``billing``.
+
+Started by the hub (``python -m gpulab.billing_service``) with the standard service environment
+(``JUPYTERHUB_SERVICE_URL``, ``JUPYTERHUB_SERVICE_PREFIX``, ``JUPYTERHUB_API_TOKEN`` …). It migrates
+its database at start, then serves the ingestion API, the read APIs and the statement page, and
+runs the enforcement loop (zero balance, idle servers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from jupyterhub.services.auth import HubOAuthCallbackHandler
+from jupyterhub.utils import url_path_join
+from sqlalchemy import select
+from tornado import web
+from tornado.httpserver import HTTPServer
+from traitlets import Float, List, Unicode, default, validate
+from traitlets.config import Application
+
+from gpulab.billing_service import handlers, ledger, statements
+from gpulab.billing_service.db import is_sqlite, make_engine, upgrade
+from gpulab.billing_service.enforce import Enforcer
+from gpulab.billing_service.hub_client import HubClient
+from gpulab.billing_service.metering import ingest
+from gpulab.billing_service.models import MICRO, LedgerEntry
+from gpulab.billing_service.rating import PriceBook, to_micro
+from gpulab.billing_service.schemas import ServerStop
+from gpulab.hub_config.catalog import load_catalog
+
+TEMPLATES = Path(__file__).with_name("templates")
+
+
+class BillingService(Application):
+    name = "gpulab-billing"
+    description = "gpulab's billing service: meters kernel-seconds, rates them, keeps balances."
+
+    aliases = {
+        "db-url": "BillingService.db_url",
+        "config": "BillingService.config_file",
+    }
+
+    config_file = Unicode(
+        "", config=True, help="A Python config file (c.BillingService.… = …) to load at start."
+    )
+
+    data_dir = Unicode(config=True, help="Where the SQLite database and the pid file live.")
+
+    @default("data_dir")
+    def _default_data_dir(self) -> str:
+        return os.environ.get("GPULAB_DATA_DIR") or ".gpulab"
+
+    db_url = Unicode(
+        config=True,
+        help="""SQLAlchemy URL of the billing database: SQLite in the data dir by default; for
+        production e.g. postgresql://billing:secret@db/billing (driver: psycopg 3).""",
+    )
+
+    @default("db_url")
+    def _default_db_url(self) -> str:
+        return os.environ.get("GPULAB_BILLING_DB_URL") or (
+            f"sqlite:///{Path(self.data_dir).resolve() / 'billing.sqlite'}"
+        )
+
+    catalog_path = Unicode(config=True, help="The platform catalog TOML (prices, trial credit).")
+
+    @default("catalog_path")
+    def _default_catalog(self) -> str:
+        return os.environ.get("GPULAB_CATALOG", "")
+
+    trial_credit = Unicode(
+        "",
+        config=True,
+        help="Credit given to each new account, e.g. '10.00'; empty: the catalog's trial_credit.",
+    )
+
+    heartbeat_interval = Float(
+        10.0,
+        config=True,
+        help="""Seconds between the reporters' heartbeats. A server whose kernels were not seen
+        for 3 intervals counts as not burning money (burn rate, enforcement).""",
+    )
+
+    zero_balance_action = Unicode(
+        "no-gpu",
+        config=True,
+        help="""What happens to a running GPU server when its owner's balance cannot pay for
+        `switch_margin` more seconds of it: 'no-gpu' (restart it in no-GPU mode: same home, same
+        image and datasets; stopped when even no-GPU cannot be paid) or 'stop'.""",
+    )
+
+    @validate("zero_balance_action")
+    def _check_action(self, proposal: dict) -> str:
+        if proposal["value"] not in ("no-gpu", "stop"):
+            raise ValueError(f"zero_balance_action: {proposal['value']!r}; allowed: no-gpu, stop")
+        return proposal["value"]
+
+    switch_margin = Float(
+        60.0,
+        config=True,
+        help="""Seconds of the current mode the balance must still pay for; below that a GPU
+        server is moved to no-GPU mode (or stopped), and a no-GPU server is stopped at zero.""",
+    )
+
+    start_minutes = Float(
+        config=True,
+        help="""Minutes of a mode the balance must pay for a start (the hub's check). A GPU server
+        at zero balance is moved to no-GPU only if no-GPU can be paid this long (the restart
+        would be refused otherwise); else it is stopped.""",
+    )
+
+    @default("start_minutes")
+    def _default_start_minutes(self) -> float:
+        return float(os.environ.get("GPULAB_BILLING_MIN_MINUTES") or 10)
+
+    idle_timeout = Float(
+        900.0,
+        config=True,
+        help="Stop servers with no live kernel for this many seconds (0: never), so GPUs return.",
+    )
+
+    silent_timeout = Float(
+        900.0,
+        config=True,
+        help="""Stop servers the hub runs that sent no heartbeat for this many seconds (their
+        reporter was killed or is not installed), so unmetered GPU time is not given away; a
+        session whose server is gone is closed at its last heartbeat. 0: never.""",
+    )
+
+    enforce_interval = Float(
+        10.0, config=True, help="Seconds between checks of balances and idle servers (jittered)."
+    )
+
+    warn_thresholds = List(
+        Unicode(),
+        ["2.00"],
+        config=True,
+        help="Balances (in the catalog currency) below which users are warned.",
+    )
+
+    pid_file = Unicode(config=True, help="Where the service writes its process id.")
+
+    @default("pid_file")
+    def _default_pid_file(self) -> str:
+        return str(Path(self.data_dir) / "billing.pid")
+
+    # ---- set-up ------------------------------------------------------------------------------
+
+    def initialize(self, argv: list[str] | None = None) -> None:
+        self.parse_command_line(argv)
+        if self.config_file:
+            self.load_config_file(self.config_file)
+            self.parse_command_line(argv)  # the command line wins over the file
+        self.catalog = load_catalog(self.catalog_path or None)
+        self.prices = PriceBook(self.catalog)
+        self.trial_micro = to_micro(
+            Decimal(self.trial_credit) if self.trial_credit else self.catalog.trial_credit
+        )
+        self.warn_micro = [to_micro(Decimal(w)) for w in self.warn_thresholds]
+        self.engine = make_engine(self.db_url)
+        upgrade(self.engine)
+        # SQLite has one writer: one DB thread avoids "database is locked"; PostgreSQL gets more.
+        self.executor = ThreadPoolExecutor(max_workers=1 if is_sqlite(self.engine) else 8)
+        self.prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/billing/")
+        self.hub = HubClient.from_env()
+        self.enforcer = Enforcer(self)
+        self.started_us = time.time_ns() // 1000
+
+    async def run_db(self, fn, *args: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.executor, lambda: fn(*args))
+
+    async def read(self, fn, *args: Any) -> Any:
+        def run() -> Any:
+            with self.engine.connect() as conn:
+                return fn(conn, *args)
+
+        return await self.run_db(run)
+
+    # ---- operations the handlers share -------------------------------------------------------
+
+    def _balance(self, user: str) -> dict[str, Any]:
+        now = time.time_ns() // 1000
+        with self.engine.begin() as conn:
+            ledger.ensure_account(conn, user, self.trial_micro, now)
+            return statements.balance_info(
+                conn,
+                self.prices,
+                user,
+                now,
+                int(3 * self.heartbeat_interval * MICRO),
+                self.warn_micro,
+            )
+
+    async def balance(self, user: str) -> dict[str, Any]:
+        return await self.run_db(self._balance, user)
+
+    def credit(
+        self, user: str, kind: str, amount: int, key: str, note: str, actor: str
+    ) -> tuple[ledger.Entry, bool]:
+        with self.engine.begin() as conn:
+            return ledger.credit(
+                conn,
+                user,
+                kind,
+                amount,
+                key,
+                time.time_ns() // 1000,
+                trial_micro=self.trial_micro,
+                note=note,
+                actor=actor,
+            )
+
+    async def close_session(self, sess) -> None:
+        """Record the stop of a server that vanished without the hub's report."""
+        event = ServerStop(
+            id=f"enforcer-stop-{sess.id}",
+            kind="server_stop",
+            user=sess.user,
+            server=sess.server,
+            t=max(sess.last_heartbeat_us or 0, sess.started_us) / MICRO,
+        )
+        await self.run_db(
+            ingest, self.engine, [event], self.prices, self.trial_micro, time.time_ns() // 1000
+        )
+
+    @staticmethod
+    def entries(conn, user: str) -> list[dict[str, Any]]:
+        rows = conn.execute(
+            select(LedgerEntry).where(LedgerEntry.user == user).order_by(LedgerEntry.id)
+        ).all()
+        return [
+            {
+                "id": r.id,
+                "kind": r.kind,
+                "amount": statements.money(r.amount_micro),
+                "created": statements.iso(r.created_us),
+                "session": r.session_id,
+                "note": r.note,
+                "actor": r.actor,
+            }
+            for r in rows
+        ]
+
+    async def pool_snapshot(self) -> dict[str, Any] | None:
+        return await self.hub.pool()
+
+    # ---- web ---------------------------------------------------------------------------------
+
+    def make_app(self) -> web.Application:
+        p = self.prefix
+        api = url_path_join(p, "api/v1")
+        routes = [
+            (url_path_join(api, "events"), handlers.EventsHandler),
+            (url_path_join(api, r"users/([^/]+)/usage"), handlers.UsageHandler),
+            (url_path_join(api, r"users/([^/]+)/balance"), handlers.BalanceHandler),
+            (url_path_join(api, r"users/([^/]+)/credits"), handlers.CreditsHandler),
+            (url_path_join(api, "admin/overview"), handlers.OverviewHandler),
+            (url_path_join(p, "oauth_callback"), HubOAuthCallbackHandler),
+            (url_path_join(p, "statement.csv"), handlers.CsvHandler),
+            (p, handlers.StatementPage),
+            (p.rstrip("/"), web.RedirectHandler, {"url": p}),
+        ]
+        return web.Application(
+            routes,
+            billing=self,
+            cookie_secret=os.urandom(32),
+            template_path=str(TEMPLATES),
+            xsrf_cookies=True,
+        )
+
+    async def _watch_parent(self, stop: asyncio.Event) -> None:
+        """Exit when the hub that started us is gone (e.g. SIGKILLed): the restarted hub starts
+        a fresh service on the same port, and reporters retry meanwhile."""
+        parent = os.getppid()
+        while True:
+            await asyncio.sleep(1)
+            if os.getppid() != parent:
+                break
+        self.log.warning("the hub (pid %i) is gone; stopping", parent)
+        stop.set()
+
+    def start(self) -> None:
+        Path(self.pid_file).parent.mkdir(parents=True, exist_ok=True)
+        Path(self.pid_file).write_text(str(os.getpid()))
+        url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10101"))
+        asyncio.run(self._serve(url.hostname or "127.0.0.1", url.port or 80))
+
+    async def _serve(self, host: str, port: int) -> None:
+        server = HTTPServer(self.make_app(), xheaders=True)
+        server.listen(port, host)
+        self.log.info(
+            "gpulab billing on http://%s:%i%s (db: %s)",
+            host,
+            port,
+            self.prefix,
+            self.engine.url.render_as_string(hide_password=True),
+        )
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        tasks = [
+            asyncio.create_task(self.enforcer.run()),
+            asyncio.create_task(self._watch_parent(stop)),
+        ]
+        await stop.wait()
+        for task in tasks:
+            task.cancel()
+        server.stop()
+        self.executor.shutdown(wait=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    app = BillingService.instance()
+    app.initialize(argv)
+    app.start()

@@ -1,0 +1,134 @@
+"""The enforcement loop: servers that cannot be paid, and idle servers, give their GPUs back.
+
+- A GPU server whose owner's balance cannot pay ``switch_margin`` more seconds of it is moved to
+  no-GPU mode (``zero_balance_action = 'no-gpu'``), or stopped (``'stop'``, or when even no-GPU
+  cannot be paid for that long). A no-GPU server is stopped when the balance reaches zero.
+- A server alive (heartbeats arriving) with no live kernel for ``idle_timeout`` is stopped.
+- A server the hub runs but that sends no heartbeat for ``silent_timeout`` (its reporter was
+  killed or is missing) is stopped: unmetered time is not given away.
+
+Each decision is taken from the database only; the action goes through the hub's API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import func, select
+
+from gpulab.billing_service.models import MICRO, Account, ServerSession
+from gpulab.billing_service.statements import session_options
+
+if TYPE_CHECKING:
+    from gpulab.billing_service.app import BillingService
+
+log = logging.getLogger("gpulab.billing")
+
+
+class Enforcer:
+    def __init__(self, app: BillingService) -> None:
+        self.app = app
+        self.in_flight: set[tuple[str, str]] = set()
+        self.tasks: set[asyncio.Task] = set()
+
+    async def run(self) -> None:
+        while True:
+            # Jitter: many nodes never hit the hub at the same instant.
+            await asyncio.sleep(self.app.enforce_interval * random.uniform(0.8, 1.2))
+            try:
+                await self.check()
+            except Exception:
+                log.exception("billing enforcement check failed")
+
+    def decide(self) -> list[tuple[str, Any, str]]:
+        """(action, session, reason) for each open server needing one: 'no-gpu', 'stop', or
+        'silent' (no heartbeat: stop it if the hub still runs it, else close its session)."""
+        app = self.app
+        now = time.time_ns() // 1000
+        fresh = int(3 * app.heartbeat_interval * MICRO)
+        out = []
+        with app.engine.connect() as conn:
+            rows = conn.execute(
+                select(ServerSession, Account.balance_micro)
+                .join(Account, Account.user == ServerSession.user)
+                .where(
+                    ServerSession.stopped_us.is_(None),
+                    ServerSession.last_heartbeat_us >= now - fresh,
+                )
+            ).all()
+        for sess in rows:
+            balance = sess.balance_micro
+            busy = sess.last_busy_us is not None and sess.last_busy_us >= now - fresh
+            if busy:
+                rate = app.prices.rate_micro_per_hour(sess.gpu_type, sess.gpus, sess.pricing, now)
+                margin = rate * app.switch_margin / 3600
+                if sess.gpu_type != "none" and balance < margin:
+                    no_gpu = app.prices.rate_micro_per_hour("none", 0, "on-demand", now)
+                    if (
+                        app.zero_balance_action == "no-gpu"
+                        and balance >= no_gpu * app.start_minutes / 60
+                    ):
+                        out.append(("no-gpu", sess, "balance too low for the GPU"))
+                    else:
+                        out.append(("stop", sess, "balance used up"))
+                    continue
+                if sess.gpu_type == "none" and balance <= 0:
+                    out.append(("stop", sess, "balance used up"))
+                    continue
+            if app.idle_timeout > 0:
+                last = max(sess.last_busy_us or 0, sess.started_us)
+                if now - last > app.idle_timeout * MICRO:
+                    out.append(("stop", sess, f"no live kernel for {app.idle_timeout:.0f}s"))
+        silent = int(app.silent_timeout * MICRO)
+        # Only once this process has been up that long: while billing was down (or just
+        # restarted) heartbeats could not arrive, and the spools are still being flushed.
+        if silent and now - app.started_us > silent:
+            with app.engine.connect() as conn:
+                quiet = conn.execute(
+                    select(ServerSession).where(
+                        ServerSession.stopped_us.is_(None),
+                        func.coalesce(ServerSession.last_heartbeat_us, ServerSession.started_us)
+                        < now - silent,
+                    )
+                ).all()
+            for sess in quiet:
+                out.append(("silent", sess, f"no heartbeat for {app.silent_timeout:.0f}s"))
+        return out
+
+    async def check(self) -> None:
+        decisions = await self.app.run_db(self.decide)
+        for action, sess, reason in decisions:
+            key = (sess.user, sess.server)
+            if key in self.in_flight:
+                continue
+            self.in_flight.add(key)
+            task = asyncio.create_task(self._act(action, sess, reason, key))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+
+    async def _act(self, action: str, sess: Any, reason: str, key) -> None:
+        hub = self.app.hub
+        try:
+            log.warning("%s server of %s/%s: %s", action, sess.user, sess.server, reason)
+            if action == "no-gpu":
+                await hub.move_to_no_gpu(sess.user, sess.server, session_options(sess))
+            elif action == "silent":
+                if await hub.server_model(sess.user, sess.server) is not None:
+                    # Running without a reporter (killed or removed): no metering, no server.
+                    await hub.stop_server(sess.user, sess.server)
+                else:
+                    # Gone without the hub's stop report reaching us: close the session at its
+                    # last sign of life, as the hub would have.
+                    await self.app.close_session(sess)
+            else:
+                await hub.stop_server(sess.user, sess.server)
+        except Exception:
+            log.exception("could not %s %s/%s", action, sess.user, sess.server)
+        finally:
+            # Give the hub's stop report time to arrive before the server is considered again.
+            await asyncio.sleep(max(5.0, 3 * self.app.heartbeat_interval))
+            self.in_flight.discard(key)

@@ -1,0 +1,333 @@
+"""Thin Tornado handlers: authenticate with the hub, authorize by name or scope, call the store.
+
+Authorization: every hub user, server token and service is identified through JupyterHub
+(OAuth cookie or ``Authorization: token …``); a caller sees and reports only its own user's data,
+and a token holding ``admin:users`` (hub admins, the hub's own hooks) may act on every user.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import time
+from datetime import UTC, date, datetime
+from decimal import Decimal, InvalidOperation
+from typing import TYPE_CHECKING, Any
+
+from jupyterhub.services.auth import HubOAuthenticated
+from tornado import web
+
+from gpulab.billing_service import ledger, statements
+from gpulab.billing_service.metering import ingest
+from gpulab.billing_service.models import MICRO
+from gpulab.billing_service.rating import to_micro
+from gpulab.billing_service.schemas import HUB_KINDS, BatchError, parse_batch
+
+if TYPE_CHECKING:
+    from gpulab.billing_service.app import BillingService
+
+ADMIN_SCOPE = "admin:users"
+
+
+def now_us() -> int:
+    return time.time_ns() // 1000
+
+
+def parse_time(field: str, value: str | None, default: int) -> int:
+    """``from``/``to``: a date (2026-11-01), an ISO datetime, or Unix seconds."""
+    if value is None or value == "":
+        return default
+    try:
+        return round(float(value) * MICRO)
+    except ValueError:
+        pass
+    try:
+        if len(value) == 10:
+            d = date.fromisoformat(value)
+            dt = datetime(d.year, d.month, d.day, tzinfo=UTC)
+        else:
+            dt = datetime.fromisoformat(value.replace("Z", "+00:00"))
+            if dt.tzinfo is None:
+                dt = dt.replace(tzinfo=UTC)
+    except ValueError:
+        raise web.HTTPError(
+            400, f"{field}: {value!r} is not a date (YYYY-MM-DD), ISO datetime or Unix time"
+        ) from None
+    return int(dt.timestamp()) * MICRO + dt.microsecond
+
+
+def month_start(t_us: int) -> int:
+    d = datetime.fromtimestamp(t_us / MICRO, UTC)
+    return int(datetime(d.year, d.month, 1, tzinfo=UTC).timestamp()) * MICRO
+
+
+class BaseHandler(HubOAuthenticated, web.RequestHandler):
+    # Every identified hub user/service gets in; each handler checks whose data it may touch.
+    hub_scopes = None
+
+    def check_xsrf_cookie(self) -> None:
+        # Token-authenticated API calls cannot be forged by another site; only cookie (browser)
+        # requests need the XSRF token.
+        if self.request.headers.get("Authorization", "").lower().startswith(("token ", "bearer ")):
+            return
+        super().check_xsrf_cookie()
+
+    @property
+    def billing(self) -> BillingService:
+        return self.settings["billing"]
+
+    @property
+    def model(self) -> dict[str, Any]:
+        return self.current_user
+
+    def is_admin(self) -> bool:
+        return ADMIN_SCOPE in set(self.current_user.get("scopes", []))
+
+    def require_login(self) -> dict[str, Any]:
+        if self.current_user is None:
+            raise web.HTTPError(403, "authenticate with a JupyterHub token or log in")
+        return self.current_user
+
+    def require_user(self, name: str) -> None:
+        model = self.require_login()
+        if self.is_admin():
+            return
+        if model.get("kind", "user") != "user" or model["name"] != name:
+            raise web.HTTPError(403, f"{model['name']} may not see or change {name}'s billing")
+
+    def require_admin(self) -> None:
+        model = self.require_login()
+        if not self.is_admin():
+            raise web.HTTPError(403, f"{model['name']} lacks the {ADMIN_SCOPE} scope")
+
+    def json_body(self) -> Any:
+        try:
+            return json.loads(self.request.body or b"null")
+        except ValueError as e:
+            raise web.HTTPError(400, f"body: not valid JSON ({e})") from None
+
+    def write_json(self, data: Any, status: int = 200) -> None:
+        self.set_status(status)
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(data))
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        message = self._reason
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        if isinstance(exc, web.HTTPError) and exc.log_message:
+            message = exc.log_message % exc.args if exc.args else exc.log_message
+        body: dict[str, Any] = {"status": status_code, "message": message}
+        if getattr(exc, "field", None):
+            body["field"] = exc.field
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(body))
+
+
+class FieldError(web.HTTPError):
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(400, "%s", f"{field}: {message}")
+        self.field = field
+
+
+class EventsHandler(BaseHandler):
+    async def post(self) -> None:
+        model = self.require_login()
+        try:
+            events = parse_batch(self.json_body(), time.time())
+        except BatchError as e:
+            raise FieldError(e.field, str(e).split(": ", 1)[1]) from None
+        if not self.is_admin():
+            for i, ev in enumerate(events):
+                if ev.kind in HUB_KINDS:
+                    raise web.HTTPError(
+                        403, f"events[{i}].kind: {ev.kind} events come from the hub only"
+                    )
+                if model.get("kind", "user") != "user" or ev.user != model["name"]:
+                    raise web.HTTPError(
+                        403,
+                        f"events[{i}].user: {model['name']} may not report usage of {ev.user!r}",
+                    )
+        result = await self.billing.run_db(
+            ingest,
+            self.billing.engine,
+            events,
+            self.billing.prices,
+            self.billing.trial_micro,
+            now_us(),
+        )
+        self.write_json(result.to_json())
+
+
+class UsageHandler(BaseHandler):
+    async def get(self, name: str) -> None:
+        self.require_user(name)
+        now = now_us()
+        to_us = parse_time("to", self.get_argument("to", None), now)
+        from_us = parse_time("from", self.get_argument("from", None), month_start(now))
+        data = await self.billing.read(statements.usage, self.billing.prices, name, from_us, to_us)
+        self.write_json(data)
+
+
+class BalanceHandler(BaseHandler):
+    async def get(self, name: str) -> None:
+        self.require_user(name)
+        self.write_json(await self.billing.balance(name))
+
+
+class CreditsHandler(BaseHandler):
+    """Admin top-ups and adjustments, each applied once per idempotency key."""
+
+    async def post(self, name: str) -> None:
+        self.require_admin()
+        body = self.json_body()
+        if not isinstance(body, dict):
+            raise FieldError("body", "must be a JSON object with amount, kind, idempotency_key")
+        allowed = {"amount", "kind", "idempotency_key", "note"}
+        extra = sorted(set(body) - allowed)
+        if extra:
+            raise FieldError(extra[0], f"unknown field; allowed: {', '.join(sorted(allowed))}")
+        kind = body.get("kind", "topup")
+        if kind not in ledger.CREDIT_KINDS:
+            raise FieldError("kind", f"{kind!r}; allowed: {', '.join(ledger.CREDIT_KINDS)}")
+        raw = body.get("amount")
+        try:
+            if isinstance(raw, bool) or not isinstance(raw, str | int):
+                raise InvalidOperation
+            amount = to_micro(Decimal(str(raw)))
+        except (InvalidOperation, ValueError):
+            raise FieldError(
+                "amount", f'{raw!r} is not a decimal string with at most 6 decimals, e.g. "5.00"'
+            ) from None
+        if amount == 0 or (kind == "topup" and amount < 0):
+            raise FieldError("amount", "a top-up is positive; an adjustment is non-zero")
+        key = body.get("idempotency_key")
+        if not isinstance(key, str) or not 1 <= len(key) <= 200:
+            raise FieldError("idempotency_key", "a string of 1-200 characters is required")
+        note = body.get("note", "")
+        if not isinstance(note, str):
+            raise FieldError("note", "must be a string")
+        try:
+            entry, created = await self.billing.run_db(
+                self.billing.credit, name, kind, amount, f"credit:{key}", note, self.model["name"]
+            )
+        except ledger.IdempotencyConflict as e:
+            raise web.HTTPError(409, "%s", str(e)) from None
+        out = entry.to_json()
+        out["idempotency_key"] = key
+        out["created"] = created
+        out["balance"] = (await self.billing.balance(name))["balance"]
+        self.write_json(out, 201 if created else 200)
+
+    async def get(self, name: str) -> None:
+        self.require_user(name)
+        self.write_json({"entries": await self.billing.read(self.billing.entries, name)})
+
+
+class OverviewHandler(BaseHandler):
+    async def get(self) -> None:
+        self.require_admin()
+        now = now_us()
+        to_us = parse_time("to", self.get_argument("to", None), now)
+        from_us = parse_time("from", self.get_argument("from", None), month_start(now))
+        data = await self.billing.read(
+            statements.admin_overview, self.billing.prices, from_us, to_us
+        )
+        data["pool"] = await self.billing.pool_snapshot()
+        self.write_json(data)
+
+
+class StatementPage(BaseHandler):
+    """The statement page: one user's usage and balance; the admin also sees everyone."""
+
+    @web.authenticated
+    async def get(self) -> None:
+        me = self.current_user["name"]
+        name = self.get_argument("user", me)
+        self.require_user(name)
+        now = now_us()
+        to_us = parse_time("to", self.get_argument("to", None), now)
+        from_us = parse_time("from", self.get_argument("from", None), month_start(now))
+        usage = await self.billing.read(statements.usage, self.billing.prices, name, from_us, to_us)
+        balance = await self.billing.balance(name)
+        overview = None
+        if self.is_admin():
+            overview = await self.billing.read(
+                statements.admin_overview, self.billing.prices, from_us, to_us
+            )
+            overview["pool"] = await self.billing.pool_snapshot()
+        entries = await self.billing.read(self.billing.entries, name)
+        self.render(
+            "statement.html",
+            me=me,
+            name=name,
+            usage=usage,
+            balance=balance,
+            overview=overview,
+            entries=entries[-50:],
+            prefix=self.billing.prefix,
+            from_arg=self.get_argument("from", ""),
+            to_arg=self.get_argument("to", ""),
+            xsrf=self._xsrf_value() if overview is not None else "",
+        )
+
+    def _xsrf_value(self) -> str:
+        token = self.xsrf_token
+        return token.decode() if isinstance(token, bytes) else token
+
+
+class CsvHandler(BaseHandler):
+    @web.authenticated
+    async def get(self) -> None:
+        name = self.get_argument("user", self.current_user["name"])
+        self.require_user(name)
+        now = now_us()
+        to_us = parse_time("to", self.get_argument("to", None), now)
+        from_us = parse_time("from", self.get_argument("from", None), month_start(now))
+        usage = await self.billing.read(statements.usage, self.billing.prices, name, from_us, to_us)
+        buf = io.StringIO()
+        w = csv.writer(buf)
+        w.writerow(
+            [
+                "session",
+                "server",
+                "mode",
+                "started",
+                "stopped",
+                "kernel_id",
+                "kernel_seconds",
+                "billed_seconds",
+                f"amount_{usage['currency']}",
+            ]
+        )
+        for s in usage["servers"]:
+            w.writerow(
+                [
+                    s["session"],
+                    s["server"],
+                    s["mode"],
+                    s["started"],
+                    s["stopped"],
+                    "",
+                    "",
+                    s["billed_seconds"],
+                    s["amount"]["exact"],
+                ]
+            )
+            for k in s["kernels"]:
+                w.writerow(
+                    [
+                        s["session"],
+                        s["server"],
+                        s["mode"],
+                        k["first_seen"],
+                        k["last_seen"],
+                        k["kernel_id"],
+                        k["kernel_seconds"],
+                        "",
+                        "",
+                    ]
+                )
+        self.set_header("Content-Type", "text/csv; charset=utf-8")
+        self.set_header("Content-Disposition", f'attachment; filename="statement-{name}.csv"')
+        self.finish(buf.getvalue())

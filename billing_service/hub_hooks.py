@@ -1,0 +1,268 @@
+"""The hub's side of billing, run inside the hub process.
+
+- ``before_start`` (the spawner's ``pre_allocate_hook``): refuse a start, with a clear message,
+  when the balance cannot pay ``min_minutes`` of the requested mode; then report ``server_start``
+  with the mode, so the billing service knows what each second of that server costs.
+- ``after_stop`` (JupyterHub's ``Spawner.post_stop_hook``): report ``server_stop``, which closes
+  the server's session whether it stopped cleanly, was culled or was found dead.
+
+Both call the billing service directly with the service's own token (which holds ``admin:users``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from decimal import Decimal
+from typing import Any
+
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+
+from gpulab.spawners.gpu_spawner import SpawnError
+from gpulab.spawners.options import parse_options
+
+log = logging.getLogger("gpulab.billing.hooks")
+
+
+class BillingUnavailable(RuntimeError):
+    pass
+
+
+class BillingUnreachable(BillingUnavailable):
+    """Nothing listens (yet): the service is starting or being restarted by the hub."""
+
+
+class BillingHooks:
+    """Spawner hooks bound to one billing service URL and token."""
+
+    def __init__(
+        self,
+        url: str,
+        token: str,
+        min_minutes: float = 10.0,
+        timeout: float = 10.0,
+        retry_for: float = 600.0,
+        start_wait: float = 20.0,
+    ) -> None:
+        self.url = url.rstrip("/") + "/"
+        self.token = token
+        self.min_minutes = min_minutes
+        self.timeout = timeout
+        self.retry_for = retry_for
+        self.start_wait = start_wait
+        self._tasks: set[asyncio.Task] = set()
+
+    async def _call(self, method: str, path: str, body: Any = None) -> Any:
+        req = HTTPRequest(
+            self.url + path,
+            method=method,
+            headers={"Authorization": f"token {self.token}", "Content-Type": "application/json"},
+            body=None if body is None else json.dumps(body),
+            request_timeout=self.timeout,
+        )
+        try:
+            resp = await AsyncHTTPClient().fetch(req)
+        except HTTPClientError as e:
+            if e.code == 599:
+                raise BillingUnreachable(f"billing unreachable: {e}") from None
+            detail = e.response.body.decode(errors="replace") if e.response else str(e)
+            raise BillingUnavailable(f"billing answered {e.code}: {detail}") from None
+        except OSError as e:
+            raise BillingUnreachable(f"billing unreachable: {e}") from None
+        return json.loads(resp.body or b"null")
+
+    async def _call_when_up(self, method: str, path: str, body: Any = None) -> Any:
+        """Like _call, but wait up to ``start_wait`` seconds for a service that is (re)starting."""
+        deadline = time.monotonic() + self.start_wait
+        while True:
+            try:
+                return await self._call(method, path, body)
+            except BillingUnreachable:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.5)
+
+    async def before_start(self, spawner) -> None:
+        catalog = spawner.pool.catalog
+        opts = spawner.gpulab_options or parse_options(spawner.user_options, catalog)
+        name = spawner.user.name
+        need = opts.price_per_hour(catalog) * Decimal(str(self.min_minutes)) / 60
+        try:
+            info = await self._call_when_up("GET", f"api/v1/users/{name}/balance")
+        except BillingUnavailable as e:
+            log.error("Refusing start of %s: %s", spawner._log_name, e)
+            raise SpawnError(
+                503,
+                "Billing is unavailable right now, so the server cannot start; try again in a minute.",
+            ) from None
+        balance = Decimal(info["balance"]["exact"])
+        if balance < need:
+            cur = catalog.currency
+            raise SpawnError(
+                402,
+                f"Your balance ({cur} {balance:.2f}) cannot pay for {self.min_minutes:g} minutes of "
+                f"{opts.label(catalog)} ({cur} {opts.price_per_hour(catalog)}/h, {cur} {need:.2f} "
+                f"for {self.min_minutes:g} minutes). Top up, or choose {catalog.no_gpu.display_name} "
+                f"({cur} {catalog.no_gpu.price_per_hour}/h).",
+            )
+        event = {
+            "id": f"hub-start-{uuid.uuid4()}",
+            "kind": "server_start",
+            "user": name,
+            "server": spawner.name or "",
+            "t": time.time(),
+            "gpu": opts.gpu,
+            "gpus": opts.gpus,
+            "pricing": opts.pricing,
+            "options": opts.to_json(),
+        }
+        try:
+            await self._call_when_up("POST", "api/v1/events", {"events": [event]})
+        except BillingUnavailable as e:
+            raise SpawnError(
+                503,
+                "Billing is unavailable right now, so the server cannot start; try again in a minute.",
+            ) from e
+
+    async def after_stop(self, spawner) -> None:
+        event = {
+            "id": f"hub-stop-{uuid.uuid4()}",
+            "kind": "server_stop",
+            "user": spawner.user.name,
+            "server": spawner.name or "",
+            "t": time.time(),
+        }
+        try:
+            await self._call("POST", "api/v1/events", {"events": [event]})
+        except BillingUnavailable as e:
+            # Keep trying in the background (same event id: applied once); stopping must not wait.
+            log.warning("server_stop of %s not delivered yet: %s", spawner._log_name, e)
+            task = asyncio.ensure_future(self._retry(event))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _retry(self, event: dict) -> None:
+        deadline = time.monotonic() + self.retry_for
+        delay = 1.0
+        while time.monotonic() < deadline:
+            await asyncio.sleep(delay)
+            try:
+                await self._call("POST", "api/v1/events", {"events": [event]})
+                return
+            except BillingUnavailable:
+                delay = min(delay * 2, 30.0)
+        log.error("gave up delivering %s", event)
+
+
+def configure_hub(c, data_dir: str, catalog: str, roles: list[dict]) -> None:
+    """Register the billing service, its role and the spawner hooks in a hub config ``c``.
+
+    Operator knobs (environment): ``GPULAB_BILLING=0`` turns billing off;
+    ``GPULAB_BILLING_PORT`` (default: a free port), ``GPULAB_BILLING_DB_URL`` (default: SQLite in
+    the data dir), ``GPULAB_BILLING_ARGS`` (extra ``--BillingService.x=y`` arguments),
+    ``GPULAB_BILLING_MIN_MINUTES`` (default 10: minutes of the requested mode a start needs).
+    Reporter knobs passed to every server: ``GPULAB_REPORTER_HEARTBEAT`` (seconds, default 10).
+    """
+    import os
+    import secrets
+    import shlex
+    import sys
+    from pathlib import Path
+
+    from jupyterhub.utils import random_port
+
+    if os.environ.get("GPULAB_BILLING", "1") == "0":
+        return
+    # Port and token are kept in the data dir: after a hub restart (even a SIGKILL) the servers
+    # still running keep reporting to the same URL, and the service keeps the same identity.
+    data = Path(data_dir)
+    port_file = data / "billing-port"
+    if os.environ.get("GPULAB_BILLING_PORT"):
+        port = int(os.environ["GPULAB_BILLING_PORT"])
+    elif port_file.exists():
+        port = int(port_file.read_text())
+    else:
+        port = random_port()
+        port_file.write_text(str(port))
+    token_file = data / "billing-api-token"
+    if token_file.exists():
+        token = token_file.read_text().strip()
+    else:
+        token = secrets.token_hex(32)
+        fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(token)
+    url = f"http://127.0.0.1:{port}"
+    prefix_url = f"{url}/services/billing/"
+    min_minutes = os.environ.get("GPULAB_BILLING_MIN_MINUTES", "10")
+    env = {
+        "GPULAB_DATA_DIR": data_dir,
+        "GPULAB_CATALOG": catalog,
+        "GPULAB_BILLING_MIN_MINUTES": min_minutes,
+    }
+    if os.environ.get("GPULAB_BILLING_DB_URL"):
+        env["GPULAB_BILLING_DB_URL"] = os.environ["GPULAB_BILLING_DB_URL"]
+    services = list(c.JupyterHub.services) if "services" in c.JupyterHub else []
+    services.append(
+        {
+            "name": "billing",
+            "url": url,
+            "api_token": token,
+            "command": [
+                sys.executable,
+                "-m",
+                "gpulab.billing_service",
+                *shlex.split(os.environ.get("GPULAB_BILLING_ARGS", "")),
+            ],
+            "environment": env,
+            "display": True,
+            "oauth_no_confirm": True,
+            # Admins' OAuth tokens for the statement page carry admin:users (the admin view).
+            "oauth_client_allowed_scopes": ["admin:users"],
+        }
+    )
+    c.JupyterHub.services = services
+    from gpulab.hub_config.handlers import READ_POOL_SCOPE
+
+    roles.append(
+        {
+            "name": "gpulab-billing",
+            "description": "The billing service: stops or moves servers it cannot bill",
+            "scopes": ["admin:users", "admin:servers", READ_POOL_SCOPE],
+            "services": ["billing"],
+        }
+    )
+    for role in roles:
+        if role["name"] == "user":
+            role["scopes"] = [*role["scopes"], "access:services!service=billing"]
+
+    hooks = BillingHooks(prefix_url, token, min_minutes=float(min_minutes))
+    c.Spawner.pre_allocate_hook = hooks.before_start
+    c.Spawner.post_stop_hook = hooks.after_stop
+    server_env = dict(c.Spawner.environment) if "environment" in c.Spawner else {}
+    server_env["GPULAB_BILLING_URL"] = prefix_url
+    for key in ("GPULAB_REPORTER_HEARTBEAT", "GPULAB_REPORTER_MAX_BACKOFF"):
+        if os.environ.get(key):
+            server_env[key] = os.environ[key]
+    # The usage reporter runs in every server the hub starts: its jupyter-config/ data file
+    # enables it. An installed wheel puts that file in PREFIX/etc/jupyter (always read); for the
+    # source checkout (``pip install -e``, which installs no data files) point Jupyter at it.
+    config_dir = _reporter_config_dir()
+    if config_dir is not None:
+        paths = [config_dir, *filter(None, [server_env.get("JUPYTER_CONFIG_PATH")])]
+        server_env["JUPYTER_CONFIG_PATH"] = os.pathsep.join(paths)
+    c.Spawner.environment = server_env
+
+
+def _reporter_config_dir() -> str | None:
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("gpulab_reporter")
+    if spec is None or spec.origin is None:
+        return None
+    config = Path(spec.origin).parent.parent / "jupyter-config"
+    return str(config) if (config / "jupyter_server_config.d").is_dir() else None

@@ -1,0 +1,293 @@
+"""Ingestion: store each event once, widen kernel spans, re-rate the server sessions they touch.
+
+Everything derived here is a function of the *set* of accepted events, never of their order:
+
+- a kernel span is [earliest report, latest report] of that kernel (start, restart, heartbeat,
+  stop): min/max are commutative and idempotent, and a late or forged "stop" can only extend a
+  span, never erase time already reported;
+- a span belongs to the latest session of its server that started at or before the span;
+- a session ends at the first ``server_stop`` at or after its start, or at the next session's start;
+- a session's billed time is the union of its spans clipped to the session; its amount is rated
+  from that total (see ``rating``), and the ledger gets the difference to what was charged before.
+
+A server killed with SIGKILL sends nothing more, so its kernels' spans end at their last heartbeat.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass
+
+from sqlalchemy import Connection, Engine, select, tuple_, update
+
+from gpulab.billing_service import ledger
+from gpulab.billing_service.models import Event, KernelSpan, ServerSession
+from gpulab.billing_service.rating import PriceBook, merge
+from gpulab.billing_service.schemas import Heartbeat, KernelEvent, ServerStart, ServerStop
+from gpulab.billing_service.sql import insert_ignore, upsert_span_extend
+
+NEVER = 2**62
+
+
+@dataclass
+class IngestResult:
+    accepted: int
+    duplicates: int
+
+    def to_json(self) -> dict:
+        return {"accepted": self.accepted, "duplicates": self.duplicates}
+
+
+def ingest(
+    engine: Engine, events: list, prices: PriceBook, trial_micro: int, now_us: int
+) -> IngestResult:
+    """Apply a validated batch in one transaction: all of it is stored, or none of it."""
+    unique: dict[str, object] = {}
+    for ev in events:
+        unique.setdefault(ev.id, ev)
+    with engine.begin() as conn:
+        rows = [
+            {
+                "event_id": ev.id,
+                "user": ev.user,
+                "server": ev.server,
+                "kind": ev.kind,
+                "t_us": ev.t_us,
+                "kernel_id": getattr(ev, "kernel", None),
+                "body": ev.model_dump_json(),
+                "received_us": now_us,
+            }
+            for ev in unique.values()
+        ]
+        stmt = insert_ignore(conn, Event, ["event_id"]).returning(Event.event_id)
+        new_ids = set(conn.execute(stmt, rows).scalars().all())
+        new = [ev for ev in unique.values() if ev.id in new_ids]
+        if new:
+            _apply(conn, new, prices, trial_micro, now_us)
+    return IngestResult(accepted=len(new), duplicates=len(events) - len(new))
+
+
+def _apply(conn: Connection, new: list, prices: PriceBook, trial_micro: int, now_us: int) -> None:
+    for user in sorted({ev.user for ev in new}):
+        ledger.ensure_account(conn, user, trial_micro, now_us)
+
+    resession: set[tuple[str, str]] = set()
+    spans: dict[tuple[str, str, str], list] = {}
+    heartbeat: dict[tuple[str, str], list[int]] = {}
+    busy: dict[tuple[str, str], list[int]] = {}
+
+    def see(ev, kernel: str, name: str = "") -> None:
+        key = (ev.user, ev.server, kernel)
+        cur = spans.get(key)
+        if cur is None:
+            spans[key] = [ev.t_us, ev.t_us, name]
+        else:
+            cur[0] = min(cur[0], ev.t_us)
+            cur[1] = max(cur[1], ev.t_us)
+            cur[2] = cur[2] or name
+        busy.setdefault((ev.user, ev.server), []).append(ev.t_us)
+
+    for ev in new:
+        if isinstance(ev, ServerStart):
+            conn.execute(
+                insert_ignore(conn, ServerSession, ["start_event"]).values(
+                    start_event=ev.id,
+                    user=ev.user,
+                    server=ev.server,
+                    gpu_type=ev.gpu,
+                    gpus=ev.gpus,
+                    pricing=ev.pricing,
+                    options=json.dumps(ev.options),
+                    started_us=ev.t_us,
+                    billed_us=0,
+                    charged_micro=0,
+                )
+            )
+            resession.add((ev.user, ev.server))
+        elif isinstance(ev, ServerStop):
+            resession.add((ev.user, ev.server))
+        elif isinstance(ev, KernelEvent):
+            see(ev, ev.kernel, ev.name)
+        elif isinstance(ev, Heartbeat):
+            heartbeat.setdefault((ev.user, ev.server), []).append(ev.t_us)
+            for kernel in ev.kernels:
+                see(ev, kernel)
+
+    if spans:
+        upsert_span_extend(
+            conn,
+            KernelSpan,
+            [
+                {
+                    "user": u,
+                    "server": s,
+                    "kernel_id": k,
+                    "name": v[2],
+                    "first_us": v[0],
+                    "last_us": v[1],
+                }
+                for (u, s, k), v in sorted(spans.items())
+            ],
+        )
+
+    pairs = resession | {(u, s) for u, s, _ in spans} | set(heartbeat)
+    sessions = _sessions_of(conn, pairs)
+    affected: set[int] = set()
+
+    for pair in sorted(resession):
+        affected |= _restop(conn, pair, sessions.get(pair, []))
+
+    # Assign spans to sessions: all spans of a pair whose sessions changed, else the touched ones.
+    touched: dict[tuple[str, str], set[str]] = defaultdict(set)
+    for u, s, k in spans:
+        touched[(u, s)].add(k)
+    for pair in sorted(pairs):
+        sess = sessions.get(pair, [])
+        q = select(KernelSpan.kernel_id, KernelSpan.first_us, KernelSpan.session_id).where(
+            KernelSpan.user == pair[0], KernelSpan.server == pair[1]
+        )
+        if pair not in resession:
+            if not touched.get(pair):
+                continue
+            q = q.where(KernelSpan.kernel_id.in_(sorted(touched[pair])))
+        for kernel_id, first_us, old in conn.execute(q).all():
+            sid = _session_at(sess, first_us)
+            if sid is not None:
+                affected.add(sid)
+            if sid != old:
+                if old is not None:
+                    affected.add(old)
+                conn.execute(
+                    update(KernelSpan)
+                    .where(
+                        KernelSpan.user == pair[0],
+                        KernelSpan.server == pair[1],
+                        KernelSpan.kernel_id == kernel_id,
+                    )
+                    .values(session_id=sid)
+                )
+
+    # Liveness marks for the idle culler and the burn rate.
+    for pair, times in heartbeat.items():
+        _mark(conn, sessions.get(pair, []), times, ServerSession.last_heartbeat_us)
+    for pair, times in busy.items():
+        _mark(conn, sessions.get(pair, []), times, ServerSession.last_busy_us)
+
+    if affected and conn.dialect.name == "postgresql":
+        # Lock every session this batch re-rates, in one order, before any account row is
+        # touched: concurrent batches then queue instead of deadlocking.
+        conn.execute(
+            select(ServerSession.id)
+            .where(ServerSession.id.in_(sorted(affected)))
+            .order_by(ServerSession.id)
+            .with_for_update()
+        ).all()
+    for sid in sorted(affected):
+        rate_session(conn, sid, prices, now_us)
+
+
+def _sessions_of(conn: Connection, pairs: set) -> dict[tuple[str, str], list[tuple[int, int]]]:
+    """(user, server) -> [(started_us, id)] sorted by start."""
+    out: dict[tuple[str, str], list[tuple[int, int]]] = defaultdict(list)
+    if not pairs:
+        return out
+    rows = conn.execute(
+        select(
+            ServerSession.user, ServerSession.server, ServerSession.started_us, ServerSession.id
+        ).where(tuple_(ServerSession.user, ServerSession.server).in_(sorted(pairs)))
+    ).all()
+    for u, s, started, sid in rows:
+        out[(u, s)].append((started, sid))
+    for v in out.values():
+        v.sort()
+    return out
+
+
+def _session_at(sessions: list[tuple[int, int]], t_us: int) -> int | None:
+    found = None
+    for started, sid in sessions:
+        if started <= t_us:
+            found = sid
+        else:
+            break
+    return found
+
+
+def _restop(conn: Connection, pair: tuple[str, str], sessions: list[tuple[int, int]]) -> set[int]:
+    """Re-derive every session end of one server from its stop events and the next start."""
+    stops = sorted(
+        conn.execute(
+            select(Event.t_us).where(
+                Event.user == pair[0], Event.server == pair[1], Event.kind == "server_stop"
+            )
+        ).scalars()
+    )
+    changed: set[int] = set()
+    for i, (started, sid) in enumerate(sessions):
+        end = NEVER
+        if i + 1 < len(sessions):
+            end = sessions[i + 1][0]
+        first_stop = next((t for t in stops if t >= started), None)
+        if first_stop is not None:
+            end = min(end, first_stop)
+        stopped = None if end == NEVER else end
+        current = conn.execute(
+            select(ServerSession.stopped_us).where(ServerSession.id == sid)
+        ).scalar()
+        if current != stopped:
+            conn.execute(
+                update(ServerSession).where(ServerSession.id == sid).values(stopped_us=stopped)
+            )
+        changed.add(sid)
+    return changed
+
+
+def _mark(conn: Connection, sessions: list[tuple[int, int]], times: list[int], column) -> None:
+    latest: dict[int, int] = {}
+    for t in times:
+        sid = _session_at(sessions, t)
+        if sid is not None:
+            latest[sid] = max(latest.get(sid, t), t)
+    for sid, t in latest.items():
+        conn.execute(
+            update(ServerSession)
+            .where(ServerSession.id == sid)
+            .where((column.is_(None)) | (column < t))
+            .values({column: t})
+        )
+
+
+def session_intervals(conn: Connection, sess) -> list[tuple[int, int]]:
+    """A session's spans clipped to the session, as (start, end) pairs (not merged)."""
+    lo, hi = sess.started_us, sess.stopped_us if sess.stopped_us is not None else NEVER
+    out = []
+    for first, last in conn.execute(
+        select(KernelSpan.first_us, KernelSpan.last_us).where(KernelSpan.session_id == sess.id)
+    ).all():
+        a, b = max(first, lo), min(last, hi)
+        if b > a:
+            out.append((a, b))
+    return out
+
+
+def rate_session(conn: Connection, sid: int, prices: PriceBook, now_us: int) -> None:
+    """Re-rate one session from its spans and post the difference to the ledger."""
+    q = select(ServerSession).where(ServerSession.id == sid)
+    if conn.dialect.name == "postgresql":
+        q = q.with_for_update()
+    sess = conn.execute(q).one()
+    merged = merge(session_intervals(conn, sess))
+    billed = sum(b - a for a, b in merged)
+    amount = prices.cost_micro(sess.gpu_type, sess.gpus, sess.pricing, merged)
+    delta = amount - sess.charged_micro
+    if delta:
+        ledger.post(
+            conn, sess.user, "charge", -delta, now_us, session_id=sid, note=f"session {sid}"
+        )
+    if delta or billed != sess.billed_us:
+        conn.execute(
+            update(ServerSession)
+            .where(ServerSession.id == sid)
+            .values(billed_us=billed, charged_micro=amount)
+        )

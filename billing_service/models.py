@@ -1,0 +1,117 @@
+"""The billing database: raw events, kernel spans, server sessions, accounts and the ledger.
+
+Times are integer microseconds since the Unix epoch (``*_us``); money is integer micro-units of the
+catalog currency (``*_micro``, 1 CNY = 1,000,000). Nothing here is ever a float.
+
+Every change to these tables goes through Alembic migrations (``billing_service/migrations``).
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+MICRO = 1_000_000  # micro-units per currency unit, and microseconds per second
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Event(Base):
+    """Every accepted event, once: the primary key is the sender's event id (idempotency)."""
+
+    __tablename__ = "events"
+
+    event_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    user: Mapped[str] = mapped_column(String(255))
+    server: Mapped[str] = mapped_column(String(255))
+    kind: Mapped[str] = mapped_column(String(32))
+    t_us: Mapped[int] = mapped_column(BigInteger)
+    kernel_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    # The event as received (JSON), for audits; never read by the metering.
+    body: Mapped[str] = mapped_column(Text)
+    received_us: Mapped[int] = mapped_column(BigInteger)
+
+    __table_args__ = (Index("ix_events_user_server_kind_t", "user", "server", "kind", "t_us"),)
+
+
+class ServerSession(Base):
+    """One run of one server, as reported by the hub (start with its mode, stop)."""
+
+    __tablename__ = "server_sessions"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    # The hub's server_start event id: a session is created once, whatever the retries.
+    start_event: Mapped[str] = mapped_column(String(128), unique=True)
+    user: Mapped[str] = mapped_column(String(255))
+    server: Mapped[str] = mapped_column(String(255))
+    gpu_type: Mapped[str] = mapped_column(String(64))  # a catalog slug, or "none"
+    gpus: Mapped[int] = mapped_column(Integer)
+    pricing: Mapped[str] = mapped_column(String(16))
+    options: Mapped[str] = mapped_column(Text, default="{}")  # spawn options (JSON)
+    started_us: Mapped[int] = mapped_column(BigInteger)
+    # Derived from events: the first server_stop at/after the start, or the next session's start.
+    stopped_us: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    billed_us: Mapped[int] = mapped_column(BigInteger, default=0)
+    charged_micro: Mapped[int] = mapped_column(BigInteger, default=0)
+    last_busy_us: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    last_heartbeat_us: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+
+    __table_args__ = (Index("ix_sessions_user_server_started", "user", "server", "started_us"),)
+
+
+class KernelSpan(Base):
+    """When one kernel (or app) was seen alive: the earliest and latest report of it."""
+
+    __tablename__ = "kernel_spans"
+
+    user: Mapped[str] = mapped_column(String(255), primary_key=True)
+    server: Mapped[str] = mapped_column(String(255), primary_key=True)
+    kernel_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    name: Mapped[str] = mapped_column(String(255), default="")
+    first_us: Mapped[int] = mapped_column(BigInteger)
+    last_us: Mapped[int] = mapped_column(BigInteger)
+    session_id: Mapped[int | None] = mapped_column(
+        ForeignKey("server_sessions.id"), nullable=True, index=True
+    )
+
+
+class Account(Base):
+    """A user's balance: always equal to the sum of their ledger entries."""
+
+    __tablename__ = "accounts"
+
+    user: Mapped[str] = mapped_column(String(255), primary_key=True)
+    balance_micro: Mapped[int] = mapped_column(BigInteger)
+    created_us: Mapped[int] = mapped_column(BigInteger)
+
+
+class LedgerEntry(Base):
+    """Append-only: credits are positive, charges negative. Never updated, never deleted."""
+
+    __tablename__ = "ledger"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    user: Mapped[str] = mapped_column(ForeignKey("accounts.user"))
+    kind: Mapped[str] = mapped_column(String(16))  # trial, topup, adjustment, charge
+    amount_micro: Mapped[int] = mapped_column(BigInteger)
+    created_us: Mapped[int] = mapped_column(BigInteger)
+    session_id: Mapped[int | None] = mapped_column(ForeignKey("server_sessions.id"), nullable=True)
+    # Credits carry the caller's idempotency key: a retried top-up is applied once.
+    idempotency_key: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    note: Mapped[str] = mapped_column(Text, default="")
+    actor: Mapped[str] = mapped_column(String(255), default="")
+
+    __table_args__ = (
+        UniqueConstraint("idempotency_key", name="uq_ledger_idempotency_key"),
+        Index("ix_ledger_user_created", "user", "created_us"),
+    )

@@ -1,0 +1,139 @@
+"""The ingestion contract: batches of events, each with a unique id, as typed models.
+
+Reporter events (from inside a user's server, with the server's own token)::
+
+    {"id": "…", "kind": "kernel_start" | "kernel_restart" | "kernel_stop",
+     "user": "alice", "server": "", "t": 1767225600.25, "kernel": "KERNEL-ID", "name": "python3"}
+    {"id": "…", "kind": "heartbeat", "user": "alice", "server": "", "t": …, "kernels": ["KERNEL-ID"]}
+
+Hub events (from the hub's spawner hooks, with a token holding ``admin:users``)::
+
+    {"id": "…", "kind": "server_start", "user": "alice", "server": "", "t": …,
+     "gpu": "a100-80g" | "none", "gpus": 1, "pricing": "on-demand", "options": {…}}
+    {"id": "…", "kind": "server_stop", "user": "alice", "server": "", "t": …}
+
+``t`` is seconds since the Unix epoch (a number); it is stored as integer microseconds.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+
+REPORTER_KINDS = ("kernel_start", "kernel_restart", "kernel_stop", "heartbeat")
+HUB_KINDS = ("server_start", "server_stop")
+MAX_BATCH = 10_000
+# Events from further ahead than this (clock skew) are refused: they could extend a span forever.
+MAX_FUTURE_S = 300
+
+Id = Annotated[str, Field(min_length=1, max_length=128)]
+Name = Annotated[str, Field(max_length=255)]
+
+
+class BatchError(ValueError):
+    """A malformed batch; ``field`` names the offending field, e.g. ``events[3].t``."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+class _Event(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: Id
+    user: Annotated[str, Field(min_length=1, max_length=255)]
+    server: Name = ""
+    t: float
+
+    @field_validator("t", mode="before")
+    @classmethod
+    def _finite_number(cls, value: Any) -> Any:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError("must be a number of seconds since the Unix epoch")
+        if not math.isfinite(value) or value <= 0:
+            raise ValueError("must be a positive finite number of seconds since the Unix epoch")
+        return value
+
+    @property
+    def t_us(self) -> int:
+        return round(self.t * 1_000_000)
+
+
+class KernelEvent(_Event):
+    kind: Literal["kernel_start", "kernel_restart", "kernel_stop"]
+    kernel: Id
+    name: Name = ""
+
+
+class Heartbeat(_Event):
+    kind: Literal["heartbeat"]
+    kernels: list[Id] = Field(max_length=1000)
+
+
+class ServerStart(_Event):
+    kind: Literal["server_start"]
+    gpu: Annotated[str, Field(min_length=1, max_length=64)]
+    gpus: Annotated[int, Field(ge=0, le=64)]
+    pricing: Literal["on-demand", "spot"]
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class ServerStop(_Event):
+    kind: Literal["server_stop"]
+
+
+AnyEvent = Annotated[
+    KernelEvent | Heartbeat | ServerStart | ServerStop, Field(discriminator="kind")
+]
+_ADAPTER = TypeAdapter(AnyEvent)
+KINDS = (*REPORTER_KINDS, *HUB_KINDS)
+
+
+def _field_name(loc: tuple[Any, ...], index: int) -> str:
+    # Drop the discriminator tag pydantic inserts ("heartbeat", …) from the location.
+    parts = [p for p in loc if p not in KINDS]
+    out = f"events[{index}]"
+    for p in parts:
+        out += f"[{p}]" if isinstance(p, int) else f".{p}"
+    return out
+
+
+def parse_batch(
+    body: Any, now_s: float
+) -> list[KernelEvent | Heartbeat | ServerStart | ServerStop]:
+    """Validate a whole batch; raise BatchError for the first bad field (nothing is stored then)."""
+    if not isinstance(body, dict) or set(body) != {"events"}:
+        raise BatchError("events", 'the body must be a JSON object {"events": [...]}')
+    raw = body["events"]
+    if not isinstance(raw, list) or not raw:
+        raise BatchError("events", "must be a non-empty list of events")
+    if len(raw) > MAX_BATCH:
+        raise BatchError("events", f"at most {MAX_BATCH} events per batch, not {len(raw)}")
+    out = []
+    seen: dict[str, int] = {}
+    for i, item in enumerate(raw):
+        if not isinstance(item, dict):
+            raise BatchError(f"events[{i}]", "must be a JSON object")
+        kind = item.get("kind")
+        if kind not in KINDS:
+            raise BatchError(
+                f"events[{i}].kind", f"unknown kind {kind!r}; allowed: {', '.join(KINDS)}"
+            )
+        try:
+            ev = _ADAPTER.validate_python(item)
+        except ValidationError as e:
+            err = e.errors()[0]
+            msg = err["msg"].removeprefix("Value error, ")
+            if err["type"] == "extra_forbidden":
+                msg = "unknown field"
+            raise BatchError(_field_name(err["loc"], i), msg) from None
+        if ev.t > now_s + MAX_FUTURE_S:
+            raise BatchError(f"events[{i}].t", f"is more than {MAX_FUTURE_S} s in the future")
+        if ev.id in seen and _ADAPTER.dump_python(out[seen[ev.id]]) != _ADAPTER.dump_python(ev):
+            raise BatchError(f"events[{i}].id", f"repeats events[{seen[ev.id]}].id with other data")
+        seen.setdefault(ev.id, i)
+        out.append(ev)
+    return out

@@ -1,0 +1,244 @@
+"""Read models: a user's usage statement, balance with burn rate, and the admin overview."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import Connection, func, select
+
+from gpulab.billing_service.metering import NEVER
+from gpulab.billing_service.models import MICRO, Account, KernelSpan, LedgerEntry, ServerSession
+from gpulab.billing_service.rating import PriceBook, format_money, from_micro, merge
+
+DAY_US = 86_400 * MICRO
+
+
+def iso(t_us: int | None) -> str | None:
+    if t_us is None:
+        return None
+    return datetime.fromtimestamp(t_us / MICRO, UTC).isoformat().replace("+00:00", "Z")
+
+
+def money(micro: int) -> dict[str, Any]:
+    """Money in API answers: exact (micro-units and decimal string) plus the rounded display."""
+    return {"micro": micro, "exact": str(from_micro(micro)), "display": format_money(micro)}
+
+
+def mode_label(prices: PriceBook, gpu_type: str, gpus: int) -> str:
+    cat = prices.catalog
+    if gpu_type in ("", "none"):
+        return cat.no_gpu.display_name
+    gpu = cat.gpu_types.get(gpu_type)
+    return f"{gpu.display_name if gpu else gpu_type} x{gpus}"
+
+
+def usage(
+    conn: Connection, prices: PriceBook, user: str, from_us: int, to_us: int
+) -> dict[str, Any]:
+    """Sessions of ``user`` overlapping [from, to): billed seconds and amount per server, and
+    kernel-seconds per kernel; plus billed seconds and charges per UTC day."""
+    sessions = conn.execute(
+        select(ServerSession)
+        .where(
+            ServerSession.user == user,
+            ServerSession.started_us < to_us,
+            func.coalesce(ServerSession.stopped_us, NEVER) >= from_us,
+        )
+        .order_by(ServerSession.started_us)
+    ).all()
+    by_session: dict[int, list] = defaultdict(list)
+    if sessions:
+        for span in conn.execute(
+            select(KernelSpan)
+            .where(KernelSpan.session_id.in_([s.id for s in sessions]))
+            .order_by(KernelSpan.first_us)
+        ).all():
+            by_session[span.session_id].append(span)
+
+    servers = []
+    per_day: dict[str, dict[str, int]] = defaultdict(lambda: {"billed_us": 0, "charged_micro": 0})
+    total_kernel_us = total_billed_us = total_amount = 0
+    for s in sessions:
+        hi = s.stopped_us if s.stopped_us is not None else NEVER
+        kernels = []
+        for k in by_session.get(s.id, []):
+            a, b = max(k.first_us, s.started_us), min(k.last_us, hi)
+            k_us = max(0, b - a)
+            total_kernel_us += k_us
+            kernels.append(
+                {
+                    "kernel_id": k.kernel_id,
+                    "name": k.name,
+                    "first_seen": iso(k.first_us),
+                    "last_seen": iso(k.last_us),
+                    "kernel_seconds": k_us / MICRO,
+                }
+            )
+        clipped = [
+            (max(k.first_us, s.started_us), min(k.last_us, hi)) for k in by_session.get(s.id, [])
+        ]
+        for a, b in merge(clipped):
+            while a < b:
+                day_end = (a // DAY_US + 1) * DAY_US
+                piece_end = min(b, day_end)
+                per_day[iso(a)[:10]]["billed_us"] += piece_end - a
+                a = piece_end
+        total_billed_us += s.billed_us
+        total_amount += s.charged_micro
+        servers.append(
+            {
+                "session": s.id,
+                "server": s.server,
+                "mode": mode_label(prices, s.gpu_type, s.gpus),
+                "gpu_type": s.gpu_type,
+                "gpus": s.gpus,
+                "pricing": s.pricing,
+                "price_per_hour": str(
+                    from_micro(
+                        prices.rate_micro_per_hour(s.gpu_type, s.gpus, s.pricing, s.started_us)
+                    )
+                ),
+                "started": iso(s.started_us),
+                "stopped": iso(s.stopped_us),
+                "billed_seconds": s.billed_us / MICRO,
+                "amount": money(s.charged_micro),
+                "kernels": kernels,
+            }
+        )
+    for created, amount in conn.execute(
+        select(LedgerEntry.created_us, LedgerEntry.amount_micro).where(
+            LedgerEntry.user == user,
+            LedgerEntry.kind == "charge",
+            LedgerEntry.created_us >= from_us,
+            LedgerEntry.created_us < to_us,
+        )
+    ).all():
+        per_day[iso(created)[:10]]["charged_micro"] += -amount
+    return {
+        "user": user,
+        "currency": prices.catalog.currency,
+        "from": iso(from_us),
+        "to": iso(to_us),
+        "servers": servers,
+        "days": [
+            {
+                "day": day,
+                "billed_seconds": v["billed_us"] / MICRO,
+                "charges": money(v["charged_micro"]),
+            }
+            for day, v in sorted(per_day.items())
+        ],
+        "total": {
+            "kernel_seconds": total_kernel_us / MICRO,
+            "billed_seconds": total_billed_us / MICRO,
+            "amount": money(total_amount),
+        },
+    }
+
+
+def burning_sessions(conn: Connection, now_us: int, fresh_us: int, user: str | None = None):
+    """Open sessions with a kernel seen alive within ``fresh_us``: what is being billed now."""
+    q = select(ServerSession).where(
+        ServerSession.stopped_us.is_(None), ServerSession.last_busy_us >= now_us - fresh_us
+    )
+    if user is not None:
+        q = q.where(ServerSession.user == user)
+    return conn.execute(q).all()
+
+
+def balance_info(
+    conn: Connection,
+    prices: PriceBook,
+    user: str,
+    now_us: int,
+    fresh_us: int,
+    warn_micro: list[int],
+) -> dict[str, Any]:
+    bal = conn.execute(select(Account.balance_micro).where(Account.user == user)).scalar() or 0
+    burn = sum(
+        prices.rate_micro_per_hour(s.gpu_type, s.gpus, s.pricing, now_us)
+        for s in burning_sessions(conn, now_us, fresh_us, user)
+    )
+    time_left = None if burn == 0 else max(0.0, bal / burn * 3600)
+    cur = prices.catalog.currency
+    warnings = []
+    below = [w for w in warn_micro if bal < w]
+    if bal <= 0:
+        warnings.append(
+            f"Your balance is used up ({cur} {format_money(bal)}): top up to keep GPUs."
+        )
+    elif below:
+        warnings.append(
+            f"Your balance ({cur} {format_money(bal)}) is below {cur} {format_money(min(below))}."
+        )
+    return {
+        "user": user,
+        "currency": cur,
+        "balance": money(bal),
+        "burn_rate_per_hour": money(burn),
+        "time_left_seconds": time_left,
+        "warnings": warnings,
+    }
+
+
+def admin_overview(conn: Connection, prices: PriceBook, from_us: int, to_us: int) -> dict[str, Any]:
+    """All users' balances and charges, and revenue and billed card-hours per GPU type."""
+    charges = dict(
+        conn.execute(
+            select(LedgerEntry.user, func.sum(-LedgerEntry.amount_micro))
+            .where(
+                LedgerEntry.kind == "charge",
+                LedgerEntry.created_us >= from_us,
+                LedgerEntry.created_us < to_us,
+            )
+            .group_by(LedgerEntry.user)
+        ).all()
+    )
+    users = [
+        {
+            "user": u,
+            "balance": money(b),
+            "charges": money(int(charges.get(u, 0))),
+        }
+        for u, b in conn.execute(
+            select(Account.user, Account.balance_micro).order_by(Account.user)
+        ).all()
+    ]
+    per_type = []
+    for gpu_type, amount, card_us in conn.execute(
+        select(
+            ServerSession.gpu_type,
+            func.sum(ServerSession.charged_micro),
+            func.sum(ServerSession.billed_us * func.max(ServerSession.gpus, 1))
+            if conn.dialect.name == "sqlite"
+            else func.sum(ServerSession.billed_us * func.greatest(ServerSession.gpus, 1)),
+        )
+        .where(ServerSession.started_us >= from_us, ServerSession.started_us < to_us)
+        .group_by(ServerSession.gpu_type)
+        .order_by(ServerSession.gpu_type)
+    ).all():
+        per_type.append(
+            {
+                "gpu_type": gpu_type,
+                "display_name": mode_label(prices, gpu_type, 1).removesuffix(" x1"),
+                "revenue": money(int(amount or 0)),
+                "billed_card_hours": int(card_us or 0) / MICRO / 3600,
+            }
+        )
+    return {
+        "currency": prices.catalog.currency,
+        "from": iso(from_us),
+        "to": iso(to_us),
+        "users": users,
+        "gpu_types": per_type,
+    }
+
+
+def session_options(row) -> dict[str, Any]:
+    try:
+        return json.loads(row.options or "{}")
+    except ValueError:
+        return {}
