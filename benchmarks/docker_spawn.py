@@ -36,7 +36,8 @@ import docker
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from harness import REPO, VENV_BIN, Hub, wait_for
+from harness import REPO, VENV_BIN, Hub
+from spawn import pct, start_stock
 
 from gpulab.hub_config.config import find_proxy_command
 from gpulab.spawners.docker import network_gateway
@@ -68,13 +69,6 @@ c.JupyterHub.load_roles = [{{"name": "admin", "services": ["bench"]}}]
 
 # Logged by jupyter_server once its HTTP server is bound and serving.
 RUNNING_LINE = re.compile(r"^(\S+) .*Jupyter Server \S+ is running at", re.M)
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    k = (len(ordered) - 1) * q
-    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
 
 
 def docker_time(stamp: str) -> float:
@@ -122,26 +116,6 @@ def stock_hub(base: Path, image: str) -> Hub:
     )
     hub.cli = [str(VENV_BIN / "jupyterhub"), "-f", str(config)]
     return hub
-
-
-def start_stock(hub: Hub) -> None:
-    import requests
-
-    log = open(hub.log_path, "ab")
-    hub.proc = subprocess.Popen(
-        hub.cli, stdout=log, stderr=subprocess.STDOUT, cwd=hub.data_dir, start_new_session=True
-    )
-    log.close()
-
-    def up() -> bool:
-        if hub.proc.poll() is not None:
-            raise RuntimeError(hub.log_tail())
-        try:
-            return requests.get(f"{hub.url}/hub/api/", timeout=2).ok
-        except requests.RequestException:
-            return False
-
-    wait_for(up, 60, what="stock hub")
 
 
 def container_for(client, user: str):

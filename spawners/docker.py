@@ -204,24 +204,6 @@ class GpuDockerSpawner(GpuSpawnerMixin, DockerSpawner):
     def _default_use_internal_ip(self) -> bool:
         return True
 
-    @default("args")
-    def _default_args(self) -> list[str]:
-        # As for local servers: no news or update checks against jupyter.org (containers may
-        # have no route out, and renters should not get a consent pop-up on their first page).
-        return [
-            "--LabApp.news_url=None",
-            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-        ]
-
-    @default("default_url")
-    def _default_url(self) -> str:
-        return "/lab"
-
-    @default("poll_interval")
-    def _default_poll_interval(self) -> int:
-        # One inspect per server; a dead container's GPUs should return to the pool quickly.
-        return 5
-
     # ---- images ------------------------------------------------------------------------------
 
     _image_cache: tuple[float, dict[str, ImageStatus]] | None = None

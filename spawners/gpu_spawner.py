@@ -57,6 +57,25 @@ class GpuSpawnerMixin(HasTraits):
 
     # ---- options -----------------------------------------------------------------------------
 
+    @default("args")
+    def _default_args(self) -> list[str]:
+        # Servers have no business phoning jupyter.org for news or updates: nodes and containers
+        # may be offline, and renters should not get a consent pop-up on their first page.
+        return [
+            "--LabApp.news_url=None",
+            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        ]
+
+    @default("default_url")
+    def _default_url(self) -> str:
+        return "/lab"
+
+    @default("poll_interval")
+    def _default_poll_interval(self) -> int:
+        # Polling is cheap (a pid, one inspect), and a dead server's GPUs should return to the
+        # pool quickly.
+        return 5
+
     @default("options_form")
     def _default_options_form(self):
         from gpulab.spawners.form import render_form

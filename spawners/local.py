@@ -147,24 +147,6 @@ class GpuLocalSpawner(GpuSpawnerMixin, LocalProcessSpawner):
     def _default_cmd(self) -> list[str]:
         return [sys.executable, "-m", "gpulab.spawners.launcher"]
 
-    @default("args")
-    def _default_args(self) -> list[str]:
-        # Servers have no business phoning jupyter.org for news or updates: the node may be
-        # offline, and renters should not get a consent pop-up on their first page.
-        return [
-            "--LabApp.news_url=None",
-            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-        ]
-
-    @default("default_url")
-    def _default_url(self) -> str:
-        return "/lab"
-
-    @default("poll_interval")
-    def _default_poll_interval(self) -> int:
-        # Polling a pid is cheap, and a dead server's GPUs should return to the pool quickly.
-        return 5
-
     @default("env_keep")
     def _default_env_keep(self) -> list[str]:
         return ["PATH", "LANG", "LC_ALL", "TZ", "JUPYTERHUB_SINGLEUSER_APP", "GPULAB_REQUIRE_ALL"]
