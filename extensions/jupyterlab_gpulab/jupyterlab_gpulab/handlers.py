@@ -1,0 +1,264 @@
+"""The extension's JSON API, under ``{base_url}gpulab/api/``, used by the JupyterLab frontend.
+
+- ``GET  status``  this server: mode, price, cost so far, image, datasets, allocation id;
+- ``GET  balance`` the user's balance from billing (``{"available": false, ...}`` if unreachable);
+- ``GET  catalog`` / ``GET pool``: the hub's catalog and live GPU pool;
+- ``POST switch``  ask the hub to restart this server with other options (GPU type, datasets);
+- ``GET  gpus``    live utilization and memory of this server's GPUs (NVML), or why there is none.
+
+The browser never talks to the hub or billing itself: these handlers call them with this
+server's own token (``JUPYTERHUB_API_TOKEN``), so no hub credential ever reaches the page.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from typing import Any
+from urllib.parse import quote
+
+from jupyter_server.base.handlers import APIHandler
+from jupyter_server.utils import url_path_join
+from tornado import web
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+from traitlets import Float, Integer, Unicode, default
+from traitlets.config import Configurable
+
+from jupyterlab_gpulab.billing import normalize_balance, unavailable
+from jupyterlab_gpulab.server_info import ServerInfo
+
+# Keys of the hub's switch contract the frontend may send; the hub validates the values.
+SWITCH_FIELDS = ("gpu", "gpus", "datasets", "image")
+
+
+class GpulabSettings(Configurable):
+    """Settings of the gpulab JupyterLab extension (``c.GpulabSettings.*``)."""
+
+    billing_url = Unicode(
+        config=True,
+        help="""Base URL of gpulab's billing service, e.g. http://127.0.0.1:8000/services/billing/.
+        Defaults to $GPULAB_BILLING_URL; when empty, the service is reached through the hub's
+        proxy at the address this server was requested on ({origin}{base_url}services/billing/).""",
+    )
+
+    hub_timeout = Float(
+        10.0,
+        config=True,
+        help="Seconds to wait for the hub or billing before answering 'unavailable'.",
+    )
+
+    low_balance_minutes = Integer(
+        30,
+        config=True,
+        help="""Warn (a JupyterLab notification) when the balance lasts less than this many minutes
+        at the current rate.""",
+    )
+
+    @default("billing_url")
+    def _default_billing_url(self) -> str:
+        return os.environ.get("GPULAB_BILLING_URL", "")
+
+
+class Upstream:
+    """HTTP calls to the hub API and billing with this server's own token."""
+
+    def __init__(self, settings: GpulabSettings, env: dict[str, str] | None = None) -> None:
+        env = dict(os.environ) if env is None else env
+        self.settings = settings
+        self.token = env.get("JUPYTERHUB_API_TOKEN", "")
+        self.api_url = env.get("JUPYTERHUB_API_URL", "").rstrip("/")
+        self.base_url = env.get("JUPYTERHUB_BASE_URL", "/")
+
+    async def call(
+        self, url: str, method: str = "GET", body: Any = None
+    ) -> tuple[int, Any, str | None]:
+        """Return ``(status, json_or_None, error)``; status 0 means the service did not answer."""
+        request = HTTPRequest(
+            url,
+            method=method,
+            headers={"Authorization": f"token {self.token}", "Accept": "application/json"},
+            body=None if body is None else json.dumps(body),
+            request_timeout=self.settings.hub_timeout,
+            connect_timeout=self.settings.hub_timeout,
+            follow_redirects=False,
+        )
+        try:
+            response = await AsyncHTTPClient().fetch(request, raise_error=False)
+        except HTTPClientError as e:  # timeouts arrive here as code 599
+            return 0, None, f"{e}"
+        except OSError as e:
+            return 0, None, f"not reachable ({e.strerror or e})"
+        if response.code == 599:
+            return 0, None, str(response.error)
+        try:
+            data = json.loads(response.body or b"null")
+        except ValueError:
+            data = None
+        return response.code, data, None
+
+    def hub(self, path: str) -> str:
+        return f"{self.api_url}/{path.lstrip('/')}"
+
+    def billing(self, path: str, origin: str) -> str:
+        base = self.settings.billing_url or url_path_join(origin, self.base_url, "services/billing/")
+        return url_path_join(base, path)
+
+
+class _Handler(APIHandler):
+    @property
+    def info(self) -> ServerInfo:
+        return self.settings["gpulab_info"]
+
+    @property
+    def upstream(self) -> Upstream:
+        return self.settings["gpulab_upstream"]
+
+    @property
+    def gpulab_settings(self) -> GpulabSettings:
+        return self.settings["gpulab_settings"]
+
+    def finish_json(self, data: Any, status: int = 200) -> None:
+        self.set_status(status)
+        self.set_header("Content-Type", "application/json")
+        self.set_header("Cache-Control", "no-store")
+        self.finish(json.dumps(data))
+
+    def hub_message(self, status: int, data: Any, error: str | None, what: str) -> str:
+        if error:
+            return f"The hub did not answer ({what}): {error}"
+        if isinstance(data, dict) and isinstance(data.get("message"), str):
+            return data["message"]
+        return f"The hub answered HTTP {status} ({what})"
+
+
+class StatusHandler(_Handler):
+    @web.authenticated
+    def get(self) -> None:
+        out = self.info.to_json()
+        out["low_balance_minutes"] = self.gpulab_settings.low_balance_minutes
+        self.finish_json(out)
+
+
+class BalanceHandler(_Handler):
+    @web.authenticated
+    async def get(self) -> None:
+        user = self.info.user
+        if not user:
+            self.finish_json(unavailable("this server was not started by JupyterHub"))
+            return
+        origin = f"{self.request.protocol}://{self.request.host}"
+        url = self.upstream.billing(f"api/v1/users/{quote(user, safe='')}/balance", origin)
+        status, data, error = await self.upstream.call(url)
+        if error:
+            self.finish_json(unavailable(f"billing service not reachable: {error}"))
+        elif status == 404 or (300 <= status < 400):
+            self.finish_json(unavailable("billing service not running"))
+        elif status != 200:
+            self.finish_json(unavailable(f"billing service answered HTTP {status}"))
+        else:
+            self.finish_json(normalize_balance(data, self.info.currency))
+
+
+class _HubProxy(_Handler):
+    hub_path = ""
+
+    @web.authenticated
+    async def get(self) -> None:
+        status, data, error = await self.upstream.call(self.upstream.hub(self.hub_path))
+        if status == 200 and data is not None:
+            self.finish_json(data)
+        else:
+            message = self.hub_message(status, data, error, f"GET {self.hub_path}")
+            self.finish_json({"message": message}, status=502 if error else (status or 502))
+
+
+class CatalogHandler(_HubProxy):
+    hub_path = "gpulab/catalog"
+
+
+class PoolHandler(_HubProxy):
+    hub_path = "gpulab/pool"
+
+
+class SwitchHandler(_Handler):
+    @web.authenticated
+    async def post(self) -> None:
+        try:
+            body = json.loads(self.request.body or b"{}")
+        except ValueError:
+            self.finish_json({"message": "the request body must be a JSON object"}, 400)
+            return
+        if not isinstance(body, dict) or not body:
+            self.finish_json(
+                {"message": f"send a JSON object with some of: {', '.join(SWITCH_FIELDS)}"}, 400
+            )
+            return
+        unknown = sorted(set(body) - set(SWITCH_FIELDS))
+        if unknown:
+            self.finish_json(
+                {"message": f"{unknown[0]}: unknown field; allowed: {', '.join(SWITCH_FIELDS)}"},
+                400,
+            )
+            return
+        if not self.info.user:
+            self.finish_json({"message": "this server was not started by JupyterHub"}, 409)
+            return
+        path = f"gpulab/users/{quote(self.info.user, safe='')}/switch"
+        t0 = time.monotonic()
+        status, data, error = await self.upstream.call(self.upstream.hub(path), "POST", body)
+        self.log.info(
+            "gpulab switch %s -> hub %s in %.2fs", body, status or error, time.monotonic() - t0
+        )
+        if status in (200, 201, 202):
+            options = data.get("options") if isinstance(data, dict) else None
+            self.finish_json(
+                {"options": options, "allocation_id": self.info.allocation_id}, status=202
+            )
+        elif status == 404 and not (isinstance(data, dict) and data.get("message")):
+            self.finish_json(
+                {"message": "this hub cannot restart servers in another mode (no switch API)"},
+                501,
+            )
+        else:
+            message = self.hub_message(status, data, error, "switch")
+            self.finish_json({"message": message}, status=502 if error else status)
+
+
+class GpusHandler(_Handler):
+    @web.authenticated
+    async def get(self) -> None:
+        info = self.info
+        base = {"mode": info.mode, "gpu_type": info.gpu_type, "gpu_count": info.gpu_count}
+        if info.gpu_type == "none" or not info.visible_devices:
+            self.finish_json({**base, "state": "none", "devices": []})
+        elif info.simulated:
+            devices = [{"id": d, "name": f"{info.mode} (simulated)"} for d in info.visible_devices]
+            self.finish_json({**base, "state": "simulated", "devices": devices})
+        else:
+            from jupyterlab_gpulab.gpus import read_devices
+
+            reading = await asyncio.to_thread(read_devices, info.visible_devices)
+            state = "nvml" if reading["nvml"] else "error"
+            self.finish_json({**base, **reading, "state": state})
+
+
+def setup_handlers(server_app: Any) -> None:
+    web_app = server_app.web_app
+    settings = GpulabSettings(parent=server_app)
+    web_app.settings["gpulab_settings"] = settings
+    web_app.settings["gpulab_info"] = ServerInfo.from_env()
+    web_app.settings["gpulab_upstream"] = Upstream(settings)
+    base = url_path_join(web_app.settings["base_url"], "gpulab", "api")
+    web_app.add_handlers(
+        ".*$",
+        [
+            (url_path_join(base, "status"), StatusHandler),
+            (url_path_join(base, "balance"), BalanceHandler),
+            (url_path_join(base, "catalog"), CatalogHandler),
+            (url_path_join(base, "pool"), PoolHandler),
+            (url_path_join(base, "switch"), SwitchHandler),
+            (url_path_join(base, "gpus"), GpusHandler),
+        ],
+    )
