@@ -11,12 +11,67 @@ from __future__ import annotations
 from pathlib import Path
 
 from nativeauthenticator import NativeAuthenticator
+from nativeauthenticator.handlers import LoginHandler as NativeLoginHandler
+from tornado.escape import url_escape
+from tornado.httputil import url_concat
 from traitlets import Unicode
 
 from gpulab.hub_config.handlers import extra_handlers
+from gpulab.spawners.pool import GpuPool
 
 
-class GpulabAuthenticator(NativeAuthenticator):
+class GpulabHubMixin:
+    """Hooks gpulab into the hub process through its authenticator, the one plugin JupyterHub
+    asks for handlers at start-up: mounts the JSON API and starts the GPU pool right away, so
+    NVML problems show at start and orphans of a crash are swept even before anyone spawns.
+
+    Mix it into any authenticator class to use that authenticator with gpulab.
+    """
+
+    def get_handlers(self, app) -> list:
+        pool = GpuPool.instance(config=app.config)
+        pool.start_reconciling()
+        return [*super().get_handlers(app), *extra_handlers()]
+
+
+class _NoStats:
+    """JupyterHub 6 dropped ``handler.statsd``; NativeAuthenticator 1.3 still times logins with it."""
+
+    def timer(self, *args, **kwargs) -> _NoStats:
+        return self
+
+    def start(self) -> _NoStats:
+        return self
+
+    def stop(self, *args, **kwargs) -> None:
+        return None
+
+
+class LoginHandler(NativeLoginHandler):
+    """NativeAuthenticator's log-in page, made to work on JupyterHub 6."""
+
+    statsd = _NoStats()
+
+    def _render(self, login_error=None, username=None, sync=False, **kwargs):
+        # JupyterHub 6 renders failed form posts through _render(sync=True, ...): accept that.
+        return self.render_template(
+            "native-login.html",
+            sync=sync,
+            next=url_escape(self.get_argument("next", default="")),
+            username=username,
+            login_error=login_error,
+            custom_html=self.authenticator.custom_html,
+            login_url=self.settings["login_url"],
+            enable_signup=self.authenticator.enable_signup,
+            two_factor_auth=self.authenticator.allow_2fa,
+            authenticator_login_url=url_concat(
+                self.authenticator.login_url(self.hub.base_url),
+                {"next": self.get_argument("next", "")},
+            ),
+        )
+
+
+class GpulabAuthenticator(GpulabHubMixin, NativeAuthenticator):
     admin_password_file = Unicode(
         "",
         config=True,
@@ -48,4 +103,7 @@ class GpulabAuthenticator(NativeAuthenticator):
             self.enable_signup, self.check_common_password = saved
 
     def get_handlers(self, app) -> list:
-        return [*super().get_handlers(app), *extra_handlers()]
+        return [
+            (path, LoginHandler if handler is NativeLoginHandler else handler)
+            for path, handler in super().get_handlers(app)
+        ]

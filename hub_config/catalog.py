@@ -47,7 +47,7 @@ def _check_mem(value: str) -> str:
 
 class NoGpuMode(_Model):
     display_name: str = "No GPU"
-    description: str = "Write and debug code on the same disk at CPU prices"
+    description: str = "write and debug code on the same disk"
     price_per_hour: Money
     cpus: float = Field(gt=0)
     mem: str
@@ -186,16 +186,22 @@ class Catalog(_Model):
 def _allowed_fields(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
     """Walk ``loc`` through the model tree to list the fields allowed where an extra key was found."""
     current: Any = model
-    for part in loc[:-1]:
-        if isinstance(current, type) and issubclass(current, BaseModel):
-            field = current.model_fields.get(str(part))
-            if field is None:
-                return []
-            annotation = field.annotation
-            args = getattr(annotation, "__args__", ())
-            # dict[str, Model] -> the next loc part is a slug, then the model's fields
-            current = args[-1] if args else annotation
-        # slugs inside dicts: stay on the value model
+    parts = list(loc[:-1])
+    while parts:
+        part = parts.pop(0)
+        if not (isinstance(current, type) and issubclass(current, BaseModel)):
+            return []
+        field = current.model_fields.get(str(part))
+        if field is None:
+            return []
+        annotation = field.annotation
+        if getattr(annotation, "__origin__", None) is dict:
+            # dict[str, Model]: the next part of the location is a slug
+            current = annotation.__args__[1]
+            if parts:
+                parts.pop(0)
+        else:
+            current = annotation
     if isinstance(current, type) and issubclass(current, BaseModel):
         return [f for f in current.model_fields if f != "slug"]
     return []

@@ -104,5 +104,15 @@ def configure(c, settings: Settings | None = None) -> None:
         )
     c.JupyterHub.load_roles = roles
 
+    # A server's own token may read the pool and restart its own server in another mode
+    # (the JupyterLab toggle), besides JupyterHub's defaults.
+    c.Spawner.server_token_scopes = [
+        "access:servers!server",
+        "users:activity!user",
+        "read:users:name!user",
+        "read:servers!user",
+        "servers!user",
+        READ_POOL_SCOPE,
+    ]
     c.Spawner.start_timeout = 60
     c.Spawner.http_timeout = 30

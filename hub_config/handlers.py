@@ -2,6 +2,8 @@
 
 - ``GET /hub/api/gpulab/pool``: per GPU type free/total and prices; each card with its state.
 - ``GET /hub/api/gpulab/catalog``: GPU types, images, datasets, no-GPU mode, currency.
+- ``POST /hub/api/gpulab/users/NAME/switch``: restart NAME's running server with changed options
+  (the no-GPU toggle, mounting datasets). Needs the ``servers`` scope on that user.
 
 Both need the custom scope ``custom:gpulab:read-pool`` (every user has it); who holds which card
 is shown only to holders of ``admin:servers``.
@@ -9,11 +11,15 @@ is shown only to holders of ``admin:servers``.
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 from jupyterhub.apihandlers.base import APIHandler
 from jupyterhub.scopes import define_custom_scopes, needs_scope
+from tornado import web
 
+from gpulab.spawners.allocator import NoCapacity, owner_key
+from gpulab.spawners.options import OptionsError, parse_options
 from gpulab.spawners.pool import GpuPool
 
 READ_POOL_SCOPE = "custom:gpulab:read-pool"
@@ -50,8 +56,57 @@ class CatalogAPIHandler(_GpulabAPIHandler):
         self.write(json.dumps(self.pool.catalog.public()))
 
 
+class SwitchAPIHandler(_GpulabAPIHandler):
+    """Move a running server to other options (e.g. GPU <-> no-GPU) without losing its home.
+
+    Everything that can fail is checked before the old server stops: the options are validated
+    (400) and the new GPUs are reserved (409, with what is free). Then the hub answers 202 and
+    stops and restarts the server in the background; progress is the server's usual progress URL.
+    """
+
+    @needs_scope("servers")
+    async def post(self, user_name: str) -> None:
+        user = self.find_user(user_name)
+        if user is None:
+            raise web.HTTPError(404, f"No such user: {user_name}")
+        spawner = user.spawners.get("")
+        if spawner is None or not spawner.active or spawner.pending:
+            state = spawner.pending if spawner is not None and spawner.pending else "not running"
+            raise web.HTTPError(409, f"{user_name}'s server is {state}; start it instead")
+        body = self.get_json_body() or {}
+        if not isinstance(body, dict):
+            raise web.HTTPError(400, "body must be a JSON object of spawn options")
+        current = spawner.user_options or {}
+        merged = {**current, **body}
+        if "gpus" not in body and merged.get("gpu") != current.get("gpu"):
+            merged.pop("gpus", None)  # a new GPU type starts from the default card count
+        try:
+            options = parse_options(merged, self.pool.catalog)
+        except OptionsError as e:
+            raise web.HTTPError(400, f"Invalid spawn option {e}") from None
+        owner = owner_key(user.name, "")
+        try:
+            self.pool.allocator.reserve(owner, options.gpu_type, options.gpus)
+        except NoCapacity as e:
+            raise web.HTTPError(409, str(e)) from None
+        self.log.info("Switching %s to %s", owner, options.label(self.pool.catalog))
+        asyncio.get_running_loop().create_task(self._restart(user, options.to_json()))
+        self.set_status(202)
+        self.write(
+            json.dumps({"options": options.to_json(), "progress_url": user.progress_url("")})
+        )
+
+    async def _restart(self, user, options: dict) -> None:
+        try:
+            await user.stop("")
+            await self.spawn_single_user(user, "", options=options)
+        except Exception:
+            self.log.exception("Switching %s's server failed", user.name)
+
+
 def extra_handlers() -> list[tuple[str, type]]:
     return [
         (r"/api/gpulab/pool", PoolAPIHandler),
         (r"/api/gpulab/catalog", CatalogAPIHandler),
+        (r"/api/gpulab/users/([^/]+)/switch", SwitchAPIHandler),
     ]

@@ -32,6 +32,7 @@ class Allocation:
     created: float
     pid: int | None = None
     pricing: str = "on-demand"
+    expires: float | None = None  # reservations only: when an unclaimed hold lapses
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -47,6 +48,9 @@ class NoCapacity(Exception):
 
 def owner_key(user: str, server: str = "") -> str:
     return f"{user}/{server}"
+
+
+RESERVED = "#reserved"
 
 
 @dataclass
@@ -138,12 +142,61 @@ class GpuAllocator:
     def allocate(
         self, owner: str, gpu_type: str | None, count: int, pricing: str = "on-demand"
     ) -> Allocation:
-        """Reserve ``count`` whole cards of ``gpu_type`` (none for no-GPU mode) for ``owner``."""
+        """Give ``count`` whole cards of ``gpu_type`` (none for no-GPU mode) to ``owner``.
+
+        A matching reservation made for ``owner`` (see :meth:`reserve`) is used first.
+        """
         old = self._state.allocations.get(owner)
         if old is not None:
             # The hub only spawns a server it believes stopped, so an old record is stale.
             self.log.warning("Replacing stale allocation %s of %s", old.alloc_id, owner)
             self._evict(old)
+        reserved = self._state.allocations.pop(owner + RESERVED, None)
+        if reserved is not None:
+            if reserved.gpu_type == gpu_type and len(reserved.uuids) == count:
+                reserved.owner, reserved.pricing, reserved.expires = owner, pricing, None
+                self._state.allocations[owner] = reserved
+                self._save()
+                return reserved
+            self._adopted.discard(reserved.alloc_id)  # reserved for other options: give it back
+        return self._take(owner, gpu_type, count, pricing)
+
+    def reserve(
+        self, owner: str, gpu_type: str | None, count: int, ttl: float = 120.0
+    ) -> Allocation:
+        """Hold cards for ``owner``'s next start while its current server is being stopped.
+
+        Raises :class:`NoCapacity` (changing nothing) when too few are free. The reservation
+        lapses after ``ttl`` seconds if no start consumes it.
+        """
+        self._drop_expired_reservations()
+        key = owner + RESERVED
+        previous = self._state.allocations.pop(key, None)
+        try:
+            alloc = self._take(key, gpu_type, count, "reservation")
+        except NoCapacity:
+            if previous is not None:
+                self._state.allocations[key] = previous
+            raise
+        alloc.expires = time.time() + ttl
+        self._save()
+        return alloc
+
+    def _drop_expired_reservations(self) -> None:
+        now = time.time()
+        expired = [
+            k
+            for k, a in self._state.allocations.items()
+            if a.expires is not None and a.expires < now
+        ]
+        for key in expired:
+            alloc = self._state.allocations.pop(key)
+            self._adopted.discard(alloc.alloc_id)
+        if expired:
+            self._save()
+
+    def _take(self, owner: str, gpu_type: str | None, count: int, pricing: str) -> Allocation:
+        self._drop_expired_reservations()
         uuids: list[str] = []
         if gpu_type is not None:
             held = self.held_uuids()

@@ -86,8 +86,8 @@ async def render_form(spawner: Any) -> str:
     parts.append(
         '<label class="choice" data-gpu-row="none">'
         f'<input type="radio" name="gpu" value="none"{_checked(last["gpu"] == "none")}>'
-        f"<strong>{escape(no_gpu.display_name)} ({cur} {no_gpu.price_per_hour}/h)</strong>"
-        f'<span class="meta">{escape(no_gpu.description)}</span></label>'
+        f"<strong>{escape(no_gpu.display_name)} ({cur} {no_gpu.price_per_hour}/h)</strong>: "
+        f"{escape(no_gpu.description)}</label>"
     )
     gpus = last["gpus"] if last["gpu"] != "none" else 1
     parts.append(

@@ -69,6 +69,7 @@ class GpuPool(SingletonConfigurable):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._reconcile_task: asyncio.Task | None = None
+        self.allocator  # noqa: B018 (build catalog, inventory and ledger now: errors surface at start)
 
     @property
     def hub_id(self) -> str:

@@ -52,12 +52,14 @@ class Hub:
         extra_args: Iterable[str] = (),
         env: dict[str, str] | None = None,
         cli: list[str] | None = None,
+        catalog: Path | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.simulate = simulate
         self.extra_args = list(extra_args)
         self.extra_env = env or {}
         self.cli = cli or [str(VENV_BIN / "gpulab"), "up"]
+        self.catalog = catalog
         self.token = uuid.uuid4().hex
         self.port = free_port()
         self.hub_port = free_port()
@@ -87,9 +89,11 @@ class Hub:
             "--simulate-gpus",
             self.simulate,
         ]
+        if self.catalog:
+            args += ["--catalog", str(self.catalog)]
         if self.extra_args:
             args += ["--", *self.extra_args]
-        log = open(self.log_path, "ab")  # noqa: SIM115 (lives as long as the hub)
+        log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             args, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True
         )
@@ -270,3 +274,37 @@ class Kernel:
 
 class KernelError(RuntimeError):
     pass
+
+
+class WebSession:
+    """A person in a browser, minus the JavaScript: cookies, XSRF, forms and redirects."""
+
+    def __init__(self, hub: Hub) -> None:
+        self.hub = hub
+        self.http = requests.Session()
+
+    def get(self, path: str, **kw: Any) -> requests.Response:
+        kw.setdefault("timeout", 60)
+        return self.http.get(f"{self.hub.url}{path}", **kw)
+
+    def post(self, path: str, data: dict | list, **kw: Any) -> requests.Response:
+        if not self.http.cookies.get("_xsrf"):
+            self.get("/hub/login")
+        xsrf = self.http.cookies.get("_xsrf")
+        fields = list(data.items()) if isinstance(data, dict) else list(data)
+        kw.setdefault("timeout", 60)
+        return self.http.post(f"{self.hub.url}{path}", data=[*fields, ("_xsrf", xsrf)], **kw)
+
+    def signup(self, name: str, password: str) -> requests.Response:
+        return self.post(
+            "/hub/signup",
+            {
+                "username": name,
+                "signup_password": password,
+                "signup_password_confirmation": password,
+            },
+        )
+
+    def login(self, name: str, password: str) -> bool:
+        r = self.post("/hub/login", {"username": name, "password": password})
+        return r.ok and "jupyterhub-hub-login" in self.http.cookies

@@ -49,9 +49,9 @@ def test_datasets_are_visible_and_read_only(hub: Hub, user: str) -> None:
             "print(sum(1 for _ in csv.reader(f)))"
         ).strip()
         assert int(rows) == 151  # header + 150 flowers
-        with pytest.raises(KernelError, match="(Read-only file system|Permission denied)"):
+        with pytest.raises(KernelError, match=r"(Read-only file system|Permission denied)"):
             k.execute("open(os.path.expanduser('~/datasets/sklearn-toy/new.txt'), 'w')")
-        with pytest.raises(KernelError, match="(Read-only file system|Permission denied)"):
+        with pytest.raises(KernelError, match=r"(Read-only file system|Permission denied)"):
             k.execute("open(os.path.expanduser('~/datasets/sklearn-toy/iris.csv'), 'a')")
 
 
@@ -70,8 +70,9 @@ def test_files_survive_gpu_to_no_gpu_to_gpu(hub: Hub, user: str) -> None:
     hub.spawn_ready(user, {"gpu": "rtx-4090"})
     with hub.kernel(user) as k:
         assert k.execute("print(open('model.txt').read())").strip() == "epoch 3, debugged"
-        assert k.execute("import os; print(os.environ['CUDA_VISIBLE_DEVICES'])").strip() == (
-            held_uuids(hub, user)[0]
+        assert (
+            k.execute("import os; print(os.environ['CUDA_VISIBLE_DEVICES'])").strip()
+            == (held_uuids(hub, user)[0])
         )
 
 

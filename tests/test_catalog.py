@@ -1,0 +1,99 @@
+"""The catalog: the shipped default is valid, and every mistake names its key and the choices."""
+
+from __future__ import annotations
+
+import tomllib
+from decimal import Decimal
+
+import pytest
+
+from gpulab.hub_config.catalog import DEFAULT_CATALOG, CatalogError, load_catalog, parse_catalog
+
+
+def default_data() -> dict:
+    return tomllib.loads(DEFAULT_CATALOG.read_text())
+
+
+def test_default_catalog_has_the_documented_prices() -> None:
+    c = load_catalog()
+    assert c.currency == "CNY"
+    assert c.trial_credit == Decimal("10.00")
+    assert c.no_gpu.price_per_hour == Decimal("0.09")
+    prices = {s: (g.on_demand_price, g.spot_floor_price) for s, g in c.gpu_types.items()}
+    assert prices == {
+        "rtx-4090": (Decimal("0.68"), Decimal("0.30")),
+        "rtx-3090-ti": (Decimal("0.52"), Decimal("0.25")),
+        "a100-80g": (Decimal("2.10"), Decimal("0.90")),
+        "h100-80g": (Decimal("3.80"), Decimal("2.00")),
+    }
+    assert "base" in c.images
+
+
+def test_offline_dataset_resolves_to_real_files() -> None:
+    ds = load_catalog().datasets["sklearn-toy"]
+    src = ds.resolve_source()
+    assert (src / "iris.csv").read_text().count("\n") >= 150
+    assert ds.read_only
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expected"),
+    [
+        (
+            lambda d: d["gpu_types"]["a100-80g"].update(colour="red"),
+            "gpu_types.a100-80g.colour: unknown key; allowed keys: display_name, vram_gb, on_demand_price",
+        ),
+        (
+            lambda d: d["gpu_types"]["a100-80g"].pop("on_demand_price"),
+            "gpu_types.a100-80g.on_demand_price: required key is missing",
+        ),
+        (
+            lambda d: d["gpu_types"]["a100-80g"].update(on_demand_price="-1"),
+            "gpu_types.a100-80g.on_demand_price",
+        ),
+        (
+            lambda d: d["gpu_types"]["a100-80g"].update(spot_floor_price="9"),
+            "must not exceed on_demand_price",
+        ),
+        (
+            lambda d: d["gpu_types"].update({"A100-80G": d["gpu_types"]["a100-80g"]}),
+            "gpu_types.A100-80G: slugs are lowercase",
+        ),
+        (
+            lambda d: d["images"]["base"].update(gpu_types=["tpu"]),
+            "images.base.gpu_types: unknown GPU type 'tpu'; allowed: none, rtx-4090",
+        ),
+        (lambda d: d.update(currency="yuan"), "currency"),
+        (lambda d: d["no_gpu"].update(mem="lots"), "no_gpu.mem: must look like '4G'"),
+        (
+            lambda d: d["datasets"]["sklearn-toy"].update(read_only=False),
+            "always mounted read-only",
+        ),
+        (
+            lambda d: d.update(extra_section={}),
+            "extra_section: unknown key; allowed keys: currency, trial_credit",
+        ),
+    ],
+)
+def test_bad_catalog_names_the_key(mutate, expected: str) -> None:
+    data = default_data()
+    mutate(data)
+    with pytest.raises(CatalogError) as e:
+        parse_catalog(data, "catalog.toml")
+    assert expected in str(e.value)
+    assert str(e.value).startswith("catalog.toml: ")
+
+
+def test_unreadable_catalog_files(tmp_path) -> None:
+    with pytest.raises(CatalogError, match="not found"):
+        load_catalog(tmp_path / "missing.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("currency = ")
+    with pytest.raises(CatalogError, match="not valid TOML"):
+        load_catalog(bad)
+
+
+def test_public_catalog_hides_host_paths() -> None:
+    public = load_catalog().public()
+    assert "source" not in public["datasets"]["sklearn-toy"]
+    assert public["gpu_types"]["a100-80g"]["on_demand_price"] == "2.10"
