@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import time
 from decimal import Decimal
 
 import pytest
 import requests
 from conftest import require
-from harness import Hub
+from harness import Hub, wait_for
 
 pytestmark = pytest.mark.usefixtures("labext_installed")
 
@@ -105,9 +106,7 @@ def test_switch_rejects_bad_requests_before_asking_the_hub(hub: Hub, user: str) 
 
 def test_extension_endpoints_need_authentication(hub: Hub, user: str) -> None:
     hub.spawn_ready(user, {"gpu": "none"})
-    r = requests.get(
-        f"{hub.url}/user/{user}/gpulab/api/status", timeout=30, allow_redirects=False
-    )
+    r = requests.get(f"{hub.url}/user/{user}/gpulab/api/status", timeout=30, allow_redirects=False)
     assert r.status_code in (302, 403)
     r = requests.post(
         f"{hub.url}/user/{user}/gpulab/api/switch",
@@ -133,3 +132,88 @@ def test_extension_import_is_light() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=os.environ
     )
     assert out.stdout.strip() == ""
+
+
+def wait_new_server(hub: Hub, user: str, old_alloc: str, timeout: float = 60) -> dict:
+    """Poll the extension's status, as the page does, until a server with a new allocation answers."""
+
+    def fresh():
+        try:
+            r = requests.get(
+                f"{hub.url}/user/{user}/gpulab/api/status",
+                headers={"Authorization": f"token {hub.token}"},
+                timeout=5,
+                allow_redirects=False,
+            )
+        except requests.RequestException:
+            return None
+        if r.status_code != 200 or "json" not in r.headers.get("Content-Type", ""):
+            return None
+        status = r.json()
+        return status if status.get("allocation_id") not in ("", old_alloc) else None
+
+    return wait_for(fresh, timeout, interval=0.1, what=f"{user}'s restarted server")
+
+
+def test_switch_to_no_gpu_and_back_keeps_files(hub: Hub, user: str) -> None:
+    hub.spawn_ready(user, {"gpu": "rtx-4090", "datasets": ["sklearn-toy"]})
+    free_before = hub.free("rtx-4090")
+    old = ext(hub, user, "status").json()
+    with hub.kernel(user) as k:
+        k.execute("open('notes.txt', 'w').write('before the switch')")
+
+    t0 = time.monotonic()
+    r = ext(hub, user, "switch", "POST", json={"gpu": "none"})
+    assert r.status_code == 202, r.text
+    assert r.json()["options"]["gpu"] == "none"
+    status = wait_new_server(hub, user, old["allocation_id"])
+    elapsed = time.monotonic() - t0
+    print(f"switch rtx-4090 -> no-GPU: new server answered after {elapsed:.2f}s")
+    assert status["mode"] == "No GPU" and status["gpu_type"] == "none"
+    # Same image and datasets; the GPU went back to the pool.
+    assert status["image"] == old["image"] and status["datasets"] == ["sklearn-toy"]
+    assert hub.free("rtx-4090") == free_before + 1
+    with hub.kernel(user) as k:
+        assert k.execute("print(open('notes.txt').read())").strip() == "before the switch"
+        assert k.execute("import os; print(repr(os.environ['CUDA_VISIBLE_DEVICES']))").strip() == (
+            "''"
+        )
+
+    r = ext(hub, user, "switch", "POST", json={"gpu": "rtx-4090"})
+    assert r.status_code == 202, r.text
+    status = wait_new_server(hub, user, status["allocation_id"])
+    assert status["mode"] == "RTX 4090 x1 (simulated)"
+    uuids = hub.server(user)["state"]["allocation"]["uuids"]
+    with hub.kernel(user) as k:
+        assert k.execute("print(open('notes.txt').read())").strip() == "before the switch"
+        assert (
+            k.execute("import os; print(os.environ['CUDA_VISIBLE_DEVICES'])").strip() == (uuids[0])
+        )
+
+
+def test_switch_without_a_free_card_changes_nothing(hub: Hub, user: str) -> None:
+    hub.spawn_ready(user, {"gpu": "none"})
+    before = hub.server(user)["state"]["allocation"]["alloc_id"]
+    free = hub.free("rtx-4090")
+    r = ext(hub, user, "switch", "POST", json={"gpu": "rtx-4090", "gpus": 3})
+    assert r.status_code == 409, r.text
+    assert "free" in r.json()["message"]
+    r = ext(hub, user, "switch", "POST", json={"gpu": "v100"})
+    assert r.status_code == 400 and r.json()["message"].startswith("Invalid spawn option gpu:")
+    time.sleep(1)
+    assert hub.server(user)["ready"]
+    assert hub.server(user)["state"]["allocation"]["alloc_id"] == before
+    assert ext(hub, user, "status").json()["allocation_id"] == before
+    assert hub.free("rtx-4090") == free
+
+
+def test_mount_dataset_by_switch(hub: Hub, user: str) -> None:
+    hub.spawn_ready(user, {"gpu": "none"})
+    old = ext(hub, user, "status").json()
+    r = ext(hub, user, "switch", "POST", json={"datasets": ["sklearn-images"]})
+    assert r.status_code == 202, r.text
+    status = wait_new_server(hub, user, old["allocation_id"])
+    assert status["datasets"] == ["sklearn-images"] and status["mode"] == "No GPU"
+    with hub.kernel(user) as k:
+        listing = k.execute("import os; print(sorted(os.listdir('datasets/sklearn-images')))")
+    assert "china.jpg" in listing

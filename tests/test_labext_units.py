@@ -2,18 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 from decimal import Decimal
 
 import pytest
-
-if importlib.util.find_spec("jupyterlab_gpulab") is None:
-    from conftest import require
-
-    require(False, "the jupyterlab_gpulab extension (make install)")
-
-from jupyterlab_gpulab.billing import normalize_balance  # noqa: E402
-from jupyterlab_gpulab.server_info import ServerInfo  # noqa: E402
+from jupyterlab_gpulab.billing import normalize_balance
+from jupyterlab_gpulab.server_info import ServerInfo
 
 GPU_ENV = {
     "JUPYTERHUB_USER": "ada",

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import time
 from typing import Any
 from urllib.parse import quote
@@ -102,8 +103,67 @@ class Upstream:
         return f"{self.api_url}/{path.lstrip('/')}"
 
     def billing(self, path: str, origin: str) -> str:
-        base = self.settings.billing_url or url_path_join(origin, self.base_url, "services/billing/")
+        base = self.settings.billing_url or url_path_join(
+            origin, self.base_url, "services/billing/"
+        )
         return url_path_join(base, path)
+
+
+class SwitchGuard:
+    """Keep this server alive until a switch answer has reached the browser.
+
+    The hub answers 202 and at once stops this very server, so the stop signal can arrive while
+    the handler is still relaying that 202: the browser would see a dropped connection instead
+    of "accepted". While a switch request is in flight, the stop signal is deferred (at most
+    ``grace`` seconds) until the answer is written; otherwise it is handled as before.
+    """
+
+    def __init__(self, grace: float = 2.0) -> None:
+        self.grace = grace
+        self.in_flight = 0
+        self._idle: asyncio.Event | None = None
+
+    def enter(self) -> None:
+        if self._idle is None:
+            self._idle = asyncio.Event()  # made here: needs the running loop
+        self.in_flight += 1
+        self._idle.clear()
+
+    def leave(self) -> None:
+        self.in_flight -= 1
+        if self.in_flight == 0 and self._idle is not None:
+            self._idle.set()
+
+    def install(self, server_app: Any) -> None:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            original = signal.getsignal(signum)
+            if not callable(original):
+                continue
+            try:
+                signal.signal(signum, self._wrap(server_app, original))
+            except ValueError:  # not the main thread (embedded servers in tests)
+                return
+
+    def _wrap(self, server_app: Any, original: Any) -> Any:
+        def handler(signum: int, frame: Any) -> None:
+            if not self.in_flight:
+                original(signum, frame)
+                return
+            loop = server_app.io_loop.asyncio_loop
+            loop.call_soon_threadsafe(
+                lambda: asyncio.ensure_future(self._deferred(original, signum, frame))
+            )
+
+        return handler
+
+    async def _deferred(self, original: Any, signum: int, frame: Any) -> None:
+        if self.in_flight and self._idle is not None:
+            try:
+                await asyncio.wait_for(self._idle.wait(), self.grace)
+            except TimeoutError:
+                pass
+        await asyncio.sleep(0.05)  # let the last bytes leave the socket
+        original(signum, frame)
 
 
 class _Handler(APIHandler):
@@ -183,6 +243,21 @@ class PoolHandler(_HubProxy):
 
 
 class SwitchHandler(_Handler):
+    @property
+    def guard(self) -> SwitchGuard:
+        return self.settings["gpulab_switch_guard"]
+
+    async def prepare(self) -> None:
+        self.guard.enter()
+        self._guarded = True
+        await super().prepare()
+
+    def on_finish(self) -> None:
+        if getattr(self, "_guarded", False):
+            self._guarded = False
+            self.guard.leave()
+        super().on_finish()
+
     @web.authenticated
     async def post(self) -> None:
         try:
@@ -250,6 +325,9 @@ def setup_handlers(server_app: Any) -> None:
     web_app.settings["gpulab_settings"] = settings
     web_app.settings["gpulab_info"] = ServerInfo.from_env()
     web_app.settings["gpulab_upstream"] = Upstream(settings)
+    guard = SwitchGuard()
+    guard.install(server_app)
+    web_app.settings["gpulab_switch_guard"] = guard
     base = url_path_join(web_app.settings["base_url"], "gpulab", "api")
     web_app.add_handlers(
         ".*$",
