@@ -106,16 +106,18 @@ def test_switch_rejects_bad_requests_before_asking_the_hub(hub: Hub, user: str) 
 
 def test_extension_endpoints_need_authentication(hub: Hub, user: str) -> None:
     hub.spawn_ready(user, {"gpu": "none"})
-    r = requests.get(f"{hub.url}/user/{user}/gpulab/api/status", timeout=30, allow_redirects=False)
-    assert r.status_code in (302, 403)
-    r = requests.post(
-        f"{hub.url}/user/{user}/gpulab/api/switch",
-        json={"gpu": "none"},
-        timeout=30,
-        allow_redirects=False,
-    )
-    assert r.status_code in (302, 403)
-    assert hub.server(user)["ready"]
+    base = f"{hub.url}/user/{user}/gpulab/api"
+    r = requests.get(f"{base}/status", timeout=30, allow_redirects=False)
+    assert r.status_code == 403
+    r = requests.post(f"{base}/switch", json={"gpu": "a100-80g"}, timeout=30, allow_redirects=False)
+    assert r.status_code == 403
+    # The restart poll answers without log-in, and reveals only a random id of the process.
+    r = requests.get(f"{base}/ping", timeout=30, allow_redirects=False)
+    assert r.status_code == 200 and set(r.json()) == {"gpulab", "server_id"}
+    status = ext(hub, user, "status").json()
+    assert r.json()["server_id"] == status["server_id"]
+    assert status["allocation_id"] not in r.text
+    assert hub.server(user)["state"]["options"]["gpu"] == "none"
 
 
 def test_extension_import_is_light() -> None:
@@ -169,6 +171,9 @@ def test_switch_to_no_gpu_and_back_keeps_files(hub: Hub, user: str) -> None:
     status = wait_new_server(hub, user, old["allocation_id"])
     elapsed = time.monotonic() - t0
     print(f"switch rtx-4090 -> no-GPU: new server answered after {elapsed:.2f}s")
+    assert status["server_id"] != old["server_id"]
+    ping = requests.get(f"{hub.url}/user/{user}/gpulab/api/ping", timeout=30).json()
+    assert ping["server_id"] == status["server_id"]
     assert status["mode"] == "No GPU" and status["gpu_type"] == "none"
     # Same image and datasets; the GPU went back to the pool.
     assert status["image"] == old["image"] and status["datasets"] == ["sklearn-toy"]

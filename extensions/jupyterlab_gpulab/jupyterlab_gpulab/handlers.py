@@ -1,6 +1,7 @@
 """The extension's JSON API, under ``{base_url}gpulab/api/``, used by the JupyterLab frontend.
 
 - ``GET  status``  this server: mode, price, cost so far, image, datasets, allocation id;
+- ``GET  ping``    which server process answers (a random id; no log-in): the restart poll;
 - ``GET  balance`` the user's balance from billing (``{"available": false, ...}`` if unreachable);
 - ``GET  catalog`` / ``GET pool``: the hub's catalog and live GPU pool;
 - ``POST switch``  ask the hub to restart this server with other options (GPU type, datasets);
@@ -17,10 +18,12 @@ import json
 import os
 import signal
 import time
+import uuid
 from typing import Any
 from urllib.parse import quote
 
-from jupyter_server.base.handlers import APIHandler
+from jupyter_server.auth.decorator import allow_unauthenticated
+from jupyter_server.base.handlers import APIHandler, JupyterHandler
 from jupyter_server.utils import url_path_join
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
@@ -198,7 +201,24 @@ class StatusHandler(_Handler):
     def get(self) -> None:
         out = self.info.to_json()
         out["low_balance_minutes"] = self.gpulab_settings.low_balance_minutes
+        out["server_id"] = self.settings["gpulab_server_id"]
         self.finish_json(out)
+
+
+class PingHandler(JupyterHandler):
+    """Which server process answers here: what the page polls while its server restarts.
+
+    Open without log-in, on purpose: the restarted server does not accept the page's old
+    cookie yet (a new OAuth log-in happens on the page's next navigation, and JupyterHub only
+    sets the new XSRF cookie on navigations), so an authenticated poll could never succeed
+    from ``fetch``. It reveals only a random id drawn when this server process started.
+    """
+
+    @allow_unauthenticated
+    def get(self) -> None:
+        self.set_header("Content-Type", "application/json")
+        self.set_header("Cache-Control", "no-store")
+        self.finish(json.dumps({"gpulab": True, "server_id": self.settings["gpulab_server_id"]}))
 
 
 class BalanceHandler(_Handler):
@@ -324,6 +344,7 @@ def setup_handlers(server_app: Any) -> None:
     settings = GpulabSettings(parent=server_app)
     web_app.settings["gpulab_settings"] = settings
     web_app.settings["gpulab_info"] = ServerInfo.from_env()
+    web_app.settings["gpulab_server_id"] = uuid.uuid4().hex
     web_app.settings["gpulab_upstream"] = Upstream(settings)
     guard = SwitchGuard()
     guard.install(server_app)
@@ -333,6 +354,7 @@ def setup_handlers(server_app: Any) -> None:
         ".*$",
         [
             (url_path_join(base, "status"), StatusHandler),
+            (url_path_join(base, "ping"), PingHandler),
             (url_path_join(base, "balance"), BalanceHandler),
             (url_path_join(base, "catalog"), CatalogHandler),
             (url_path_join(base, "pool"), PoolHandler),

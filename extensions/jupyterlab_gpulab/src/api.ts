@@ -2,7 +2,7 @@
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
-import { IBalance, ICatalog, IPool, IStatus } from './logic';
+import { IBalance, ICatalog, IPool, IServerId, IStatus } from './logic';
 
 export class ApiError extends Error {
   constructor(
@@ -59,19 +59,21 @@ export const postSwitch = (body: ISwitchRequest) =>
     body: JSON.stringify(body)
   });
 
-/** One status poll for the restart wait: plain fetch (follows the hub's OAuth redirects). */
-export async function pollStatus(): Promise<IStatus | null> {
-  const response = await fetch(apiUrl('status'), {
-    cache: 'no-store',
-    credentials: 'same-origin',
-    headers: { Accept: 'application/json' }
-  });
-  if (!response.ok) {
-    return null;
-  }
+/** One poll during a restart: which server process answers (no log-in needed)? */
+export async function pollServer(): Promise<IServerId | null> {
+  const controller = new AbortController();
+  const timer = setTimeout(() => controller.abort(), 3000);
   try {
-    return (await response.json()) as IStatus;
-  } catch {
-    return null;
+    const response = await fetch(apiUrl('ping'), {
+      cache: 'no-store',
+      credentials: 'omit',
+      signal: controller.signal
+    });
+    if (!response.ok) {
+      return null;
+    }
+    return (await response.json()) as IServerId;
+  } finally {
+    clearTimeout(timer);
   }
 }

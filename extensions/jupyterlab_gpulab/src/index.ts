@@ -11,7 +11,7 @@ import {
 import { IStatusBar } from '@jupyterlab/statusbar';
 import { Widget } from '@lumino/widgets';
 
-import { getBalance, getCatalog, getGpus, getPool, getStatus } from './api';
+import { getBalance, getCatalog, getGpus, getPool, getStatus, pollServer } from './api';
 import {
   datasetsAfter,
   formatRate,
@@ -238,15 +238,15 @@ const plugin: JupyterFrontEndPlugin<void> = {
     }
 
     async function refreshStatus(): Promise<void> {
+      // Another server process behind our URL means the hub restarted us elsewhere (e.g. moved
+      // to no-GPU mode when the balance ran out): reload so the whole page matches it.
       try {
-        const fresh = await getStatus();
-        // A different allocation means the hub restarted us elsewhere (e.g. out of balance):
-        // reload so the whole page matches the server.
-        if (fresh.allocation_id !== status.allocation_id) {
+        const answer = await pollServer();
+        if (answer && answer.server_id && answer.server_id !== status.server_id) {
           window.location.reload();
           return;
         }
-        status = fresh;
+        status = await getStatus();
         item.status = status;
         app.commands.notifyCommandChanged();
       } catch {

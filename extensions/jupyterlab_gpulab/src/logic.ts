@@ -18,6 +18,13 @@ export interface IStatus {
   elapsed_seconds: number;
   session_cost: string | null;
   low_balance_minutes: number;
+  server_id: string; // random per server process
+}
+
+/** What `ping` answers: which server process is behind this URL. */
+export interface IServerId {
+  gpulab: boolean;
+  server_id: string;
 }
 
 export interface IBalance {
@@ -242,8 +249,8 @@ export function newBalanceWarnings(
 }
 
 export interface IWaitOptions {
-  fetchStatus: () => Promise<IStatus | null>;
-  oldAllocationId: string;
+  fetchServer: () => Promise<IServerId | null>;
+  oldServerId: string;
   intervalMs?: number;
   timeoutMs?: number;
   now?: () => number;
@@ -252,29 +259,24 @@ export interface IWaitOptions {
 }
 
 /**
- * Poll this server's status until a *different* server (another allocation id) answers.
- * Errors and non-gpulab answers (the hub's "server not ready" pages) mean "not yet".
+ * Poll until a *different* server process answers at this server's URL. Errors and
+ * non-gpulab answers (the proxy's and hub's "server not ready" pages) mean "not yet".
  */
-export async function waitForNewServer(opts: IWaitOptions): Promise<IStatus> {
+export async function waitForNewServer(opts: IWaitOptions): Promise<IServerId> {
   const now = opts.now || (() => Date.now());
   const sleep = opts.sleep || ((ms: number) => new Promise<void>(r => setTimeout(r, ms)));
   const interval = opts.intervalMs ?? 300;
   const timeout = opts.timeoutMs ?? 120000;
   const t0 = now();
   for (;;) {
-    let status: IStatus | null = null;
+    let answer: IServerId | null = null;
     try {
-      status = await opts.fetchStatus();
+      answer = await opts.fetchServer();
     } catch {
-      status = null;
+      answer = null;
     }
-    if (
-      status &&
-      status.gpulab &&
-      status.allocation_id &&
-      status.allocation_id !== opts.oldAllocationId
-    ) {
-      return status;
+    if (answer && answer.gpulab && answer.server_id && answer.server_id !== opts.oldServerId) {
+      return answer;
     }
     const elapsed = now() - t0;
     if (elapsed >= timeout) {

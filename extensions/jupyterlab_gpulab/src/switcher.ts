@@ -6,7 +6,7 @@ import { Dialog, showDialog, showErrorMessage } from '@jupyterlab/apputils';
 import { PageConfig, URLExt } from '@jupyterlab/coreutils';
 import { Widget } from '@lumino/widgets';
 
-import { ApiError, ISwitchRequest, pollStatus, postSwitch } from './api';
+import { ApiError, ISwitchRequest, pollServer, postSwitch } from './api';
 import { IStatus, waitForNewServer } from './logic';
 
 const T0_KEY = 'gpulab-switch-started';
@@ -97,8 +97,8 @@ export async function runSwitch(
   sessionStorage.setItem(TARGET_KEY, plan.target);
   try {
     await waitForNewServer({
-      fetchStatus: pollStatus,
-      oldAllocationId: status.allocation_id,
+      fetchServer: pollServer,
+      oldServerId: status.server_id,
       onTick: () =>
         progress.set(`Restarting on ${plan.target}… ${((Date.now() - t0) / 1000).toFixed(1)} s`)
     });

@@ -4,6 +4,7 @@ import {
   formatMoney,
   gpuChoices,
   IPool,
+  IServerId,
   IStatus,
   newBalanceWarnings,
   noGpuLabel,
@@ -31,6 +32,7 @@ function status(over: Partial<IStatus> = {}): IStatus {
     elapsed_seconds: 0,
     session_cost: '0',
     low_balance_minutes: 30,
+    server_id: 'server-1',
     ...over
   };
 }
@@ -148,30 +150,30 @@ describe('waiting for the restarted server', () => {
     return { now: () => t, sleep: async (ms: number) => void (t += ms) };
   }
 
-  it('ignores errors, hub pages and the old server until a new allocation answers', async () => {
-    const answers: Array<IStatus | null | Error> = [
-      status(), // the old server still answering
+  it('ignores errors, hub pages and the old server until a new server answers', async () => {
+    const answers: Array<IServerId | null | Error> = [
+      { gpulab: true, server_id: 'server-1' }, // the old server still answering
       new Error('connection refused'),
       null, // a hub "server not ready" page
-      status({ allocation_id: '' }),
-      status({ allocation_id: 'alloc-2', gpu_type: 'none', mode: 'No GPU' })
+      { gpulab: true, server_id: '' },
+      { gpulab: true, server_id: 'server-2' }
     ];
     const c = clock();
     const ticks: number[] = [];
     const result = await waitForNewServer({
-      fetchStatus: async () => {
+      fetchServer: async () => {
         const a = answers.shift();
         if (a instanceof Error) {
           throw a;
         }
         return a ?? null;
       },
-      oldAllocationId: 'alloc-1',
+      oldServerId: 'server-1',
       intervalMs: 100,
       ...c,
       onTick: ms => ticks.push(ms)
     });
-    expect(result.mode).toBe('No GPU');
+    expect(result.server_id).toBe('server-2');
     expect(ticks).toEqual([0, 100, 200, 300]);
   });
 
@@ -179,8 +181,8 @@ describe('waiting for the restarted server', () => {
     const c = clock();
     await expect(
       waitForNewServer({
-        fetchStatus: async () => status(),
-        oldAllocationId: 'alloc-1',
+        fetchServer: async () => ({ gpulab: true, server_id: 'server-1' }),
+        oldServerId: 'server-1',
         intervalMs: 1000,
         timeoutMs: 5000,
         ...c
