@@ -15,6 +15,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+import requests
 from conftest import require
 from harness import REPO, Hub, WebSession
 
@@ -62,7 +63,7 @@ def renter(hub: Hub):
 def shot(page, name: str) -> Path:
     SHOTS.mkdir(parents=True, exist_ok=True)
     path = SHOTS / f"{name}.png"
-    page.screenshot(path=str(path))
+    page.screenshot(path=str(path), animations="disabled")
     return path
 
 
@@ -72,6 +73,18 @@ def log_in(page, hub: Hub, name: str) -> None:
     page.fill("input[name=password]", PASSWORD)
     page.press("input[name=password]", "Enter")
     page.wait_for_url(lambda url: "/hub/login" not in url, timeout=SLOW)
+
+
+def no_news_prompt(hub: Hub, name: str) -> None:
+    """Answer JupyterLab's one-time "fetch Jupyter news?" prompt (a user setting) up front,
+    so the screenshots show gpulab's UI and not that toast."""
+    r = requests.put(
+        f"{hub.url}/user/{name}/lab/api/settings/@jupyterlab/apputils-extension:notification",
+        headers={"Authorization": f"token {hub.token}"},
+        json={"raw": '{"fetchNews": "false"}'},
+        timeout=30,
+    )
+    assert r.status_code in (200, 204), r.text
 
 
 def mode_text(page) -> str:
@@ -86,11 +99,13 @@ def wait_mode(page, expected: str) -> None:
     )
 
 
-def confirm_switch(page, expect_in_body: str) -> float:
+def confirm_switch(page, expect_in_body: str, shot_name: str = "") -> float:
     """Check the confirmation, click Switch, wait for the reload; return click-to-usable seconds."""
     dialog = page.locator(".jp-Dialog")
     dialog.wait_for(timeout=SLOW)
     assert expect_in_body in dialog.inner_text()
+    if shot_name:
+        shot(page, shot_name)
     # The reloaded page sets this marker once JupyterLab is restored; clear the old one.
     page.evaluate("delete document.body.dataset.gpulabSwitchSeconds")
     t0 = time.monotonic()
@@ -108,6 +123,7 @@ def test_status_bar_toggle_and_datasets_in_the_browser(hub: Hub, renter: str, br
     try:
         log_in(page, hub, renter)
         hub.spawn_ready(renter, {"gpu": "a100-80g", "gpus": 1})
+        no_news_prompt(hub, renter)
         with hub.kernel(renter) as k:
             k.execute("open('train.py', 'w').write('print(\"epoch 1\")')")
 
@@ -130,7 +146,7 @@ def test_status_bar_toggle_and_datasets_in_the_browser(hub: Hub, renter: str, br
         )
         # GPU panel: the simulated state, said clearly.
         page.locator('.lm-TabBar-tab[data-id="gpulab-gpus"]').click()
-        assert "simulated" in page.locator("#gpulab-gpus").inner_text()
+        page.locator("#gpulab-gpus").get_by_text("these GPUs are simulated").wait_for(timeout=SLOW)
         shot(page, "01-gpu-session")
 
         # Command palette offers the switch with its price.
@@ -142,12 +158,12 @@ def test_status_bar_toggle_and_datasets_in_the_browser(hub: Hub, renter: str, br
 
         # ---- to no-GPU with the status-bar button ----------------------------------------------
         page.locator("#gpulab-status .jp-gpulab-toggle").click()
-        to_cpu = confirm_switch(page, "CNY 2.10/h → CNY 0.09/h")
+        to_cpu = confirm_switch(page, "CNY 2.10/h → CNY 0.09/h", "02-confirm-no-gpu")
         wait_mode(page, "No GPU")
         assert "CNY 0.09/h" in page.locator("#gpulab-status").inner_text()
         page.locator('.lm-TabBar-tab[data-id="gpulab-gpus"]').click()
-        assert "No GPU in this mode" in page.locator("#gpulab-gpus").inner_text()
-        shot(page, "02-no-gpu-after-switch")
+        page.locator("#gpulab-gpus").get_by_text("No GPU in this mode").wait_for(timeout=SLOW)
+        shot(page, "03-no-gpu-after-switch")
         with hub.kernel(renter) as k:
             assert k.execute("print(open('train.py').read())").strip() == 'print("epoch 1")'
             env = k.execute("import os; print(repr(os.environ['CUDA_VISIBLE_DEVICES']))")
@@ -161,7 +177,7 @@ def test_status_bar_toggle_and_datasets_in_the_browser(hub: Hub, renter: str, br
         labels = options.all_inner_texts()
         assert any(t.startswith("A100-80G (simulated) — ") and "CNY 2.10/h" in t for t in labels)
         chooser.locator(".jp-gpulab-choose-type").select_option("a100-80g")
-        shot(page, "03-gpu-chooser")
+        shot(page, "04-gpu-chooser")
         chooser.locator(".jp-Dialog-button.jp-mod-accept").click()
         page.locator(".jp-Dialog").get_by_text("Switch to A100-80G x1?").wait_for(timeout=SLOW)
         to_gpu = confirm_switch(page, "CNY 0.09/h → CNY 2.10/h")
@@ -182,10 +198,10 @@ def test_status_bar_toggle_and_datasets_in_the_browser(hub: Hub, renter: str, br
         page.locator('.lm-TabBar-tab[data-id="gpulab-datasets"]').click()
         card = page.locator('.jp-gpulab-dataset[data-slug="sklearn-toy"]')
         card.locator(".jp-gpulab-mounted").wait_for(timeout=SLOW)
-        shot(page, "04-datasets-panel")
+        shot(page, "05-datasets-panel")
         card.locator(".jp-gpulab-open").click()
         page.locator(".jp-DirListing-content").get_by_text("iris.csv").wait_for(timeout=SLOW)
-        shot(page, "05-dataset-in-file-browser")
+        shot(page, "06-dataset-in-file-browser")
         with hub.kernel(renter) as k:
             assert k.execute("print(open('train.py').read())").strip() == 'print("epoch 1")'
             rows = k.execute("print(len(open('datasets/sklearn-toy/iris.csv').readlines()))")
@@ -199,3 +215,64 @@ def test_status_bar_toggle_and_datasets_in_the_browser(hub: Hub, renter: str, br
         raise
     finally:
         context.close()
+
+
+def test_switch_without_a_free_gpu_says_so_and_changes_nothing(
+    hub: Hub, renter: str, browser
+) -> None:
+    context = browser.new_context(viewport={"width": 1400, "height": 820})
+    page = context.new_page()
+    others = []
+    try:
+        log_in(page, hub, renter)
+        hub.spawn_ready(renter, {"gpu": "none"})
+        no_news_prompt(hub, renter)
+        page.goto(f"{hub.url}/user/{renter}/lab", timeout=SLOW)
+        wait_mode(page, "No GPU")
+        server_id = page.evaluate(
+            "fetch(location.pathname.split('lab')[0] + 'gpulab/api/ping')"
+            ".then(r => r.json()).then(s => s.server_id)"
+        )
+
+        # The chooser lists 2 free A100s; someone else takes both before the user confirms.
+        page.locator("#gpulab-status .jp-gpulab-toggle").click()
+        chooser = page.locator(".jp-Dialog")
+        chooser.locator(".jp-gpulab-choose-type").select_option("a100-80g")
+        other = hub.create_user()
+        others.append(other)
+        hub.spawn_ready(other, {"gpu": "a100-80g", "gpus": 2})
+        chooser.locator(".jp-Dialog-button.jp-mod-accept").click()
+        page.locator(".jp-Dialog").get_by_text("Switch to A100-80G x1?").wait_for(timeout=SLOW)
+        page.locator(".jp-Dialog .jp-Dialog-button.jp-mod-accept").click()
+        error = page.locator(".jp-Dialog").filter(has_text="Nothing was changed")
+        error.wait_for(timeout=SLOW)
+        assert "free" in error.inner_text()
+        shot(page, "07-no-free-gpu")
+        error.locator(".jp-Dialog-button").last.click()
+
+        # Every card taken: the chooser is not even offered.
+        other = hub.create_user()
+        others.append(other)
+        hub.spawn_ready(other, {"gpu": "rtx-4090", "gpus": 2})
+        page.locator("#gpulab-status .jp-gpulab-toggle").click()
+        none_free = page.locator(".jp-Dialog").filter(has_text="No GPU is free right now")
+        none_free.wait_for(timeout=SLOW)
+        assert "0 of 2 free" in none_free.inner_text()
+        none_free.locator(".jp-Dialog-button").last.click()
+
+        # Nothing changed: same server process, same mode.
+        assert mode_text(page) == "No GPU"
+        ping = page.evaluate(
+            "fetch(location.pathname.split('lab')[0] + 'gpulab/api/ping')"
+            ".then(r => r.json()).then(s => s.server_id)"
+        )
+        assert ping == server_id
+        assert hub.server(renter)["state"]["options"]["gpu"] == "none"
+    except Exception:
+        shot(page, "failure")
+        raise
+    finally:
+        context.close()
+        for other in others:
+            if hub.server(other) is not None:
+                hub.stop_server(other)

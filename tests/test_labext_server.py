@@ -222,3 +222,80 @@ def test_mount_dataset_by_switch(hub: Hub, user: str) -> None:
     with hub.kernel(user) as k:
         listing = k.execute("import os; print(sorted(os.listdir('datasets/sklearn-images')))")
     assert "china.jpg" in listing
+
+
+def test_switch_answer_survives_the_stop_signal(tmp_path) -> None:
+    """The hub stops a server right as it accepts the switch, so the stop signal can reach the
+    server before the server has relayed the hub's 202 to the page. The answer must still
+    arrive, and the server must still stop at once.
+
+    To hit that window every time, this test plays the hub's part itself (a plain HTTP server
+    that sends SIGINT to the real jupyter server, then answers 202) instead of racing the hub.
+    """
+    import http.server
+    import json
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    from harness import free_port
+
+    server: dict[str, subprocess.Popen] = {}
+
+    class HubSide(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            server["proc"].send_signal(signal.SIGINT)  # as the spawner's stop() does
+            time.sleep(0.3)
+            body = json.dumps({"options": {"gpu": "none"}}).encode()
+            self.send_response(202)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    hub_side = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), HubSide)
+    threading.Thread(target=hub_side.serve_forever, daemon=True).start()
+    port = free_port()
+    env = {
+        **os.environ,
+        "JUPYTERHUB_API_URL": f"http://127.0.0.1:{hub_side.server_port}/hub/api",
+        "JUPYTERHUB_API_TOKEN": "server-token",
+        "JUPYTERHUB_USER": "ada",
+        "GPULAB_ALLOCATION_ID": "alloc-1",
+        "GPULAB_GPU_TYPE": "a100-80g",
+    }
+    args = [sys.executable, "-m", "jupyter_server", f"--port={port}", "--IdentityProvider.token=t"]
+    args += ["--ServerApp.open_browser=False", f"--ServerApp.root_dir={tmp_path}"]
+    if os.geteuid() == 0:
+        args.append("--allow-root")
+    log = open(tmp_path / "server.log", "wb")
+    server["proc"] = subprocess.Popen(
+        args, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+    )
+    base = f"http://127.0.0.1:{port}/gpulab/api"
+    headers = {"Authorization": "token t"}
+    try:
+
+        def up() -> bool:
+            try:
+                return requests.get(f"{base}/status", headers=headers, timeout=2).ok
+            except requests.RequestException:
+                return False
+
+        wait_for(up, 60, what="the jupyter server")
+        r = requests.post(f"{base}/switch", headers=headers, json={"gpu": "none"}, timeout=30)
+        assert r.status_code == 202, r.text
+        assert r.json()["options"] == {"gpu": "none"}
+        # ...and the deferred stop signal then stops the server.
+        server["proc"].wait(timeout=15)
+    finally:
+        if server["proc"].poll() is None:
+            server["proc"].kill()
+            server["proc"].wait()
+        hub_side.shutdown()
+        log.close()

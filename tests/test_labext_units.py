@@ -74,3 +74,27 @@ def test_billing_answer_is_normalized() -> None:
 def test_unreadable_billing_answers_are_unavailable(answer) -> None:
     out = normalize_balance(answer, "CNY")
     assert out["available"] is False and out["reason"]
+
+
+@pytest.mark.gpu
+def test_gpu_panel_reads_a_real_gpu_from_nvml() -> None:
+    """The GPU panel's numbers for a real card (skipped where NVML finds no GPU)."""
+    import pynvml
+    from jupyterlab_gpulab.gpus import read_devices
+
+    pynvml.nvmlInit()
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        uuid = pynvml.nvmlDeviceGetUUID(handle)
+        uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
+        total_mib = pynvml.nvmlDeviceGetMemoryInfo(handle).total // (1024 * 1024)
+    finally:
+        pynvml.nvmlShutdown()
+    for ident in (uuid, "0"):
+        reading = read_devices((ident,))
+        assert reading["nvml"] is True, reading
+        [device] = reading["devices"]
+        assert device["id"] == ident and "error" not in device, device
+        assert device["memory_total_mib"] == total_mib
+        assert 0 <= device["memory_used_mib"] <= total_mib
+        assert 0 <= device["utilization_percent"] <= 100

@@ -154,19 +154,22 @@ class SwitchGuard:
                 return
             loop = server_app.io_loop.asyncio_loop
             loop.call_soon_threadsafe(
-                lambda: asyncio.ensure_future(self._deferred(original, signum, frame))
+                lambda: asyncio.ensure_future(self._redeliver(signum, original))
             )
 
         return handler
 
-    async def _deferred(self, original: Any, signum: int, frame: Any) -> None:
+    async def _redeliver(self, signum: int, original: Any) -> None:
         if self.in_flight and self._idle is not None:
             try:
                 await asyncio.wait_for(self._idle.wait(), self.grace)
             except TimeoutError:
                 pass
         await asyncio.sleep(0.05)  # let the last bytes leave the socket
-        original(signum, frame)
+        # Hand the signal back to the server's own handler, in a real signal context (the
+        # default SIGINT handler raises KeyboardInterrupt, which must not happen in a task).
+        signal.signal(signum, original)
+        os.kill(os.getpid(), signum)
 
 
 class _Handler(APIHandler):

@@ -276,7 +276,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
       })
       .finally(() => datasets.render(catalog, status, catalogError));
 
-    const gpus = new GpuPanel();
+    const gpus = new GpuPanel(() => void refreshGpus());
     app.shell.add(gpus, 'left', { rank: 710 });
     async function refreshGpus(): Promise<void> {
       try {

@@ -1,5 +1,6 @@
 // The visible parts: the status-bar item, the Datasets panel and the GPU panel.
 import { LabIcon } from '@jupyterlab/ui-components';
+import { Message } from '@lumino/messaging';
 import { Widget } from '@lumino/widgets';
 
 import { IBalance, ICatalog, IStatus, isNoGpu, statusParts } from './logic';
@@ -148,13 +149,18 @@ export class DatasetsPanel extends Widget {
 export class GpuPanel extends Widget {
   private body = el('div', 'jp-gpulab-gpus');
 
-  constructor() {
+  constructor(private refresh: () => void) {
     super();
     this.id = 'gpulab-gpus';
     this.addClass('jp-gpulab-panel');
     this.title.icon = gpuIcon;
     this.title.caption = 'GPUs of this server';
     this.node.append(el('h2', 'jp-gpulab-panel-title', 'GPUs'), this.body);
+  }
+
+  protected onAfterShow(msg: Message): void {
+    super.onAfterShow(msg);
+    this.refresh(); // fresh numbers as soon as the panel opens, then every few seconds
   }
 
   render(data: any, error = ''): void {
