@@ -31,6 +31,9 @@ class GpulabHubMixin:
     def get_handlers(self, app) -> list:
         pool = GpuPool.instance(config=app.config)
         pool.start_reconciling()
+        prestart = getattr(app.spawner_class, "prestart", None)
+        if prestart is not None:
+            prestart(pool, app.config)
         return [*super().get_handlers(app), *extra_handlers()]
 
 

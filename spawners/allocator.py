@@ -32,6 +32,7 @@ class Allocation:
     created: float
     pid: int | None = None
     pricing: str = "on-demand"
+    pid_start: int | None = None  # the process's start time (clock ticks), guards against pid reuse
     expires: float | None = None  # reservations only: when an unclaimed hold lapses
 
     def to_json(self) -> dict:
@@ -227,6 +228,7 @@ class GpuAllocator:
         alloc = self._state.allocations.get(owner)
         if alloc is not None and alloc.pid != pid:
             alloc.pid = pid
+            alloc.pid_start = process_start_time(pid)
             self._save()
 
     def release(self, owner: str, alloc_id: str | None = None) -> Allocation | None:
@@ -254,7 +256,7 @@ class GpuAllocator:
         """Stop the processes of unclaimed records and free them. Call once spawners are restored."""
         swept = []
         for alloc in self.orphans():
-            killed = kill_allocation_processes(hub_id, alloc.alloc_id)
+            killed = kill_allocation_processes(hub_id, alloc.alloc_id) + kill_recorded_pid(alloc)
             self.log.warning(
                 "Orphaned allocation %s of %s (GPUs: %s): no server claims it after restart; "
                 "stopped %d process(es) and freed it.",
@@ -277,6 +279,7 @@ class GpuAllocator:
 
     def _evict(self, alloc: Allocation) -> None:
         kill_allocation_processes(None, alloc.alloc_id)
+        kill_recorded_pid(alloc)
         del self._state.allocations[alloc.owner]
         self._adopted.discard(alloc.alloc_id)
 
@@ -311,6 +314,32 @@ def allocation_ids_running(hub_id: str) -> set[str]:
         if env.get(ENV_HUB) == hub_id and ENV_ALLOC in env:
             ids.add(env[ENV_ALLOC])
     return ids
+
+
+def process_start_time(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # Field 22 (starttime), counted after the parenthesised command name.
+    return int(stat.rpartition(")")[2].split()[19])
+
+
+def kill_recorded_pid(alloc: Allocation) -> int:
+    """SIGKILL the recorded server process if it is still the same process.
+
+    Servers forked by the fork server never exec, so their /proc environ doesn't show the
+    allocation id; the pid with its start time identifies them instead.
+    """
+    if not alloc.pid or alloc.pid_start is None:
+        return 0
+    if process_start_time(alloc.pid) != alloc.pid_start:
+        return 0
+    try:
+        os.kill(alloc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return 0
+    return 1
 
 
 def kill_allocation_processes(hub_id: str | None, alloc_id: str) -> int:

@@ -35,6 +35,8 @@ class GpuSpawnerMixin(HasTraits):
     allocation: Allocation | None = None
     # Human label of the running mode, e.g. "A100-80G x1 (simulated)" or "No GPU".
     mode_label: str = ""
+    # Seconds per phase of the last launch, as the concrete spawner measured them.
+    launch_timings: dict[str, float] = {}  # replaced per launch, never mutated
 
     @property
     def pool(self) -> GpuPool:
@@ -221,8 +223,20 @@ class GpuSpawnerMixin(HasTraits):
                 f"Allocated {self.mode_label}"
                 + (f": {', '.join(alloc.uuids)}" if alloc.uuids else ""),
             )
+            t_alloc = time.perf_counter() - self._spawn_t0
             url = await self._launch(self.gpu_env(alloc))
+            total = time.perf_counter() - self._spawn_t0
             self.emit_progress(100, f"JupyterLab is ready on {self.mode_label}")
+            # Parsed by benchmarks/spawn.py for its breakdown: keep the format.
+            phases = " ".join(f"{k}={v:.3f}s" for k, v in self.launch_timings.items())
+            self.log.info(
+                "gpulab spawn timing %s: allocate=%.3fs launch=%.3fs total=%.3fs %s",
+                self.owner,
+                t_alloc,
+                total - t_alloc,
+                total,
+                phases,
+            )
             return url
         except BaseException:
             self._release()

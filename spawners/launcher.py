@@ -105,11 +105,16 @@ def prepare_datasets(env: dict[str, str]) -> None:
         link_read_only(mounts)
 
 
+def install_import_trimming() -> None:
+    if not any(isinstance(f, _SkipImports) for f in sys.meta_path):
+        sys.meta_path.insert(0, _SkipImports())
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     prepare_datasets(dict(os.environ))
     if os.environ.get("GPULAB_TRIM_IMPORTS", "1") == "1":
-        sys.meta_path.insert(0, _SkipImports())
+        install_import_trimming()
     sys.argv = ["jupyterhub-singleuser", *argv]
     from jupyterhub.singleuser import main as singleuser_main
 

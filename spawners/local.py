@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -24,7 +25,37 @@ from jupyterhub.spawner import LocalProcessSpawner
 from jupyterhub.utils import random_port
 from traitlets import Bool, Float, Integer, Unicode, default, validate
 
+from gpulab.spawners.forkserver import ForkServerClient
 from gpulab.spawners.gpu_spawner import GpuSpawnerMixin, SpawnError
+from gpulab.spawners.pool import GpuPool
+
+_FORKSERVERS: dict[str, ForkServerClient] = {}
+
+
+def forkserver_for(pool: GpuPool) -> ForkServerClient:
+    """The node's fork server client (one per data dir), created on first use."""
+    run_dir = Path(pool.data_dir) / "run"
+    socket_path = str(run_dir / "forkserver.sock")
+    client = _FORKSERVERS.get(socket_path)
+    if client is None:
+        env = {k: v for k, v in os.environ.items() if k in ("LANG", "LC_ALL", "TZ")}
+        env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.defpath])
+        # Imports happen with a neutral HOME: anything user-specific is read after the fork.
+        env["HOME"] = str(run_dir)
+        client = ForkServerClient(
+            socket_path, str(Path(pool.data_dir) / "logs" / "forkserver.log"), env
+        )
+        _FORKSERVERS[socket_path] = client
+    return client
+
+
+def pid_alive(pid: int) -> bool:
+    """True while ``pid`` runs; a zombie (dead, not yet reaped by its parent) counts as dead."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
 
 
 def _can_unshare_mounts() -> bool:
@@ -70,12 +101,29 @@ class GpuLocalSpawner(GpuSpawnerMixin, LocalProcessSpawner):
         help="How many of the server's last log lines a failed spawn shows.",
     )
 
+    use_forkserver = Bool(
+        True,
+        config=True,
+        help="""Start servers by forking a pre-warmed process that has already imported
+        jupyter_server, JupyterLab and the enabled server extensions (about 3x faster spawns).
+        Only applies with the default `cmd`; False starts each server as a new process.""",
+    )
+
     trim_imports = Bool(
         True,
         config=True,
         help="""Skip imports that only slow server start-up (jsonschema's rfc3987 grammar, used
         by no Jupyter event schema).""",
     )
+
+    @classmethod
+    def prestart(cls, pool: GpuPool, config) -> None:
+        """Called at hub start: warm the fork server so the first spawn is fast too."""
+        settings = {**config.get("LocalProcessSpawner", {}), **config.get(cls.__name__, {})}
+        if settings.get("use_forkserver", True) and "cmd" not in settings:
+            client = forkserver_for(pool)
+            task = asyncio.ensure_future(client.ensure_started())
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
     @validate("dataset_mode")
     def _check_dataset_mode(self, proposal: dict) -> str:
@@ -88,6 +136,15 @@ class GpuLocalSpawner(GpuSpawnerMixin, LocalProcessSpawner):
     @default("cmd")
     def _default_cmd(self) -> list[str]:
         return [sys.executable, "-m", "gpulab.spawners.launcher"]
+
+    @default("args")
+    def _default_args(self) -> list[str]:
+        # Servers have no business phoning jupyter.org for news or updates: the node may be
+        # offline, and renters should not get a consent pop-up on their first page.
+        return [
+            "--LabApp.news_url=None",
+            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        ]
 
     @default("default_url")
     def _default_url(self) -> str:
@@ -198,19 +255,42 @@ class GpuLocalSpawner(GpuSpawnerMixin, LocalProcessSpawner):
         cmd = [*self.cmd, *self.get_args()]
 
         self.emit_progress(40, "Starting the server process")
-        self.proc = await asyncio.to_thread(self._popen, cmd, env, home)
-        self.pid = self.proc.pid
+        t0 = time.perf_counter()
+        forked = self.use_forkserver and self.cmd == self._default_cmd()
+        if forked:
+            await asyncio.to_thread(self._prepare_dirs, home)
+            self.proc = None
+            self.pid = await forkserver_for(self.pool).spawn(
+                self.get_args(), env, str(home), str(self.log_path)
+            )
+        else:
+            self.proc = await asyncio.to_thread(self._popen, cmd, env, home)
+            self.pid = self.proc.pid
+        t1 = time.perf_counter()
         self.pool.allocator.set_pid(self.owner, self.pid)
         self.emit_progress(60, "Waiting for JupyterLab to answer")
         await self._wait_listening()
+        if forked:
+            self.launch_timings = {
+                "fork": t1 - t0,
+                "server_init_until_listening": time.perf_counter() - t1,
+            }
+        else:
+            self.launch_timings = {
+                "process_start": t1 - t0,
+                "imports_and_server_init_until_listening": time.perf_counter() - t1,
+            }
         return f"http://{self.ip or '127.0.0.1'}:{self.port}"
 
-    def _popen(self, cmd: list[str], env: dict[str, str], home: Path) -> subprocess.Popen:
+    def _prepare_dirs(self, home: Path) -> None:
         home.mkdir(parents=True, exist_ok=True)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "a") as log:
+            log.write(f"\n--- gpulab: starting {self.owner} at {time.ctime()} ---\n")
+
+    def _popen(self, cmd: list[str], env: dict[str, str], home: Path) -> subprocess.Popen:
+        self._prepare_dirs(home)
         with open(self.log_path, "ab") as log:
-            log.write(f"\n--- gpulab: starting {self.owner} at {time.ctime()} ---\n".encode())
-            log.flush()
             return subprocess.Popen(
                 cmd,
                 env=env,
@@ -225,7 +305,7 @@ class GpuLocalSpawner(GpuSpawnerMixin, LocalProcessSpawner):
         host = self.ip or "127.0.0.1"
         deadline = time.monotonic() + self.start_timeout
         while time.monotonic() < deadline:
-            code = self.proc.poll()
+            code = self._exit_code()
             if code is not None:
                 raise SpawnError(500, self._early_exit_message(code))
             try:
@@ -237,10 +317,33 @@ class GpuLocalSpawner(GpuSpawnerMixin, LocalProcessSpawner):
             return
         raise SpawnError(500, f"Server did not listen on port {self.port} in {self.start_timeout}s")
 
+    def _exit_code(self) -> int | None:
+        """The server's exit code once it has exited (None while it runs)."""
+        if self.proc is not None:
+            return self.proc.poll()
+        if pid_alive(self.pid):
+            return None
+        # Forked by the fork server, which reaps it and logs the exit code.
+        for _ in range(50):
+            for line in reversed(self.log_tail()):
+                m = re.search(rf"server process {self.pid} exited with (code|signal) (-?\d+)", line)
+                if m:
+                    return int(m.group(2)) if m.group(1) == "code" else -int(m.group(2))
+            time.sleep(0.01)
+        return -1
+
     def _early_exit_message(self, code: int) -> str:
         tail = self.log_tail()
         how = f"signal {-code}" if code < 0 else f"code {code}"
         return f"Server exited with {how} before it answered. Last log lines:\n" + "\n".join(tail)
+
+    async def poll(self) -> int | None:
+        if self.proc is None and self.pid and not pid_alive(self.pid):
+            # kill(pid, 0) succeeds on a zombie nobody reaped; a forked server's parent is the
+            # fork server (or, after a hub restart, init), not us.
+            self.clear_state()
+            return 0
+        return await super().poll()
 
     def log_tail(self) -> list[str]:
         try:

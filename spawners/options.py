@@ -190,8 +190,8 @@ def options_from_form(form: dict[str, list[str]]) -> dict[str, Any]:
     for key in ("image", "gpu", "pricing"):
         if (v := one(key)) is not None:
             out[key] = v
-    if (v := one("gpus")) is not None:
-        out["gpus"] = v
+    if (v := one("gpus")) is not None and out.get("gpu") != "none":
+        out["gpus"] = v  # the card count field stays on the page when No GPU is picked
     if out.get("pricing") == "spot" and (v := one("max_price")) is not None:
         out["max_price"] = v
     out["datasets"] = [d for d in form.get("datasets", []) if d]

@@ -113,6 +113,30 @@ def test_orphan_sweep_kills_the_process_and_frees_the_card(tmp_path) -> None:
                 p.kill()
 
 
+def test_orphan_sweep_kills_a_recorded_pid_only_if_it_is_the_same_process(tmp_path) -> None:
+    path = tmp_path / "ledger.json"
+    a = GpuAllocator(devices(), path)
+    a.allocate("forked/", "rtx-4090", 1)
+    a.allocate("reused/", "rtx-4090", 1)
+    # A forked server: no allocation id in its /proc environ, known by pid and start time.
+    forked = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        a.set_pid("forked/", forked.pid)
+        a.set_pid("reused/", bystander.pid)
+        a.get("reused/").pid_start += 1  # as if the pid had been reused by another process
+        a._save()
+        b = GpuAllocator(devices(), path)
+        assert {s.owner for s in b.sweep_orphans("hub1")} == {"forked/", "reused/"}
+        assert forked.wait(10) == -9
+        assert bystander.poll() is None
+        assert b.counts()["rtx-4090"]["free"] == 3
+    finally:
+        for p in (forked, bystander):
+            if p.poll() is None:
+                p.kill()
+
+
 def test_reservation_holds_cards_until_used_or_expired(tmp_path) -> None:
     a = GpuAllocator(devices(), tmp_path / "ledger.json")
     a.allocate("alice/", None, 0)

@@ -88,3 +88,8 @@ def test_form_fields_become_the_json_contract() -> None:
     assert parse_options(raw, CATALOG).gpus == 2
     spot = options_from_form({**form, "pricing": ["spot"]})
     assert parse_options(spot, CATALOG).max_price == Decimal("1.5")
+
+
+def test_form_with_no_gpu_ignores_the_card_count_field() -> None:
+    raw = options_from_form({"gpu": ["none"], "gpus": ["1"], "image": ["base"]})
+    assert parse_options(raw, CATALOG).gpu == "none"

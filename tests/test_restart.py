@@ -12,6 +12,7 @@ from harness import Hub, wait_for
 
 from gpulab.hub_config.catalog import load_catalog
 from gpulab.spawners.inventory import parse_simulate_spec, simulated_devices
+from gpulab.spawners.local import pid_alive
 
 
 def pool_holders(hub: Hub) -> dict[str, str]:
@@ -116,5 +117,48 @@ def test_server_that_exits_early_reports_its_last_log_lines(tmp_path, chp_instal
         assert "InvalidStateError" not in message
         assert hub.free("rtx-4090") == 1
         assert hub.server(user) is None
+    finally:
+        hub.stop()
+
+
+def test_sigkill_in_the_middle_of_a_spawn_loses_nothing(tmp_path, chp_installed) -> None:
+    """Kill the hub while a server is starting. After the restart the card is either held by a
+    server the hub knows (and that works) or free again; it is never held by nobody."""
+    import threading
+
+    hub = Hub(tmp_path / "data", simulate="A100-80G:1").start()
+    try:
+        user = hub.create_user()
+        threading.Thread(target=lambda: hub.spawn(user, {"gpu": "a100-80g"}), daemon=True).start()
+        wait_for(
+            lambda: (s := hub.server(user)) is not None and s["pending"] == "spawn",
+            timeout=30,
+            interval=0.01,
+            what="the spawn to start",
+        )
+        ledger = hub.data_dir / "allocations.json"
+        wait_for(lambda: ledger.exists() and '"pid": ' in ledger.read_text(), 30, 0.005)
+        recorded_pid = json.loads(ledger.read_text())["allocations"][0]["pid"]
+        hub.kill()
+        hub.start()
+
+        def settled() -> bool:
+            server = hub.server(user)
+            held = {g["uuid"]: g["holder"] for g in hub.pool()["gpus"] if g["held"]}
+            if server is not None and server["ready"]:
+                return held == {server["state"]["allocation"]["uuids"][0]: f"{user}/"}
+            return server is None and held == {}
+
+        wait_for(settled, timeout=60, what="a consistent pool after the restart")
+        if hub.server(user) is None:
+            # The half-started server was an orphan: it must be gone, not running unseen.
+            wait_for(lambda: not pid_alive(recorded_pid), timeout=10, what="the orphan to die")
+            hub.spawn_ready(user, {"gpu": "a100-80g"})
+        with hub.kernel(user) as k:
+            assert (
+                k.execute("import os; print(os.environ['GPULAB_GPU_TYPE'])").strip() == "a100-80g"
+            )
+        hub.stop_server(user)
+        assert hub.free("a100-80g") == 1
     finally:
         hub.stop()
