@@ -15,7 +15,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-import requests
 from conftest import require
 from harness import REPO, Hub, WebSession
 
@@ -75,18 +74,6 @@ def log_in(page, hub: Hub, name: str) -> None:
     page.wait_for_url(lambda url: "/hub/login" not in url, timeout=SLOW)
 
 
-def no_news_prompt(hub: Hub, name: str) -> None:
-    """Answer JupyterLab's one-time "fetch Jupyter news?" prompt (a user setting) up front,
-    so the screenshots show gpulab's UI and not that toast."""
-    r = requests.put(
-        f"{hub.url}/user/{name}/lab/api/settings/@jupyterlab/apputils-extension:notification",
-        headers={"Authorization": f"token {hub.token}"},
-        json={"raw": '{"fetchNews": "false"}'},
-        timeout=30,
-    )
-    assert r.status_code in (200, 204), r.text
-
-
 def mode_text(page) -> str:
     return page.locator("#gpulab-status .jp-gpulab-mode").inner_text()
 
@@ -123,7 +110,6 @@ def test_status_bar_toggle_and_datasets_in_the_browser(hub: Hub, renter: str, br
     try:
         log_in(page, hub, renter)
         hub.spawn_ready(renter, {"gpu": "a100-80g", "gpus": 1})
-        no_news_prompt(hub, renter)
         with hub.kernel(renter) as k:
             k.execute("open('train.py', 'w').write('print(\"epoch 1\")')")
 
@@ -226,7 +212,6 @@ def test_switch_without_a_free_gpu_says_so_and_changes_nothing(
     try:
         log_in(page, hub, renter)
         hub.spawn_ready(renter, {"gpu": "none"})
-        no_news_prompt(hub, renter)
         page.goto(f"{hub.url}/user/{renter}/lab", timeout=SLOW)
         wait_mode(page, "No GPU")
         server_id = page.evaluate(

@@ -224,13 +224,16 @@ def test_mount_dataset_by_switch(hub: Hub, user: str) -> None:
     assert "china.jpg" in listing
 
 
-def test_switch_answer_survives_the_stop_signal(tmp_path) -> None:
+@pytest.mark.parametrize("sigint", ["python-handler", "default-action"])
+def test_switch_answer_survives_the_stop_signal(tmp_path, sigint: str) -> None:
     """The hub stops a server right as it accepts the switch, so the stop signal can reach the
     server before the server has relayed the hub's 202 to the page. The answer must still
     arrive, and the server must still stop at once.
 
     To hit that window every time, this test plays the hub's part itself (a plain HTTP server
     that sends SIGINT to the real jupyter server, then answers 202) instead of racing the hub.
+    SIGINT is either Python's KeyboardInterrupt handler (Popen-started servers) or the default
+    action, which kills at once (servers forked by gpulab's fork server).
     """
     import http.server
     import json
@@ -269,7 +272,11 @@ def test_switch_answer_survives_the_stop_signal(tmp_path) -> None:
         "GPULAB_ALLOCATION_ID": "alloc-1",
         "GPULAB_GPU_TYPE": "a100-80g",
     }
-    args = [sys.executable, "-m", "jupyter_server", f"--port={port}", "--IdentityProvider.token=t"]
+    boot = "import signal, sys; from jupyter_server.serverapp import main; "
+    if sigint == "default-action":
+        boot += "signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    boot += "sys.exit(main())"
+    args = [sys.executable, "-c", boot, f"--port={port}", "--IdentityProvider.token=t"]
     args += ["--ServerApp.open_browser=False", f"--ServerApp.root_dir={tmp_path}"]
     if os.geteuid() == 0:
         args.append("--allow-root")

@@ -140,7 +140,9 @@ class SwitchGuard:
     def install(self, server_app: Any) -> None:
         for signum in (signal.SIGINT, signal.SIGTERM):
             original = signal.getsignal(signum)
-            if not callable(original):
+            # A Python handler, or the default action (servers forked by gpulab's fork server
+            # die on SIGINT by default); an ignored signal stays ignored.
+            if original is None or original == signal.SIG_IGN:
                 continue
             try:
                 signal.signal(signum, self._wrap(server_app, original))
@@ -149,13 +151,16 @@ class SwitchGuard:
 
     def _wrap(self, server_app: Any, original: Any) -> Any:
         def handler(signum: int, frame: Any) -> None:
-            if not self.in_flight:
+            if self.in_flight:
+                loop = server_app.io_loop.asyncio_loop
+                loop.call_soon_threadsafe(
+                    lambda: asyncio.ensure_future(self._redeliver(signum, original))
+                )
+            elif callable(original):
                 original(signum, frame)
-                return
-            loop = server_app.io_loop.asyncio_loop
-            loop.call_soon_threadsafe(
-                lambda: asyncio.ensure_future(self._redeliver(signum, original))
-            )
+            else:
+                signal.signal(signum, original)
+                os.kill(os.getpid(), signum)
 
         return handler
 
