@@ -15,6 +15,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+import requests
 from conftest import require
 from harness import REPO, Hub, WebSession
 
@@ -74,6 +75,18 @@ def log_in(page, hub: Hub, name: str) -> None:
     page.wait_for_url(lambda url: "/hub/login" not in url, timeout=SLOW)
 
 
+def no_news_prompt(hub: Hub, name: str) -> None:
+    """Answer JupyterLab's one-time "fetch Jupyter news?" prompt "No" up front, as a user would
+    (it is a user setting), so the screenshots show gpulab's UI rather than that toast."""
+    r = requests.put(
+        f"{hub.url}/user/{name}/lab/api/settings/@jupyterlab/apputils-extension:notification",
+        headers={"Authorization": f"token {hub.token}"},
+        json={"raw": '{"fetchNews": "false"}'},
+        timeout=30,
+    )
+    assert r.status_code in (200, 204), r.text
+
+
 def mode_text(page) -> str:
     return page.locator("#gpulab-status .jp-gpulab-mode").inner_text()
 
@@ -110,6 +123,7 @@ def test_status_bar_toggle_and_datasets_in_the_browser(hub: Hub, renter: str, br
     try:
         log_in(page, hub, renter)
         hub.spawn_ready(renter, {"gpu": "a100-80g", "gpus": 1})
+        no_news_prompt(hub, renter)
         with hub.kernel(renter) as k:
             k.execute("open('train.py', 'w').write('print(\"epoch 1\")')")
 
@@ -142,6 +156,15 @@ def test_status_bar_toggle_and_datasets_in_the_browser(hub: Hub, renter: str, br
         palette.get_by_text("Switch to no-GPU mode (CNY 0.09/h)").wait_for(timeout=SLOW)
         page.keyboard.press("Escape")
 
+        # An open document with unsaved changes: the switch must save it first.
+        page.locator('.lm-TabBar-tab[data-id="filebrowser"]').click()
+        page.locator(".jp-DirListing-itemText", has_text="train.py").dblclick()
+        editor = page.locator(".jp-FileEditor .cm-content")
+        editor.click()
+        page.keyboard.press("Control+End")
+        page.keyboard.type("\n# epoch 2 unsaved")
+        page.locator(".lm-DockPanel-tabBar .jp-mod-dirty").wait_for(timeout=SLOW)
+
         # ---- to no-GPU with the status-bar button ----------------------------------------------
         page.locator("#gpulab-status .jp-gpulab-toggle").click()
         to_cpu = confirm_switch(page, "CNY 2.10/h → CNY 0.09/h", "02-confirm-no-gpu")
@@ -150,8 +173,9 @@ def test_status_bar_toggle_and_datasets_in_the_browser(hub: Hub, renter: str, br
         page.locator('.lm-TabBar-tab[data-id="gpulab-gpus"]').click()
         page.locator("#gpulab-gpus").get_by_text("No GPU in this mode").wait_for(timeout=SLOW)
         shot(page, "03-no-gpu-after-switch")
+        saved = 'print("epoch 1")\n# epoch 2 unsaved'
         with hub.kernel(renter) as k:
-            assert k.execute("print(open('train.py').read())").strip() == 'print("epoch 1")'
+            assert k.execute("print(open('train.py').read())").strip() == saved
             env = k.execute("import os; print(repr(os.environ['CUDA_VISIBLE_DEVICES']))")
             assert env.strip() == "''"
 
@@ -170,7 +194,7 @@ def test_status_bar_toggle_and_datasets_in_the_browser(hub: Hub, renter: str, br
         wait_mode(page, "A100-80G x1 (simulated)")
         uuids = hub.server(renter)["state"]["allocation"]["uuids"]
         with hub.kernel(renter) as k:
-            assert k.execute("print(open('train.py').read())").strip() == 'print("epoch 1")'
+            assert k.execute("print(open('train.py').read())").strip() == saved
             env = k.execute("import os; print(os.environ['CUDA_VISIBLE_DEVICES'])")
             assert env.strip() == uuids[0]
 
@@ -189,7 +213,7 @@ def test_status_bar_toggle_and_datasets_in_the_browser(hub: Hub, renter: str, br
         page.locator(".jp-DirListing-content").get_by_text("iris.csv").wait_for(timeout=SLOW)
         shot(page, "06-dataset-in-file-browser")
         with hub.kernel(renter) as k:
-            assert k.execute("print(open('train.py').read())").strip() == 'print("epoch 1")'
+            assert k.execute("print(open('train.py').read())").strip() == saved
             rows = k.execute("print(len(open('datasets/sklearn-toy/iris.csv').readlines()))")
             assert int(rows) == 151
         print(
@@ -212,6 +236,7 @@ def test_switch_without_a_free_gpu_says_so_and_changes_nothing(
     try:
         log_in(page, hub, renter)
         hub.spawn_ready(renter, {"gpu": "none"})
+        no_news_prompt(hub, renter)
         page.goto(f"{hub.url}/user/{renter}/lab", timeout=SLOW)
         wait_mode(page, "No GPU")
         server_id = page.evaluate(

@@ -8,6 +8,7 @@ import {
   showDialog,
   showErrorMessage
 } from '@jupyterlab/apputils';
+import { IDefaultFileBrowser } from '@jupyterlab/filebrowser';
 import { IStatusBar } from '@jupyterlab/statusbar';
 import { Widget } from '@lumino/widgets';
 
@@ -98,11 +99,12 @@ const plugin: JupyterFrontEndPlugin<void> = {
   description: 'gpulab: mode, price, balance, no-GPU toggle, datasets and GPU panels',
   autoStart: true,
   requires: [IStatusBar],
-  optional: [ICommandPalette],
+  optional: [ICommandPalette, IDefaultFileBrowser],
   activate: async (
     app: JupyterFrontEnd,
     statusBar: IStatusBar,
-    palette: ICommandPalette | null
+    palette: ICommandPalette | null,
+    fileBrowser: IDefaultFileBrowser | null
   ) => {
     let status: IStatus;
     try {
@@ -200,6 +202,10 @@ const plugin: JupyterFrontEndPlugin<void> = {
     app.commands.addCommand(CommandIDs.openDataset, {
       label: args => `Open dataset ${args.slug} in the file browser`,
       execute: async args => {
+        // Right after a reload the file browser restores its last folder; going there first
+        // would be undone by that restore.
+        await app.restored;
+        await fileBrowser?.model.restored;
         await app.commands.execute('filebrowser:go-to-path', {
           path: `datasets/${args.slug}`,
           showBrowser: true
