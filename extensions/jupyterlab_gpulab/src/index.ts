@@ -202,14 +202,22 @@ const plugin: JupyterFrontEndPlugin<void> = {
     app.commands.addCommand(CommandIDs.openDataset, {
       label: args => `Open dataset ${args.slug} in the file browser`,
       execute: async args => {
-        // Right after a reload the file browser restores its last folder; going there first
-        // would be undone by that restore.
+        const path = `datasets/${args.slug}`;
         await app.restored;
         await fileBrowser?.model.restored;
-        await app.commands.execute('filebrowser:go-to-path', {
-          path: `datasets/${args.slug}`,
-          showBrowser: true
-        });
+        await app.commands.execute('filebrowser:go-to-path', { path });
+        if (!fileBrowser) {
+          return;
+        }
+        // Right after a reload the file browser may still be restoring its saved folder, which
+        // moves it away again; keep the requested folder for the next two seconds.
+        const model = fileBrowser.model;
+        for (let i = 0; i < 20; i++) {
+          await new Promise(r => setTimeout(r, 100));
+          if (model.path !== path) {
+            await model.cd(`/${path}`);
+          }
+        }
       }
     });
     if (palette) {
