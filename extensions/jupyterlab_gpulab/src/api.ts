@@ -5,9 +5,11 @@ import { ServerConnection } from '@jupyterlab/services';
 import { IBalance, ICatalog, IPool, IServerId, IStatus } from './logic';
 
 export class ApiError extends Error {
+  /** `answered`: this server's extension answered (a JSON message), not a proxy error page. */
   constructor(
     readonly status: number,
-    message: string
+    message: string,
+    readonly answered: boolean
   ) {
     super(message);
   }
@@ -32,11 +34,9 @@ export async function request<T>(path: string, init: RequestInit = {}): Promise<
     data = null;
   }
   if (!response.ok) {
-    const message =
-      data && typeof data.message === 'string'
-        ? data.message
-        : `HTTP ${response.status} from ${path}`;
-    throw new ApiError(response.status, message);
+    const answered = !!data && typeof data.message === 'string';
+    const message = answered ? data.message : `HTTP ${response.status} from ${path}`;
+    throw new ApiError(response.status, message, answered);
   }
   return data as T;
 }

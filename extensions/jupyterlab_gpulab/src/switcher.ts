@@ -82,16 +82,30 @@ export async function runSwitch(
   }
   const t0 = Date.now();
   const progress = new Progress(`Moving to ${plan.target}`);
+  progress.set('Saving open documents…');
   try {
-    progress.set('Saving open documents…');
     await app.commands.execute('docmanager:save-all');
-    progress.set('Asking the hub to restart this server…');
-    await postSwitch(plan.request);
   } catch (e) {
     progress.dispose();
-    const message = e instanceof ApiError || e instanceof Error ? e.message : String(e);
-    await showErrorMessage('Nothing was changed', message);
+    await showErrorMessage(
+      'Nothing was changed',
+      `Could not save every open document: ${(e as Error).message}`
+    );
     return false;
+  }
+  progress.set('Asking the hub to restart this server…');
+  try {
+    await postSwitch(plan.request);
+  } catch (e) {
+    if (e instanceof ApiError && e.answered) {
+      // The hub (or this server) refused: nothing was changed, and the message says why.
+      progress.dispose();
+      await showErrorMessage('Nothing was changed', e.message);
+      return false;
+    }
+    // No answer from this server (a dropped connection, or the proxy's error page for it): a
+    // refusal would have been answered, so the server went down with the restart.
+    progress.set('This server stopped before it answered; waiting for the new one…');
   }
   sessionStorage.setItem(T0_KEY, String(t0));
   sessionStorage.setItem(TARGET_KEY, plan.target);
