@@ -8,12 +8,13 @@ ARGS ?=
 
 install: $(VENV)/.installed node_modules/.installed $(VENV)/.labext-installed
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml extensions/gpulab_spot/pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
 		{ echo "gpulab needs Python >= 3.11 (found $$($(PYTHON) --version))"; exit 1; }
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || \
 		{ echo "Creating the venv failed: on Debian run 'apt-get install python3-venv'"; exit 1; }
 	$(BIN)/pip install -q --disable-pip-version-check -e '.[test]'
+	$(BIN)/pip install -q --disable-pip-version-check -e extensions/gpulab_spot
 	@touch $@
 
 node_modules/.installed: package.json

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from gpulab.hub_config.catalog import CatalogError, load_catalog
+from gpulab.hub_config.images_cli import add_images_parser, cmd_images
 from gpulab.spawners.inventory import GpuInventory, SimulateSpecError, parse_simulate_spec
 
 CONFIG_FILE = Path(__file__).with_name("jupyterhub_config.py")
@@ -59,7 +60,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("GPULAB_OPEN_SIGNUP") == "1",
         help="let new sign-ups log in without admin approval",
     )
+    up.add_argument(
+        "--spawner",
+        choices=("local", "docker"),
+        default=os.environ.get("GPULAB_SPAWNER", "local"),
+        help="run servers as local processes (default) or in Docker containers from the "
+        "catalog's preloaded images",
+    )
     up.add_argument("jupyterhub_args", nargs="*", help="extra JupyterHub arguments (after --)")
+    add_images_parser(sub)
     return parser
 
 
@@ -107,6 +116,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         GPULAB_SIMULATE_GPUS=simulate,
         GPULAB_CATALOG=args.catalog,
         GPULAB_OPEN_SIGNUP="1" if args.open_signup else "0",
+        GPULAB_SPAWNER=args.spawner,
     )
     host = "127.0.0.1" if args.ip in ("", "0.0.0.0") else args.ip
     print(f"gpulab: starting on http://{host}:{args.port}  (data: {data_dir})")
@@ -132,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "up":
         return cmd_up(args)
+    if args.command == "images":
+        return cmd_images(args)
     return 2
 
 

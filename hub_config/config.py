@@ -8,11 +8,13 @@ call ``configure(c)`` too and override anything after it.
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from gpulab.hub_config.handlers import CUSTOM_SCOPES, READ_POOL_SCOPE
+from gpulab.hub_config.spot_handlers import SET_PRICE_SCOPE, SPOT_SCOPES
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -32,6 +34,16 @@ class Settings:
     admin_token: str = ""
     open_signup: bool = False
     db_url: str = ""
+    # Which spawner runs the servers: "local" (processes, the embedded default) or "docker".
+    spawner: str = "local"
+    # Docker only: the network user containers join, and where they reach the hub API. An empty
+    # hub_ip binds the hub to that network's gateway (the host's address on it).
+    docker_network: str = "bridge"
+    hub_ip: str = ""
+    hub_connect_ip: str = ""
+    # A proxy run as its own service (docker-compose): its API URL; the hub then starts none.
+    # Its token comes from CONFIGPROXY_AUTH_TOKEN, shared with the proxy.
+    proxy_api_url: str = ""
 
     @classmethod
     def from_env(cls, env: os._Environ | dict | None = None) -> Settings:
@@ -48,6 +60,11 @@ class Settings:
             admin_token=env.get("GPULAB_ADMIN_TOKEN", ""),
             open_signup=env.get("GPULAB_OPEN_SIGNUP", "0") == "1",
             db_url=env.get("GPULAB_DB_URL", ""),
+            spawner=env.get("GPULAB_SPAWNER", "local"),
+            docker_network=env.get("GPULAB_DOCKER_NETWORK", "bridge"),
+            hub_ip=env.get("GPULAB_HUB_IP", ""),
+            hub_connect_ip=env.get("GPULAB_HUB_CONNECT_IP", ""),
+            proxy_api_url=env.get("GPULAB_PROXY_API_URL", ""),
         )
 
 
@@ -61,6 +78,17 @@ def find_proxy_command() -> list[str]:
     raise SystemExit(
         "configurable-http-proxy not found: run `make install` (npm install) in the gpulab checkout"
     )
+
+
+def _secret_file(path: Path) -> str:
+    """A random token kept in ``path`` (mode 0600), created on first use."""
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32))
+        return path.read_text().strip()
 
 
 def configure(c, settings: Settings | None = None) -> None:
@@ -77,11 +105,19 @@ def configure(c, settings: Settings | None = None) -> None:
     c.JupyterHub.cookie_secret_file = str(data / "jupyterhub_cookie_secret")
     c.JupyterHub.pid_file = str(data / "jupyterhub.pid")
 
-    c.ConfigurableHTTPProxy.command = find_proxy_command()
-    c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{s.proxy_api_port}"
-    c.ConfigurableHTTPProxy.pid_file = str(data / "jupyterhub-proxy.pid")
+    if s.proxy_api_url:
+        c.ConfigurableHTTPProxy.should_start = False
+        c.ConfigurableHTTPProxy.api_url = s.proxy_api_url
+    else:
+        c.ConfigurableHTTPProxy.command = find_proxy_command()
+        c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{s.proxy_api_port}"
+        c.ConfigurableHTTPProxy.pid_file = str(data / "jupyterhub-proxy.pid")
 
     c.JupyterHub.spawner_class = "gpulab-local"
+    if s.spawner == "docker":
+        configure_docker(c, s)
+    elif s.spawner != "local":
+        raise SystemExit(f"GPULAB_SPAWNER: {s.spawner!r} is not allowed; allowed: local, docker")
     c.GpuPool.data_dir = str(data)
     c.GpuPool.catalog_path = s.catalog
     c.GpuInventory.simulate_gpus = s.simulate_gpus
@@ -94,15 +130,38 @@ def configure(c, settings: Settings | None = None) -> None:
     c.NativeAuthenticator.minimum_password_length = 8
     c.GpulabAuthenticator.admin_password_file = str(data / "admin-password")
 
-    c.JupyterHub.custom_scopes = CUSTOM_SCOPES
+    c.JupyterHub.custom_scopes = {**CUSTOM_SCOPES, **SPOT_SCOPES}
     roles = [{"name": "user", "scopes": ["self", READ_POOL_SCOPE]}]
+    services = []
     if s.admin_token:
-        c.JupyterHub.services = [{"name": "gpulab-admin", "api_token": s.admin_token}]
+        services.append({"name": "gpulab-admin", "api_token": s.admin_token})
         roles.append({"name": "admin", "services": ["gpulab-admin"]})
         roles.append(
             {"name": "gpulab-service", "scopes": [READ_POOL_SCOPE], "services": ["gpulab-admin"]}
         )
+    # Pinning spot prices is an operator's act: admins (and the admin service) hold the scope.
+    roles.append(
+        {
+            "name": "gpulab-market-admin",
+            "scopes": [SET_PRICE_SCOPE, READ_POOL_SCOPE],
+            "users": [s.admin_name],
+            "services": ["gpulab-admin"] if s.admin_token else [],
+        }
+    )
+    # The spot market starts queued servers and stops reclaimed ones through the REST API.
+    market_token = _secret_file(data / "spot-market-token")
+    services.append({"name": "gpulab-market", "api_token": market_token})
+    roles.append(
+        {
+            "name": "gpulab-market",
+            "scopes": ["admin:servers", "read:users", READ_POOL_SCOPE],
+            "services": ["gpulab-market"],
+        }
+    )
+    c.JupyterHub.services = services
     c.JupyterHub.load_roles = roles
+    c.SpotMarket.api_token = market_token
+    c.SpotMarket.hub_api_url = f"http://127.0.0.1:{s.hub_port}/hub/api"
 
     # A server's own token may read the pool and restart its own server in another mode
     # (the JupyterLab toggle), besides JupyterHub's defaults.
@@ -116,3 +175,22 @@ def configure(c, settings: Settings | None = None) -> None:
     ]
     c.Spawner.start_timeout = 60
     c.Spawner.http_timeout = 30
+
+
+def configure_docker(c, s: Settings) -> None:
+    """Run every server in a container (``gpulab-docker``); the hub must be reachable from them."""
+    from gpulab.spawners.docker import network_gateway
+
+    c.JupyterHub.spawner_class = "gpulab-docker"
+    c.DockerSpawner.network_name = s.docker_network
+    # The hub talks to each container on the container's own address on that network, so no
+    # port is published on the host.
+    c.DockerSpawner.use_internal_ip = True
+    if s.hub_ip:
+        c.JupyterHub.hub_ip = s.hub_ip
+    else:
+        # Bind only to the host's address on the containers' network: reachable from the
+        # containers and from the proxy on this host, not from the outside.
+        c.JupyterHub.hub_ip = network_gateway(s.docker_network)
+    if s.hub_connect_ip:
+        c.JupyterHub.hub_connect_ip = s.hub_connect_ip

@@ -249,6 +249,23 @@ class GpuAllocator:
         self._adopted.add(alloc_id)
         return alloc
 
+    def restore(self, alloc: Allocation) -> bool:
+        """Put back a record the ledger lost, found on a still-running server (container labels).
+
+        Refused (False) if the owner holds another allocation or any card is unknown or held by
+        someone else: a card is never handed to two servers, whatever the labels claim.
+        """
+        current = self._state.allocations.get(alloc.owner)
+        if current is not None:
+            return current.alloc_id == alloc.alloc_id
+        known = {d.uuid for d in self.devices}
+        held = self.held_uuids()
+        if any(u not in known or u in held for u in alloc.uuids):
+            return False
+        self._state.allocations[alloc.owner] = alloc
+        self._save()
+        return True
+
     def orphans(self) -> list[Allocation]:
         return [a for a in self._state.allocations.values() if a.alloc_id not in self._adopted]
 

@@ -1,4 +1,5 @@
-"""The spawn form: GPU types with live free/total, price and VRAM; images; datasets; pricing.
+"""The spawn form: GPU types with live free/total, price, spot price and VRAM; images; datasets;
+pricing (spot: max price, queue when it can't start, low-price windows only).
 
 The form reads the same pool snapshot as ``GET /hub/api/gpulab/pool`` and refreshes the free
 counts from it every few seconds, so what it shows is what the allocator will hand out.
@@ -9,6 +10,7 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
+from gpulab.spawners.market_hub import SpotMarket
 from gpulab.spawners.options import DEFAULTS
 
 FORM_CSS = """
@@ -41,7 +43,19 @@ FORM_JS = """
         });
       }).catch(function () {});
   }
+  function refreshSpot() {
+    fetch(base + "api/gpulab/spot/prices?hours=1", {headers: {"X-XSRFToken": xsrf}, credentials: "same-origin"})
+      .then(function (r) { return r.ok ? r.json() : null; })
+      .then(function (prices) {
+        if (!prices) return;
+        prices.gpu_types.forEach(function (t) {
+          var el = document.querySelector('[data-gpu-spot="' + t.slug + '"]');
+          if (el) el.textContent = t.price;
+        });
+      }).catch(function () {});
+  }
   setInterval(refresh, 5000);
+  setInterval(refreshSpot, 10000);
   var pricing = document.querySelectorAll('input[name="pricing"]');
   function togglePrice() {
     var spot = document.querySelector('input[name="pricing"]:checked');
@@ -62,6 +76,7 @@ async def render_form(spawner: Any) -> str:
     pool = spawner.pool
     catalog = pool.catalog
     snap = await pool.snapshot()
+    market = SpotMarket.instance(config=spawner.config)
     last = {**DEFAULTS, **(spawner.user_options or {})}
     cur = catalog.currency
     parts = [FORM_CSS, '<div class="gpulab-form">']
@@ -80,6 +95,8 @@ async def render_form(spawner: Any) -> str:
             f'<span class="meta">{t["vram_gb"]} GB VRAM &middot; {cur} {escape(t["on_demand_price"])}'
             f"/h per card &middot; spot from {escape(t['spot_floor_price'])}</span>"
             f'<span class="free" data-gpu-free="{slug}">{t["free"]}/{t["total"]} free</span>'
+            f'<span class="meta">spot now {cur} <span data-gpu-spot="{slug}">'
+            f"{market.current_price(t['slug'])}</span>/h</span>"
             "</label>"
         )
     no_gpu = catalog.no_gpu
@@ -96,13 +113,24 @@ async def render_form(spawner: Any) -> str:
     )
     parts.append("</fieldset>")
 
+    # A spawner whose images may be missing on this node (Docker) says which are present; the
+    # others (local processes) always run the hub's own environment.
+    hook = getattr(spawner, "image_availability", None)
+    available = await hook() if hook is not None else {}
+    present = [s for s in catalog.images if s not in available or available[s].present]
+    selected = last["image"] if last["image"] in present else (present[0] if present else "")
     parts.append('<fieldset><legend>Image</legend><select name="image" class="form-control">')
     for slug, image in catalog.images.items():
-        preloads = ", ".join(image.preloads)
+        status = available.get(slug)
+        # The image's own labels say what it preloads; the catalog's list is the fallback.
+        preloads = ", ".join(status.preloads if status and status.present else image.preloads)
+        missing = status is not None and not status.present
         parts.append(
-            f'<option value="{escape(slug)}"{" selected" if last["image"] == slug else ""}>'
+            f'<option value="{escape(slug)}"{" selected" if selected == slug else ""}'
+            f"{' disabled' if missing else ''}>"
             f"{escape(image.display_name)}: {escape(image.description)}"
-            f"{' (' + escape(preloads) + ')' if preloads else ''}</option>"
+            f"{' (' + escape(preloads) + ')' if preloads else ''}"
+            f"{' - unavailable: ' + escape(status.reason) if missing else ''}</option>"
         )
     parts.append("</select></fieldset>")
 
@@ -129,6 +157,13 @@ async def render_form(spawner: Any) -> str:
         f'<label class="choice">Max price ({cur}/card-hour) <input id="gpulab-max-price" '
         f'type="number" name="max_price" min="0.01" step="0.01" '
         f'value="{escape(str(last.get("max_price") or ""))}"></label>'
+        '<label class="choice"><input type="checkbox" name="wait" value="true"'
+        f"{_checked(bool(last.get('wait')))}> If it can't start now, queue it and start it when "
+        "a card is free and the price is at most my max price</label>"
+        '<label class="choice"><input type="checkbox" name="windows_only" value="true"'
+        f"{_checked(bool(last.get('windows_only')))}> Run only in low-price windows "
+        f"({escape(', '.join(market.low_price_windows))}"
+        f"{', weekends' if market.weekends_low else ''})</label>"
         "</fieldset>"
     )
     parts.append("</div>")

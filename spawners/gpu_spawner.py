@@ -16,6 +16,7 @@ from tornado import web
 from traitlets import HasTraits, default
 
 from gpulab.spawners.allocator import ENV_ALLOC, ENV_HUB, Allocation, NoCapacity, owner_key
+from gpulab.spawners.market_hub import MarketAnswer, SpotMarket
 from gpulab.spawners.options import OptionsError, ServerOptions, options_from_form, parse_options
 from gpulab.spawners.pool import GpuPool
 
@@ -84,6 +85,11 @@ class GpuSpawnerMixin(HasTraits):
     def _allocate(self) -> Allocation:
         opts = self.gpulab_options or parse_options(self.user_options, self.pool.catalog)
         self.gpulab_options = opts
+        try:
+            # The spot market decides first: spot price vs bid, queueing, on-demand reclaims.
+            SpotMarket.instance(config=self.config).admit(self, opts)
+        except MarketAnswer as e:
+            raise SpawnError(e.status, e.message) from None
         try:
             alloc = self.pool.allocator.allocate(self.owner, opts.gpu_type, opts.gpus, opts.pricing)
         except NoCapacity as e:

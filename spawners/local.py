@@ -23,8 +23,9 @@ from typing import Any
 
 from jupyterhub.spawner import LocalProcessSpawner
 from jupyterhub.utils import random_port
-from traitlets import Bool, Float, Integer, Unicode, default, validate
+from traitlets import Bool, Float, Integer, List, Unicode, default, validate
 
+from gpulab.spawners.docker_images import ImageStatus
 from gpulab.spawners.forkserver import ForkServerClient
 from gpulab.spawners.gpu_spawner import GpuSpawnerMixin, SpawnError
 from gpulab.spawners.pool import GpuPool
@@ -99,6 +100,15 @@ class GpuLocalSpawner(GpuSpawnerMixin, LocalProcessSpawner):
         20,
         config=True,
         help="How many of the server's last log lines a failed spawn shows.",
+    )
+
+    local_images = List(
+        Unicode(),
+        ["base"],
+        config=True,
+        help="""Catalog images this spawner can run. Local servers always run the hub's own
+        Python environment, so only images that stand for it belong here; the others (PyTorch,
+        Stable Diffusion WebUI, ...) are container images and need the Docker spawner.""",
     )
 
     use_forkserver = Bool(
@@ -224,7 +234,27 @@ class GpuLocalSpawner(GpuSpawnerMixin, LocalProcessSpawner):
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
+    async def image_availability(self) -> dict[str, ImageStatus]:
+        """Which catalog images local servers can run (the spawn form greys out the rest)."""
+        return {
+            slug: ImageStatus(
+                slug=slug,
+                docker_image=None,
+                present=slug in self.local_images,
+                reason="" if slug in self.local_images else "needs the Docker spawner",
+            )
+            for slug in self.pool.catalog.images
+        }
+
     async def start(self) -> str:
+        opts = self.gpulab_options
+        if opts is not None and opts.image not in self.local_images:
+            # Before anything is allocated: an image we can't run changes nothing.
+            raise SpawnError(
+                409,
+                f"Image {opts.image!r} needs the Docker spawner; "
+                f"images on this node: {', '.join(self.local_images)}",
+            )
         return await self.gpulab_start()
 
     async def _launch(self, gpu_env: dict[str, str]) -> str:

@@ -3,7 +3,8 @@
 ``POST /hub/api/users/NAME/server`` with a JSON body, or the spawn form, both end up here::
 
     {"image": "base", "gpu": "a100-80g" | "none", "gpus": 1,
-     "datasets": ["sklearn-toy"], "pricing": "on-demand" | "spot", "max_price": 1.5}
+     "datasets": ["sklearn-toy"], "pricing": "on-demand" | "spot", "max_price": 1.5,
+     "wait": false, "windows_only": false}
 
 Every field is checked against the catalog; an error names the field and the allowed values.
 """
@@ -19,7 +20,7 @@ from pydantic import BaseModel, ConfigDict
 from gpulab.hub_config.catalog import Catalog
 
 PRICING = ("on-demand", "spot")
-FIELDS = ("image", "gpu", "gpus", "datasets", "pricing", "max_price")
+FIELDS = ("image", "gpu", "gpus", "datasets", "pricing", "max_price", "wait", "windows_only")
 
 DEFAULTS: dict[str, Any] = {
     "image": "base",
@@ -28,6 +29,8 @@ DEFAULTS: dict[str, Any] = {
     "datasets": [],
     "pricing": "on-demand",
     "max_price": None,
+    "wait": False,
+    "windows_only": False,
 }
 
 
@@ -50,6 +53,10 @@ class ServerOptions(BaseModel):
     datasets: tuple[str, ...]
     pricing: str
     max_price: Decimal | None  # per card-hour; spot only
+    # Spot only: queue the request when it can't start now, instead of answering 409.
+    wait: bool = False
+    # Spot only: run only inside the market's low-price windows (queued outside them).
+    windows_only: bool = False
 
     @property
     def gpu_type(self) -> str | None:
@@ -103,6 +110,16 @@ def _as_price(field: str, value: Any) -> Decimal:
     if not price.is_finite() or price <= 0:
         raise OptionsError(field, f"must be a positive number (price per card-hour), not {value!r}")
     return price
+
+
+def _as_bool(field: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "1", "on", "yes"):
+        return True
+    if isinstance(value, str) and value.strip().lower() in ("false", "0", "off", "no"):
+        return False
+    raise OptionsError(field, f"must be true or false, not {value!r}")
 
 
 def parse_options(raw: Any, catalog: Catalog) -> ServerOptions:
@@ -169,6 +186,12 @@ def parse_options(raw: Any, catalog: Catalog) -> ServerOptions:
         # A bid defaults to the on-demand price: spot never costs more than on-demand.
         max_price = catalog.gpu_types[gpu].on_demand_price
 
+    wait = _as_bool("wait", opts["wait"])
+    windows_only = _as_bool("windows_only", opts["windows_only"])
+    for name, value in (("wait", wait), ("windows_only", windows_only)):
+        if value and pricing != "spot":
+            raise OptionsError(name, 'applies to spot requests only; set "pricing": "spot"')
+
     return ServerOptions(
         image=image,
         gpu=gpu,
@@ -176,6 +199,8 @@ def parse_options(raw: Any, catalog: Catalog) -> ServerOptions:
         datasets=tuple(dict.fromkeys(datasets)),
         pricing=pricing,
         max_price=max_price,
+        wait=wait,
+        windows_only=windows_only,
     )
 
 
@@ -194,5 +219,9 @@ def options_from_form(form: dict[str, list[str]]) -> dict[str, Any]:
         out["gpus"] = v  # the card count field stays on the page when No GPU is picked
     if out.get("pricing") == "spot" and (v := one("max_price")) is not None:
         out["max_price"] = v
+    if out.get("pricing") == "spot":
+        for key in ("wait", "windows_only"):
+            if one(key) is not None:
+                out[key] = one(key)
     out["datasets"] = [d for d in form.get("datasets", []) if d]
     return out

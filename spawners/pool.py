@@ -10,8 +10,9 @@ import asyncio
 import os
 import random
 import secrets
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from traitlets import Float, Instance, Unicode, default
 from traitlets.config import SingletonConfigurable
@@ -43,6 +44,11 @@ class GpuPool(SingletonConfigurable):
         help="""Seconds between checks for orphaned allocations (a random jitter of up to 10%
         is added so that many hubs don't sweep in lockstep).""",
     )
+
+    # Extra sweeps run after each orphan sweep, registered by spawner modules on import, e.g.
+    # removing containers whose allocation is gone (the process sweep can't see containers when
+    # the hub itself runs in one).
+    reapers: ClassVar[dict[str, Callable[[GpuPool], Awaitable[None]]]] = {}
 
     catalog = Instance(Catalog)
     inventory = Instance(GpuInventory)
@@ -88,6 +94,10 @@ class GpuPool(SingletonConfigurable):
         """Start the periodic orphan sweep (idempotent; needs a running event loop)."""
         if self._reconcile_task is None:
             self._reconcile_task = asyncio.get_running_loop().create_task(self._reconcile_loop())
+            # The spot market's tick runs with the pool (imported here: it builds on the pool).
+            from gpulab.spawners.market_hub import SpotMarket
+
+            SpotMarket.instance(config=self.config, pool=self).start()
 
     async def _reconcile_loop(self) -> None:
         await _hub_started()
@@ -96,6 +106,11 @@ class GpuPool(SingletonConfigurable):
                 self.allocator.sweep_orphans(self.hub_id)
             except Exception:
                 self.log.exception("Orphan sweep failed")
+            for name, reap in list(self.reapers.items()):
+                try:
+                    await reap(self)
+                except Exception:
+                    self.log.exception("Reaper %s failed", name)
             await asyncio.sleep(self.reconcile_interval * (1 + random.uniform(0, 0.1)))
 
     # ---- JSON views --------------------------------------------------------------------------

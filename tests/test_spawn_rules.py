@@ -46,6 +46,14 @@ def test_bad_options_are_refused_and_change_nothing(
     assert hub.user(user)["servers"] == {}
 
 
+def test_container_images_are_refused_by_the_local_spawner(hub: Hub, user: str) -> None:
+    r = hub.spawn(user, {"image": "pytorch", "gpu": "a100-80g"})
+    assert r.status_code == 409, r.text
+    assert "needs the Docker spawner" in r.json()["message"] and "base" in r.json()["message"]
+    assert hub.server(user) is None
+    assert hub.free("a100-80g") == 2
+
+
 def test_full_gpu_type_fails_fast_and_says_what_is_free(hub: Hub) -> None:
     users = [hub.create_user() for _ in range(3)]
     try:

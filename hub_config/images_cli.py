@@ -1,0 +1,161 @@
+"""``gpulab images``: which catalog images are preloaded on this Docker node; build or pull the rest.
+
+A spawn never waits on a pull: the Docker spawner only starts images present on the node, and the
+form greys out the others. This command is how an operator preloads them::
+
+    gpulab images                 # list: present / missing, and what each preloads (OCI labels)
+    gpulab images --build         # build the missing ones from images/SLUG/Dockerfile
+    gpulab images --build --all   # rebuild every image (what images/build.sh runs)
+    gpulab images --pull          # pull the missing ones from their registry instead
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from gpulab.hub_config.catalog import Catalog, CatalogError, load_catalog
+
+IMAGES_DIR = Path(__file__).resolve().parent.parent / "images"
+# Images built on top of another catalog image; the parent's tag is passed as BASE_IMAGE.
+PARENTS = {"pytorch": "base", "sd-webui": "pytorch"}
+# gpulab's Jupyter extensions are built into wheels here, then installed into the base image.
+EXTENSIONS_DIR = IMAGES_DIR.parent / "extensions"
+EXTENSION_WHEELS = IMAGES_DIR / "base" / "extensions"
+EXTENSION_IMAGES = ("base", "teaching")
+
+
+def add_images_parser(sub) -> None:
+    p = sub.add_parser(
+        "images",
+        help="list the catalog's Docker images on this node; build or pull missing ones",
+        description=__doc__.splitlines()[0],
+    )
+    p.add_argument("--catalog", default=os.environ.get("GPULAB_CATALOG", ""), help="catalog TOML")
+    how = p.add_mutually_exclusive_group()
+    how.add_argument("--build", action="store_true", help="build missing images (images/SLUG)")
+    how.add_argument("--pull", action="store_true", help="pull missing images from a registry")
+    p.add_argument("--all", action="store_true", help="with --build/--pull: present ones too")
+    p.add_argument("--json", action="store_true", help="print the list as JSON")
+    p.add_argument("slugs", nargs="*", help="only these catalog images (default: all)")
+
+
+def _client():
+    import docker
+
+    try:
+        client = docker.APIClient(version="auto")
+        client.ping()
+    except docker.errors.DockerException as e:
+        raise SystemExit(f"gpulab images: no Docker Engine reachable: {e}") from None
+    return client
+
+
+def _selected(catalog: Catalog, slugs: list[str]) -> list[str]:
+    unknown = [s for s in slugs if s not in catalog.images]
+    if unknown:
+        raise SystemExit(
+            f"gpulab images: unknown image {', '.join(unknown)}; allowed: {', '.join(catalog.images)}"
+        )
+    return slugs or list(catalog.images)
+
+
+def _build_order(slugs: list[str]) -> list[str]:
+    """Parents before children (a child is rebuilt on a freshly built parent)."""
+    order: list[str] = []
+
+    def visit(slug: str) -> None:
+        parent = PARENTS.get(slug)
+        if parent in slugs:
+            visit(parent)
+        if slug not in order:
+            order.append(slug)
+
+    for slug in slugs:
+        visit(slug)
+    return order
+
+
+def build_extension_wheels() -> list[Path]:
+    """Wheels of gpulab's Jupyter extensions (extensions/NAME with a pyproject.toml)."""
+    EXTENSION_WHEELS.mkdir(parents=True, exist_ok=True)
+    for old in EXTENSION_WHEELS.glob("*.whl"):
+        old.unlink()
+    sources = sorted(p.parent for p in EXTENSIONS_DIR.glob("*/pyproject.toml"))
+    for src in sources:
+        print(f"gpulab images: building extension wheel {src.name}")
+        subprocess.run(
+            [sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", str(EXTENSION_WHEELS), src],
+            check=True,
+        )
+    return sorted(EXTENSION_WHEELS.glob("*.whl"))
+
+
+def build_image(catalog: Catalog, slug: str) -> None:
+    dockerfile = IMAGES_DIR / slug / "Dockerfile"
+    tag = catalog.images[slug].docker_image
+    if not dockerfile.exists():
+        raise SystemExit(
+            f"gpulab images: no {dockerfile.relative_to(IMAGES_DIR.parent)}; use --pull"
+        )
+    cmd = ["docker", "build", "-f", str(dockerfile), "-t", tag]
+    parent = PARENTS.get(slug)
+    if parent:
+        cmd += ["--build-arg", f"BASE_IMAGE={catalog.images[parent].docker_image}"]
+    if slug in EXTENSION_IMAGES:
+        build_extension_wheels()
+    # The build context is the checkout, so images can COPY gpulab's launcher and extensions.
+    cmd.append(str(IMAGES_DIR.parent))
+    print(f"gpulab images: building {slug} as {tag}")
+    subprocess.run(cmd, check=True)
+
+
+def cmd_images(args: argparse.Namespace) -> int:
+    from gpulab.spawners.docker_images import catalog_image_status
+
+    try:
+        catalog = load_catalog(args.catalog or None)
+    except CatalogError as e:
+        print(f"gpulab images: {e}", file=sys.stderr)
+        return 2
+    slugs = _selected(catalog, args.slugs)
+    client = _client()
+    statuses = catalog_image_status(client, catalog)
+
+    if args.build or args.pull:
+        todo = [s for s in slugs if args.all or not statuses[s].present]
+        try:
+            if args.build:
+                for slug in _build_order(todo):
+                    build_image(catalog, slug)
+            else:
+                for slug in todo:
+                    tag = catalog.images[slug].docker_image
+                    print(f"gpulab images: pulling {slug} ({tag})")
+                    subprocess.run(["docker", "pull", tag], check=True)
+        except subprocess.CalledProcessError as e:
+            print(f"gpulab images: {' '.join(map(str, e.cmd[:3]))} failed", file=sys.stderr)
+            return 1
+        if not todo:
+            print("gpulab images: every selected image is present; nothing to do")
+        statuses = catalog_image_status(client, catalog)
+
+    rows = [statuses[s] for s in slugs]
+    if args.json:
+        print(json.dumps([r.to_json() for r in rows], indent=1))
+    else:
+        for r in rows:
+            state = "present" if r.present else "MISSING"
+            print(f"{r.slug:<12} {state:<8} {r.docker_image or '-'}")
+            if r.present:
+                size = f"{r.size_mb} MB" if r.size_mb else "?"
+                print(
+                    f"{'':<12} preloads: {', '.join(r.preloads) or '-'}; CUDA: {r.cuda or '-'}; {size}"
+                )
+            else:
+                print(f"{'':<12} {r.reason}")
+    return 0 if all(r.present for r in rows) else 3

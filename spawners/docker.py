@@ -1,0 +1,625 @@
+"""The production path: every server in a Docker container from a preloaded image, pinned to its GPUs.
+
+- GPU servers get a device request for exactly their allocated GPU UUIDs (driver ``nvidia``,
+  capabilities ``gpu``) plus ``NVIDIA_VISIBLE_DEVICES``/``CUDA_VISIBLE_DEVICES``; no-GPU servers get
+  no device request; simulated GPUs (no driver on the node) get the environment only, labelled so.
+- One named volume per user holds the home directory, the same in GPU and no-GPU mode. Datasets are
+  read-only bind mounts at ``/datasets/SLUG``, linked from ``~/datasets``. CPU and memory limits
+  come from the catalog. Containers are never privileged, drop every capability, never see the
+  Docker socket and run as a non-root user.
+- Container labels carry user, server, allocation id, GPU UUIDs and pricing, so a hub killed with
+  SIGKILL finds on restart which container holds which cards, even if its ledger was lost.
+- ``start()`` returns only once the server accepts connections (polled every few milliseconds
+  instead of the hub's backoff); a container that exits first fails the spawn with its last log
+  lines. Images are never pulled at spawn time: a missing image fails at once with the fix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import json
+import time
+from typing import Any
+
+import docker
+from docker.types import Mount
+from dockerspawner import DockerSpawner
+from jupyterhub.traitlets import ByteSpecification
+from traitlets import Bool, Float, Integer, Unicode, default, validate
+
+from gpulab.spawners.allocator import Allocation
+from gpulab.spawners.docker_images import ImageStatus, image_status
+from gpulab.spawners.gpu_spawner import GpuSpawnerMixin, SpawnError
+from gpulab.spawners.options import OptionsError, parse_options
+from gpulab.spawners.pool import GpuPool
+
+LABEL_PREFIX = "org.gpulab."
+L_HUB = LABEL_PREFIX + "hub-id"
+L_USER = LABEL_PREFIX + "user"
+L_SERVER = LABEL_PREFIX + "server"
+L_ALLOC = LABEL_PREFIX + "allocation"
+L_GPU_TYPE = LABEL_PREFIX + "gpu-type"
+L_GPUS = LABEL_PREFIX + "gpu-uuids"
+L_SIMULATED = LABEL_PREFIX + "gpus-simulated"
+L_PRICING = LABEL_PREFIX + "pricing"
+L_PRICE = LABEL_PREFIX + "price-per-hour"
+L_CURRENCY = LABEL_PREFIX + "currency"
+L_CREATED = LABEL_PREFIX + "allocated-at"
+L_IMAGE = LABEL_PREFIX + "image"
+
+DOCKER_SOCKETS = ("/var/run/docker.sock", "/run/docker.sock")
+
+
+def network_gateway(network: str) -> str:
+    """The host's address on a Docker network (where containers reach the hub)."""
+    client = docker.APIClient(version="auto")
+    try:
+        info = client.inspect_network(network)
+    except docker.errors.NotFound:
+        raise SystemExit(
+            f"GPULAB_DOCKER_NETWORK: Docker network {network!r} does not exist "
+            f"(create it with `docker network create {network}`)"
+        ) from None
+    except docker.errors.DockerException as e:
+        raise SystemExit(f"gpulab: the Docker spawner needs a running Docker Engine: {e}") from None
+    finally:
+        client.close()
+    for cfg in (info.get("IPAM") or {}).get("Config") or []:
+        if cfg.get("Gateway"):
+            return cfg["Gateway"]
+        if cfg.get("Subnet") and ":" not in cfg["Subnet"]:
+            # Docker gives a network without an explicit gateway (e.g. the default bridge) the
+            # first address of its subnet.
+            return str(next(ipaddress.ip_network(cfg["Subnet"]).hosts()))
+    raise SystemExit(
+        f"Docker network {network!r} has no gateway address; set GPULAB_HUB_IP and "
+        "GPULAB_HUB_CONNECT_IP"
+    )
+
+
+class GpuDockerSpawner(GpuSpawnerMixin, DockerSpawner):
+    """Runs each server in a container from the catalog image the user picked, with its GPUs."""
+
+    gpu_device_requests = Unicode(
+        "auto",
+        config=True,
+        help="""When a GPU server's container gets a device request for its GPU UUIDs (driver
+        nvidia, capabilities gpu): 'auto' (only for real GPUs; simulated cards get the
+        environment alone, since Docker cannot start a container that requests a device no
+        driver provides), 'always' (also for simulated cards: the container is created but
+        cannot start without a driver; for checking requests on machines without a GPU), or
+        'never' (environment only, e.g. when another runtime hands out GPUs).""",
+    )
+
+    home_volume = Unicode(
+        "gpulab-home-{username}",
+        config=True,
+        help="""Name of each user's home volume; {username} is the escaped user name. The same
+        volume serves GPU and no-GPU mode, so switching never loses a file.""",
+    )
+
+    home_mount = Unicode(
+        "/home/jovyan",
+        config=True,
+        help="Where the home volume is mounted in the container (the image user's home).",
+    )
+
+    datasets_mount = Unicode(
+        "/datasets",
+        config=True,
+        help="Directory in the container under which each dataset is bind-mounted read-only.",
+    )
+
+    container_user = Unicode(
+        "1000",
+        config=True,
+        help="""User (uid or uid:gid) the container runs as. Root is refused: a server never
+        runs as root.""",
+    )
+
+    shm_fraction = Float(
+        0.5,
+        config=True,
+        help="""Size of /dev/shm as a fraction of the container's memory limit. Docker's 64 MB
+        default breaks PyTorch DataLoader workers, which pass batches through shared memory.""",
+    )
+
+    ready_poll_interval = Float(
+        0.01,
+        config=True,
+        help="Seconds between attempts to connect to the starting server.",
+    )
+
+    exit_check_interval = Float(
+        0.25,
+        config=True,
+        help="""Seconds between checks (while waiting for the server to answer) that the
+        container is still running, so a crashed server fails the spawn at once.""",
+    )
+
+    log_tail_lines = Integer(
+        20,
+        config=True,
+        help="How many of the container's last log lines a failed spawn shows.",
+    )
+
+    trim_imports = Bool(
+        True,
+        config=True,
+        help="""gpulab's launcher in the image skips imports that only slow server start-up
+        (jsonschema's rfc3987 grammar, used by no Jupyter event schema).""",
+    )
+
+    image_status_ttl = Float(
+        10.0,
+        config=True,
+        help="Seconds the form reuses the list of images present on this node.",
+    )
+
+    @validate("gpu_device_requests")
+    def _check_device_requests(self, proposal: dict) -> str:
+        if proposal["value"] not in {"auto", "always", "never"}:
+            raise ValueError(
+                f"gpu_device_requests: {proposal['value']!r} is not allowed; "
+                "allowed: auto, always, never"
+            )
+        return proposal["value"]
+
+    @validate("container_user")
+    def _check_user(self, proposal: dict) -> str:
+        user = proposal["value"].strip()
+        if not user or user.split(":")[0] in {"0", "root"}:
+            raise ValueError(
+                f"container_user: {proposal['value']!r} is root; servers never run as root "
+                "(use the image user's uid, e.g. '1000')"
+            )
+        return user
+
+    @validate("volumes", "read_only_volumes")
+    def _no_docker_socket(self, proposal: dict) -> dict:
+        for src in proposal["value"]:
+            if str(src).rstrip("/") in DOCKER_SOCKETS or str(src).endswith("docker.sock"):
+                raise ValueError(
+                    f"{proposal['trait'].name}: {src} would give a server control of the Docker "
+                    "Engine (root on the node); it is never mounted"
+                )
+        return proposal["value"]
+
+    @default("prefix")
+    def _default_prefix(self) -> str:
+        return "gpulab"
+
+    @default("remove")
+    def _default_remove(self) -> bool:
+        # Containers are disposable: the home lives in its volume.
+        return True
+
+    @default("pull_policy")
+    def _default_pull_policy(self) -> str:
+        # Never pull at spawn time; `gpulab images` preloads (checked in start()).
+        return "never"
+
+    @default("use_internal_ip")
+    def _default_use_internal_ip(self) -> bool:
+        return True
+
+    @default("args")
+    def _default_args(self) -> list[str]:
+        # As for local servers: no news or update checks against jupyter.org (containers may
+        # have no route out, and renters should not get a consent pop-up on their first page).
+        return [
+            "--LabApp.news_url=None",
+            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        ]
+
+    @default("default_url")
+    def _default_url(self) -> str:
+        return "/lab"
+
+    @default("poll_interval")
+    def _default_poll_interval(self) -> int:
+        # One inspect per server; a dead container's GPUs should return to the pool quickly.
+        return 5
+
+    # ---- images ------------------------------------------------------------------------------
+
+    _image_cache: tuple[float, dict[str, ImageStatus]] | None = None
+
+    async def image_availability(self) -> dict[str, ImageStatus]:
+        """Which catalog images are present on this node (the spawn form greys out the rest)."""
+        cls = type(self)
+        now = time.monotonic()
+        if cls._image_cache is not None and now - cls._image_cache[0] < self.image_status_ttl:
+            return cls._image_cache[1]
+        statuses = {}
+        for slug, image in self.pool.catalog.images.items():
+            statuses[slug] = await self._in_executor(
+                image_status, self.client, slug, image.docker_image
+            )
+        cls._image_cache = (now, statuses)
+        return statuses
+
+    async def _in_executor(self, fn, *args):
+        return await asyncio.wrap_future(self.executor.submit(fn, *args))
+
+    # ---- volumes -----------------------------------------------------------------------------
+
+    @property
+    def home_volume_name(self) -> str:
+        return self.home_volume.format(username=self.escaped_name)
+
+    def _dataset_mounts(self) -> list[Mount]:
+        """Read-only bind mounts of the chosen datasets at /datasets/SLUG.
+
+        Mounts, not binds: for a source missing on the Docker host (e.g. a hub in a container
+        whose dataset paths are not the host's) Docker refuses instead of mounting an empty
+        directory it created.
+        """
+        opts = self.gpulab_options
+        mounts = []
+        for slug in opts.datasets if opts else ():
+            src = self.pool.catalog.datasets[slug].resolve_source()
+            if not src.is_dir():
+                raise SpawnError(500, f"Dataset {slug} is unavailable: {src} is not a directory")
+            mounts.append(
+                Mount(
+                    target=f"{self.datasets_mount}/{slug}",
+                    source=str(src),
+                    type="bind",
+                    read_only=True,
+                )
+            )
+        return mounts
+
+    @property
+    def mount_binds(self) -> list[Mount]:
+        return [*super().mount_binds, *self._dataset_mounts()]
+
+    @property
+    def volume_binds(self) -> dict[str, dict[str, str]]:
+        binds = super().volume_binds
+        binds[self.home_volume_name] = {"bind": self.home_mount, "mode": "rw"}
+        return binds
+
+    # ---- environment and container config ----------------------------------------------------
+
+    _gpu_env: dict[str, str] | None = None
+
+    def get_env(self) -> dict[str, str]:
+        env = super().get_env()
+        env.update(self._gpu_env or {})
+        opts = self.gpulab_options
+        links = [
+            [f"{self.datasets_mount}/{slug}", f"{self.home_mount}/datasets/{slug}"]
+            for slug in (opts.datasets if opts else ())
+        ]
+        # The launcher in the image links ~/datasets/SLUG to the read-only mounts (and removes
+        # links of datasets no longer requested).
+        env["GPULAB_DATASET_MODE"] = "symlink"
+        env["GPULAB_DATASET_MOUNTS"] = json.dumps(links)
+        env["GPULAB_TRIM_IMPORTS"] = "1" if self.trim_imports else "0"
+        env["HOME"] = self.home_mount
+        if self.allocation is not None and self.device_requests(self.allocation):
+            # What the NVIDIA container toolkit injects: CUDA's driver library and nvidia-smi.
+            env["NVIDIA_DRIVER_CAPABILITIES"] = "compute,utility"
+        return env
+
+    def _limits(self, alloc: Allocation) -> tuple[float, str]:
+        catalog = self.pool.catalog
+        if alloc.gpu_type is None:
+            return catalog.no_gpu.cpus, catalog.no_gpu.mem
+        gpu_type = catalog.gpu_types[alloc.gpu_type]
+        n = len(alloc.uuids)
+        number, unit = gpu_type.mem_per_card[:-1], gpu_type.mem_per_card[-1]
+        return gpu_type.cpus_per_card * n, f"{float(number) * n:g}{unit}"
+
+    def _simulated(self, alloc: Allocation) -> bool:
+        devices = [self.pool.inventory.by_uuid(u) for u in alloc.uuids]
+        return any(d is not None and d.simulated for d in devices)
+
+    def device_requests(self, alloc: Allocation) -> list[dict[str, Any]]:
+        """The GPU device request for exactly the allocated cards (empty in no-GPU mode)."""
+        if not alloc.uuids or self.gpu_device_requests == "never":
+            return []
+        if self._simulated(alloc) and self.gpu_device_requests == "auto":
+            return []
+        return [
+            {
+                "Driver": "nvidia",
+                "DeviceIDs": list(alloc.uuids),
+                "Capabilities": [["gpu"]],
+                "Count": 0,
+                "Options": {},
+            }
+        ]
+
+    def labels(self, alloc: Allocation) -> dict[str, str]:
+        opts = self.gpulab_options
+        assert opts is not None
+        catalog = self.pool.catalog
+        return {
+            L_HUB: self.pool.hub_id,
+            L_USER: self.user.name,
+            L_SERVER: self.name,
+            L_ALLOC: alloc.alloc_id,
+            L_GPU_TYPE: alloc.gpu_type or "none",
+            L_GPUS: ",".join(alloc.uuids),
+            L_SIMULATED: "1" if self._simulated(alloc) else "0",
+            L_PRICING: alloc.pricing,
+            L_PRICE: str(opts.price_per_hour(catalog)),
+            L_CURRENCY: catalog.currency,
+            L_CREATED: repr(alloc.created),
+            L_IMAGE: opts.image,
+        }
+
+    def _container_config(self, alloc: Allocation) -> None:
+        """Per-spawn settings DockerSpawner.create_object merges into the container."""
+        cpus, mem = self._limits(alloc)
+        self.cpu_limit = cpus
+        self.mem_limit = mem
+        mem_bytes = ByteSpecification().validate(self, mem)
+        self.extra_create_kwargs = {"labels": self.labels(alloc), "user": self.container_user}
+        self.extra_host_config = {
+            # Logs must outlive a crash so a failed spawn can show them; stop() removes.
+            "auto_remove": False,
+            "privileged": False,
+            "cap_drop": ["ALL"],
+            "security_opt": ["no-new-privileges"],
+            "shm_size": max(64 * 2**20, int(mem_bytes * self.shm_fraction)),
+            "device_requests": self.device_requests(alloc),
+        }
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> str:
+        # Check the image before anything is allocated: a missing image changes nothing.
+        opts = self.gpulab_options or parse_options(self.user_options, self.pool.catalog)
+        self.gpulab_options = opts
+        status = await self._in_executor(
+            image_status, self.client, opts.image, self.pool.catalog.images[opts.image].docker_image
+        )
+        if not status.present:
+            raise SpawnError(409, f"Image {opts.image!r} is unavailable: {status.reason}")
+        self._image_status = status
+        return await self.gpulab_start()
+
+    async def _launch(self, gpu_env: dict[str, str]) -> str:
+        alloc = self.allocation
+        opts = self.gpulab_options
+        assert alloc is not None and opts is not None
+        status = self._image_status
+        self.image = status.docker_image
+        self.emit_progress(25, f"Image {opts.image} ({self.image}) is present on this node")
+        self._gpu_env = gpu_env
+        self._container_config(alloc)
+        if opts.datasets:
+            self.emit_progress(
+                30,
+                f"Mounting datasets read-only at {self.datasets_mount}: {', '.join(opts.datasets)}",
+            )
+        await self.docker(
+            "create_volume",
+            self.home_volume_name,
+            labels={L_USER: self.user.name, L_HUB: self.pool.hub_id},
+        )
+
+        old = await self.get_object()
+        if old is not None:
+            self.log.warning("Removing leftover container %s", self.container_name)
+            await self.remove_object()
+        requests = self.device_requests(alloc)
+        gpu_note = (
+            f"device request for {', '.join(alloc.uuids)}"
+            if requests
+            else ("simulated GPUs: environment only" if alloc.uuids else "no GPU")
+        )
+        self.emit_progress(
+            40,
+            f"Creating container {self.container_name} ({self.cpu_limit:g} CPUs, "
+            f"{self._limits(alloc)[1]} memory, {gpu_note})",
+        )
+        t0 = time.perf_counter()
+        try:
+            obj = await self.create_object()
+        except docker.errors.APIError as e:
+            raise SpawnError(
+                500, f"Docker could not create the container: {_docker_reason(e)}"
+            ) from None
+        self.object_id = obj["Id"]
+        self.emit_progress(50, "Starting the container")
+        t1 = time.perf_counter()
+        try:
+            await self.start_object()
+        except Exception as e:
+            raise SpawnError(
+                500, f"Docker could not start the container: {_docker_reason(e)}"
+            ) from None
+        info = await self.docker("inspect_container", self.object_id)
+        ip = self.get_network_ip(info["NetworkSettings"])
+        self.emit_progress(60, f"Container running; waiting for JupyterLab at {ip}:{self.port}")
+        t2 = time.perf_counter()
+        await self._wait_answering(ip, self.port)
+        self.launch_timings = {
+            "container_create": t1 - t0,
+            "container_start": t2 - t1,
+            "python_startup_to_listen": time.perf_counter() - t2,
+        }
+        return f"http://{ip}:{self.port}"
+
+    async def _wait_answering(self, ip: str, port: int) -> None:
+        deadline = time.monotonic() + self.start_timeout
+        next_check = time.monotonic() + self.exit_check_interval
+        while time.monotonic() < deadline:
+            try:
+                _, writer = await asyncio.wait_for(asyncio.open_connection(ip, port), 1)
+            except (OSError, TimeoutError):
+                pass
+            else:
+                writer.close()
+                return
+            if time.monotonic() >= next_check:
+                state = (await self.docker("inspect_container", self.object_id))["State"]
+                if not state["Running"]:
+                    raise SpawnError(500, await self._early_exit_message(state))
+                next_check = time.monotonic() + self.exit_check_interval
+            await asyncio.sleep(self.ready_poll_interval)
+        raise SpawnError(500, f"Server did not listen on {ip}:{port} in {self.start_timeout}s")
+
+    async def _early_exit_message(self, state: dict[str, Any]) -> str:
+        raw = await self.docker("logs", self.object_id, tail=self.log_tail_lines)
+        tail = raw.decode(errors="replace").rstrip("\n")
+        why = f"code {state.get('ExitCode')}"
+        if state.get("OOMKilled"):
+            why += ", out of memory"
+        return f"Server exited with {why} before it answered. Last log lines:\n{tail}"
+
+    def clear_state(self) -> None:
+        # Called on every stop path: clean stop, container found dead, failed spawn.
+        self._release()
+        self._stored_alloc = None
+        super().clear_state()
+
+    def get_state(self) -> dict[str, Any]:
+        state = super().get_state()
+        if self.object_id:
+            state.update(self.gpulab_state())
+        return state
+
+    _stored_alloc: dict[str, Any] | None = None
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        super().load_state(state)
+        self.load_gpulab_state(state)
+        self._stored_alloc = state.get("allocation")
+
+    async def poll(self):
+        status = await super().poll()
+        if status is None and self.allocation is None:
+            # Running, yet no allocation claimed: the ledger lost the record, or the hub died
+            # between starting the container and saving the server's state. The container's
+            # labels (checked against the hub database where it has a record) say what it holds.
+            await self._claim_from_container()
+        elif status is not None and self.object_id and self.remove:
+            await self._remove_dead()
+        return status
+
+    async def _remove_dead(self) -> None:
+        """A container that died by itself: log why, then remove it (the hub won't call stop())."""
+        obj = await self.get_object()
+        if obj is None:
+            return
+        state = obj["State"]
+        if state.get("Running") or state.get("StartedAt", "").startswith("0001-"):
+            # Never started (Docker refused it): kept for inspection; the reaper removes it.
+            return
+        raw = await self.docker("logs", self.object_id, tail=self.log_tail_lines)
+        self.log.warning(
+            "Container %s of %s exited with code %s%s; last log lines:\n%s",
+            self.container_name,
+            self.owner,
+            state.get("ExitCode"),
+            " (out of memory)" if state.get("OOMKilled") else "",
+            raw.decode(errors="replace").rstrip("\n"),
+        )
+        await self.remove_object()
+        self.object_id = ""
+
+    async def _claim_from_container(self) -> None:
+        obj = await self.get_object()
+        labels = (obj or {}).get("Config", {}).get("Labels") or {}
+        alloc_id = labels.get(L_ALLOC)
+        if not alloc_id or labels.get(L_HUB) != self.pool.hub_id:
+            return
+        uuids = [u for u in labels.get(L_GPUS, "").split(",") if u]
+        stored = self._stored_alloc
+        if stored and (stored["alloc_id"] != alloc_id or sorted(stored["uuids"]) != sorted(uuids)):
+            self.log.error(
+                "%s: container labels (allocation %s) contradict the hub database (%s); "
+                "not claiming GPUs %s",
+                self.owner,
+                alloc_id,
+                stored["alloc_id"],
+                ", ".join(uuids),
+            )
+            return
+        gpu_type = labels.get(L_GPU_TYPE, "none")
+        alloc = Allocation(
+            alloc_id=alloc_id,
+            owner=self.owner,
+            gpu_type=None if gpu_type == "none" else gpu_type,
+            uuids=uuids,
+            created=float(labels.get(L_CREATED) or time.time()),
+            pricing=labels.get(L_PRICING, "on-demand"),
+        )
+        allocator = self.pool.allocator
+        if not (allocator.restore(alloc) and allocator.adopt(self.owner, alloc_id)):
+            self.log.error(
+                "%s: GPUs %s of container %s are held by another allocation; not claiming them",
+                self.owner,
+                ", ".join(uuids),
+                self.container_name,
+            )
+            return
+        self.allocation = allocator.get(self.owner)
+        self.mode_label = self._label(self.allocation)
+        if self.gpulab_options is None:
+            try:
+                self.gpulab_options = parse_options(
+                    {
+                        "image": labels.get(L_IMAGE),
+                        "gpu": gpu_type,
+                        "gpus": len(uuids) or 1,
+                        "pricing": alloc.pricing,
+                    },
+                    self.pool.catalog,
+                )
+            except OptionsError as e:
+                self.log.warning("%s: options from container labels: %s", self.owner, e)
+        self.log.warning(
+            "%s: claimed allocation %s (GPUs: %s) from running container %s",
+            self.owner,
+            alloc_id,
+            ", ".join(uuids) or "none",
+            self.container_name,
+        )
+
+
+# ---- reaping ------------------------------------------------------------------------------------
+
+
+async def reap_containers(pool: GpuPool) -> None:
+    """Remove this hub's containers whose allocation no server holds any more.
+
+    Runs after each orphan sweep of the pool (from hub start on, see GpuPool.reapers): a
+    container of a spawn the hub died in the middle of, of a failed spawn, or of a record swept
+    as orphaned must not keep running, or keep a GPU busy, with nobody tracking or billing it.
+    """
+    client = GpuDockerSpawner._client or docker.APIClient(version="auto")
+    containers = await asyncio.to_thread(
+        client.containers, all=True, filters={"label": f"{L_HUB}={pool.hub_id}"}
+    )
+    allocator = pool.allocator
+    live = {a.alloc_id for a in allocator.allocations} - {o.alloc_id for o in allocator.orphans()}
+    for c in containers:
+        alloc_id = (c.get("Labels") or {}).get(L_ALLOC)
+        if alloc_id in live:
+            continue
+        pool.log.warning(
+            "Removing container %s (%s): its allocation %s is held by no server",
+            c["Names"][0].lstrip("/") if c.get("Names") else c["Id"][:12],
+            c.get("State"),
+            alloc_id,
+        )
+        try:
+            await asyncio.to_thread(client.remove_container, c["Id"], force=True)
+        except docker.errors.APIError as e:
+            pool.log.warning("Could not remove container %s: %s", c["Id"][:12], e)
+
+
+GpuPool.reapers["docker"] = reap_containers
+
+
+def _docker_reason(e: Exception) -> str:
+    explanation = getattr(e, "explanation", None)
+    return str(explanation or e)

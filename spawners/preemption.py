@@ -1,0 +1,193 @@
+"""What a spot server is told before it is reclaimed: signals, a signed webhook, a checkpoint.
+
+- SIGUSR1 goes only to the server's processes that *catch* it (bit 10 of ``SigCgt`` in
+  /proc/PID/status): SIGUSR1's default action terminates a process, so a kernel that did not opt
+  in (``gpulab_spot.on_preempt``) must never receive it.
+- The webhook is a JSON POST signed with HMAC-SHA256 over the exact body bytes::
+
+      X-Gpulab-Event: preemption-warning | preemption-cancelled | preempted
+      X-Gpulab-Delivery: <record id>
+      X-Gpulab-Signature: sha256=<hex hmac of the body with the user's webhook secret>
+
+- The checkpoint command runs with the server's environment in the user's home, its output kept
+  in ``~/.gpulab/checkpoints/<UTC time>.log``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from gpulab.spawners.allocator import ENV_ALLOC, _pids, _process_env
+
+SIGUSR1_BIT = 1 << (signal.SIGUSR1 - 1)
+
+
+class Preemption(BaseModel):
+    """One preemption, from the warning to its end (stopped, or cancelled)."""
+
+    id: str
+    owner: str  # "user/server"
+    user: str
+    server: str
+    gpu_type: str
+    reason: str
+    status: str  # "warning" | "cancelled" | "stopped"
+    price: str  # spot price when the warning went out
+    max_price: str | None
+    warned_at: float
+    deadline: float
+    signalled_pids: list[int] = []
+    skipped_pids: list[int] = []  # server processes that do not catch SIGUSR1
+    webhook: dict[str, Any] | None = None  # url, status code or error
+    checkpoint: dict[str, Any] | None = None  # command, exit code, log path
+    cancelled_at: float | None = None
+    stopped_at: float | None = None
+
+    def public(self) -> dict[str, Any]:
+        out = self.model_dump()
+        out["seconds_left"] = (
+            max(0.0, round(self.deadline - time.time(), 1)) if self.status == "warning" else None
+        )
+        return out
+
+
+# ---- signals ---------------------------------------------------------------------------------
+
+
+def catches(pid: int, signum: int = signal.SIGUSR1) -> bool:
+    """Whether ``pid`` has a handler installed for ``signum`` (its SigCgt mask)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("SigCgt:"):
+                return bool(int(line.split()[1], 16) & (1 << (signum - 1)))
+    except (OSError, ValueError):
+        pass
+    return False
+
+
+def _parents() -> dict[int, int]:
+    out = {}
+    for pid in _pids():
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        out[pid] = int(stat.rpartition(")")[2].split()[1])
+    return out
+
+
+def server_processes(root_pid: int | None, alloc_id: str) -> list[int]:
+    """The server process, its descendants (kernels, terminals) and anything else that carries
+    the server's allocation id in its environment."""
+    found: set[int] = set()
+    if root_pid:
+        children: dict[int, list[int]] = {}
+        for pid, ppid in _parents().items():
+            children.setdefault(ppid, []).append(pid)
+        stack = [root_pid]
+        while stack:
+            pid = stack.pop()
+            if pid in found:
+                continue
+            found.add(pid)
+            stack.extend(children.get(pid, []))
+    for pid in _pids():
+        if _process_env(pid).get(ENV_ALLOC) == alloc_id:
+            found.add(pid)
+    return sorted(p for p in found if Path(f"/proc/{p}").exists())
+
+
+def signal_opted_in(pids: list[int]) -> tuple[list[int], list[int]]:
+    """SIGUSR1 to each pid that catches it. Returns (signalled, skipped)."""
+    signalled, skipped = [], []
+    for pid in pids:
+        if not catches(pid):
+            skipped.append(pid)
+            continue
+        try:
+            os.kill(pid, signal.SIGUSR1)
+            signalled.append(pid)
+        except (ProcessLookupError, PermissionError):
+            skipped.append(pid)
+    return signalled, skipped
+
+
+# ---- webhook ---------------------------------------------------------------------------------
+
+
+def sign(body: bytes, secret: str) -> str:
+    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+
+
+async def send_webhook(
+    url: str, secret: str, event: str, delivery: str, payload: dict[str, Any], limit: float = 10
+) -> dict[str, Any]:
+    """POST the signed event; never raises (the result is recorded instead)."""
+    from tornado.httpclient import AsyncHTTPClient, HTTPClientError
+
+    body = json.dumps({"event": event, **payload}, sort_keys=True).encode()
+    headers = {
+        "Content-Type": "application/json",
+        "User-Agent": "gpulab-spot-market",
+        "X-Gpulab-Event": event,
+        "X-Gpulab-Delivery": delivery,
+        "X-Gpulab-Signature": sign(body, secret),
+    }
+    result: dict[str, Any] = {"url": url, "event": event, "sent_at": time.time()}
+    try:
+        resp = await AsyncHTTPClient().fetch(
+            url, method="POST", body=body, headers=headers, request_timeout=limit
+        )
+        result["status"] = resp.code
+    except HTTPClientError as e:
+        result["status"] = e.code
+        result["error"] = str(e)
+    except Exception as e:  # unreachable host, TLS, DNS: recorded, never fatal
+        result["error"] = f"{type(e).__name__}: {e}"
+    return result
+
+
+# ---- checkpoint ------------------------------------------------------------------------------
+
+
+async def run_checkpoint(
+    command: str, home: str, env: dict[str, str], limit: float
+) -> dict[str, Any]:
+    """Run ``command`` with bash in ``home``; keep its output under ~/.gpulab/checkpoints/."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    log_dir = Path(home) / ".gpulab" / "checkpoints"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"{stamp}.log"
+    result: dict[str, Any] = {"command": command, "log": str(log_path), "started_at": time.time()}
+    log_path.write_bytes(f"$ {command}\n".encode())
+    with log_path.open("ab") as log:  # a local file: the write is not worth a thread
+        proc = await asyncio.create_subprocess_exec(
+            "/bin/bash",
+            "-c",
+            command,
+            cwd=home,
+            env=env,
+            stdout=log,
+            stderr=asyncio.subprocess.STDOUT,
+            stdin=asyncio.subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        try:
+            result["exit_code"] = await asyncio.wait_for(proc.wait(), limit)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+            result["exit_code"] = None
+            result["error"] = f"timed out after {limit:.0f}s"
+    result["finished_at"] = time.time()
+    return result

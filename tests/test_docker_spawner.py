@@ -1,0 +1,547 @@
+"""The Docker spawner against a real Docker Engine, end to end through the hub API.
+
+The single-user image is built locally without a registry (images/build-test-image.sh, cached by
+its inputs). GPUs are simulated: their containers get the GPU environment only. The device request
+a real GPU gets is checked on a created container (Docker can't start it without an NVIDIA
+driver); on a machine with a GPU the `gpu` test starts one for real.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import shutil
+import subprocess
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import requests
+from conftest import require
+from harness import REPO, VENV_BIN, Hub, KernelError, wait_for
+
+GPULAB = str(VENV_BIN / "gpulab")
+LABEL_HUB = "org.gpulab.hub-id"
+BROKEN_MESSAGE = "gpulab-test: this server refuses to start"
+
+
+def docker_client():
+    import docker
+
+    try:
+        client = docker.from_env(version="auto")
+        client.ping()
+        return client
+    except docker.errors.DockerException:
+        return None
+
+
+@pytest.fixture(scope="module")
+def docker():
+    client = docker_client()
+    require(client is not None, "a running Docker Engine (dockerd)")
+    return client
+
+
+@pytest.fixture(scope="module")
+def test_image(docker) -> str:
+    require(shutil.which("mmdebstrap") is not None, "mmdebstrap (to build the test image)")
+    out = subprocess.run(
+        [str(REPO / "images" / "build-test-image.sh")],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture(scope="module")
+def broken_image(docker, test_image: str) -> str:
+    """The test image with a server that prints a reason and exits, as a misconfigured one does."""
+    tag = f"gpulab-test-broken:{test_image.rpartition(':')[2]}"
+    dockerfile = (
+        f"FROM {test_image}\n"
+        f'CMD ["python", "-c", "import sys; print({BROKEN_MESSAGE!r}); sys.exit(3)"]\n'
+    )
+    docker.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag=tag, rm=True)
+    return tag
+
+
+def write_catalog(path: Path, image: str, broken: str) -> Path:
+    """The shipped catalog with the test image as `base` and `teaching`, plus a broken image."""
+    text = (REPO / "hub_config" / "catalog.toml").read_text()
+    for slug in ("base", "teaching"):
+        text, n = re.subn(
+            rf'(\[images\.{slug}\](?:(?!\n\[).)*?docker_image = )"[^"]*"',
+            rf'\1"{image}"',
+            text,
+            flags=re.DOTALL,
+        )
+        assert n == 1, slug
+    text += (
+        '\n[images.broken]\ndisplay_name = "Broken"\ndescription = "Exits at start"\n'
+        f'docker_image = "{broken}"\n'
+        '\n[datasets.gone]\ndisplay_name = "Gone"\ndescription = "Its directory is missing"\n'
+        f'size = "0"\nlicense = "none"\nsource = "{path.parent / "no-such-dataset"}"\n'
+    )
+    path.write_text(text)
+    return path
+
+
+def hub_id(hub: Hub) -> str:
+    return (hub.data_dir / "hub-id").read_text().strip()
+
+
+def cleanup(docker, hub: Hub) -> None:
+    try:
+        ident = hub_id(hub)
+    except OSError:
+        return
+    for c in docker.containers.list(all=True, filters={"label": f"{LABEL_HUB}={ident}"}):
+        c.remove(force=True)
+    for v in docker.volumes.list(filters={"label": f"{LABEL_HUB}={ident}"}):
+        v.remove(force=True)
+
+
+@pytest.fixture(scope="module")
+def catalog(tmp_path_factory, test_image: str, broken_image: str) -> Path:
+    return write_catalog(
+        Path(tmp_path_factory.mktemp("catalog")) / "catalog.toml", test_image, broken_image
+    )
+
+
+def docker_hub(data: Path, catalog: Path, *extra: str) -> Hub:
+    cli = [GPULAB, "up", "--spawner", "docker", "--catalog", str(catalog)]
+    return Hub(data, simulate="A100-80G:2,RTX-4090:2", cli=cli, extra_args=extra)
+
+
+@pytest.fixture(scope="module")
+def dhub(tmp_path_factory, docker, catalog: Path, chp_installed) -> Hub:
+    h = docker_hub(Path(tmp_path_factory.mktemp("dhub")) / "data", catalog).start()
+    yield h
+    h.stop()
+    cleanup(docker, h)
+
+
+@pytest.fixture
+def duser(dhub: Hub):
+    name = dhub.create_user()
+    yield name
+    if dhub.server(name) is not None:
+        dhub.stop_server(name)
+
+
+def container_of(docker, hub: Hub, user: str):
+    found = docker.containers.list(
+        all=True, filters={"label": [f"{LABEL_HUB}={hub_id(hub)}", f"org.gpulab.user={user}"]}
+    )
+    assert len(found) == 1, [c.name for c in found]
+    return found[0]
+
+
+def held(hub: Hub, user: str) -> list[str]:
+    return hub.server(user)["state"]["allocation"]["uuids"]
+
+
+# ---- spawning ----------------------------------------------------------------------------------
+
+
+def test_gpu_server_runs_in_a_locked_down_container_with_its_gpu(dhub, duser, docker) -> None:
+    free = dhub.free("a100-80g")
+    dhub.spawn_ready(duser, {"gpu": "a100-80g", "gpus": 1, "datasets": ["sklearn-toy"]})
+    [card] = held(dhub, duser)
+    assert card.startswith("GPU-SIM-") and dhub.free("a100-80g") == free - 1
+
+    with dhub.kernel(duser) as k:
+        env = json.loads(
+            k.execute(
+                "import os, json; print(json.dumps({k: os.environ.get(k) for k in "
+                "['CUDA_VISIBLE_DEVICES', 'NVIDIA_VISIBLE_DEVICES', 'GPULAB_MODE', 'HOME']} "
+                "| {'uid': os.getuid()}))"
+            )
+        )
+    assert env == {
+        "CUDA_VISIBLE_DEVICES": card,
+        "NVIDIA_VISIBLE_DEVICES": card,
+        "GPULAB_MODE": "A100-80G x1 (simulated)",
+        "HOME": "/home/jovyan",
+        "uid": 1000,
+    }
+
+    c = container_of(docker, dhub, duser)
+    labels, host = c.attrs["Config"]["Labels"], c.attrs["HostConfig"]
+    alloc = dhub.server(duser)["state"]["allocation"]
+    assert labels["org.gpulab.allocation"] == alloc["alloc_id"]
+    assert labels["org.gpulab.gpu-uuids"] == card
+    assert labels["org.gpulab.gpus-simulated"] == "1"
+    assert (labels["org.gpulab.pricing"], labels["org.gpulab.price-per-hour"]) == (
+        "on-demand",
+        "2.10",
+    )
+    # Simulated cards: the environment only, no device request Docker could not satisfy.
+    assert not host.get("DeviceRequests")
+    assert host["Privileged"] is False and host["CapDrop"] == ["ALL"]
+    assert c.attrs["Config"]["User"] == "1000"
+    assert not any("docker.sock" in b for b in host["Binds"])
+    # Catalog: a100-80g has 12 CPUs and 96G per card; /dev/shm is half the memory.
+    assert host["CpuQuota"] == 12 * host["CpuPeriod"]
+    assert host["Memory"] == 96 * 2**30 and host["ShmSize"] == 48 * 2**30
+
+
+def test_no_gpu_server_has_no_gpu_and_cpu_limits(dhub, duser, docker) -> None:
+    dhub.spawn_ready(duser, {"gpu": "none"})
+    assert held(dhub, duser) == []
+    with dhub.kernel(duser) as k:
+        out = k.execute(
+            "import os; print(repr(os.environ['CUDA_VISIBLE_DEVICES']), "
+            "os.environ['NVIDIA_VISIBLE_DEVICES'], os.environ['GPULAB_MODE'])"
+        )
+    assert out.split(maxsplit=2) == ["''", "void", "No GPU\n"]
+    host = container_of(docker, dhub, duser).attrs["HostConfig"]
+    assert not host.get("DeviceRequests")
+    assert host["CpuQuota"] == 2 * host["CpuPeriod"] and host["Memory"] == 4 * 2**30
+
+
+def test_datasets_are_read_only_mounts_linked_from_home(dhub, duser) -> None:
+    dhub.spawn_ready(duser, {"gpu": "none", "datasets": ["sklearn-toy", "sklearn-images"]})
+    with dhub.kernel(duser) as k:
+        assert k.execute("import os; print(sorted(os.listdir('/datasets')))").strip() == (
+            "['sklearn-images', 'sklearn-toy']"
+        )
+        assert k.execute("print(os.readlink(os.path.expanduser('~/datasets/sklearn-toy')))") == (
+            "/datasets/sklearn-toy\n"
+        )
+        rows = k.execute(
+            "import csv; print(sum(1 for _ in csv.reader(open("
+            "os.path.expanduser('~/datasets/sklearn-toy/iris.csv')))))"
+        )
+        assert int(rows) == 151
+        for target in ("~/datasets/sklearn-toy/new.txt", "/datasets/sklearn-images/new.jpg"):
+            with pytest.raises(KernelError, match="Read-only file system"):
+                k.execute(f"open(os.path.expanduser({target!r}), 'w')")
+        mounts = [
+            m.split() for m in k.execute("print(open('/proc/mounts').read())").splitlines() if m
+        ]
+        for slug in ("sklearn-toy", "sklearn-images"):
+            [fields] = [m for m in mounts if m[1] == f"/datasets/{slug}"]
+            assert "ro" in fields[3].split(",")
+
+
+def test_files_survive_gpu_to_no_gpu_to_gpu(dhub, duser, docker) -> None:
+    dhub.spawn_ready(duser, {"gpu": "rtx-4090"})
+    first = container_of(docker, dhub, duser).id
+    with dhub.kernel(duser) as k:
+        k.execute("open('model.txt', 'w').write('epoch 3')")
+    dhub.stop_server(duser)
+
+    dhub.spawn_ready(duser, {"gpu": "none"})
+    assert container_of(docker, dhub, duser).id != first  # a new container, the same volume
+    with dhub.kernel(duser) as k:
+        assert k.execute("print(open('model.txt').read())") == "epoch 3\n"
+        k.execute("open('model.txt', 'a').write(', debugged')")
+    dhub.stop_server(duser)
+
+    dhub.spawn_ready(duser, {"gpu": "rtx-4090"})
+    with dhub.kernel(duser) as k:
+        assert k.execute("print(open('model.txt').read())") == "epoch 3, debugged\n"
+        assert (
+            k.execute("import os; print(os.environ['CUDA_VISIBLE_DEVICES'])").strip()
+            == (held(dhub, duser)[0])
+        )
+
+
+def test_progress_reports_the_container_steps(dhub, duser) -> None:
+    with ThreadPoolExecutor(1) as ex:
+        post = ex.submit(dhub.spawn, duser, {"gpu": "rtx-4090", "datasets": ["sklearn-toy"]})
+        wait_for(
+            lambda: (s := dhub.server(duser)) is not None and s["pending"] == "spawn",
+            timeout=30,
+            interval=0.01,
+            what="the spawn to be pending",
+        )
+        with dhub.api("GET", f"/users/{duser}/server/progress", stream=True) as resp:
+            events = [
+                json.loads(line[5:])
+                for line in resp.iter_lines(decode_unicode=True)
+                if line and line.startswith("data:")
+            ]
+        assert post.result().status_code in (201, 202)
+    text = "\n".join(e.get("message", "") for e in events)
+    for step in (
+        "Allocated RTX 4090 x1 (simulated)",
+        "Image base (gpulab-test-singleuser:",
+        "is present on this node",
+        "Mounting datasets read-only at /datasets: sklearn-toy",
+        "Creating container gpulab-",
+        "simulated GPUs: environment only",
+        "Starting the container",
+        "waiting for JupyterLab",
+        "JupyterLab is ready",
+    ):
+        assert step in text, text
+    assert events[-1].get("ready") is True, events
+
+
+def test_switch_to_no_gpu_moves_the_container_and_keeps_files(dhub, duser, docker) -> None:
+    dhub.spawn_ready(duser, {"gpu": "a100-80g"})
+    old = container_of(docker, dhub, duser).id
+    free = dhub.free("a100-80g")
+    with dhub.kernel(duser) as k:
+        k.execute("open('notes.txt', 'w').write('keep me')")
+    r = dhub.api("POST", f"/gpulab/users/{duser}/switch", json={"gpu": "none"})
+    assert r.status_code == 202, r.text
+    wait_for(
+        lambda: (s := dhub.server(duser)) and s["ready"] and held(dhub, duser) == [],
+        timeout=60,
+        what="the switched server",
+    )
+    assert container_of(docker, dhub, duser).id != old
+    assert dhub.free("a100-80g") == free + 1
+    with dhub.kernel(duser) as k:
+        assert k.execute("print(open('notes.txt').read())") == "keep me\n"
+
+
+# ---- failures ----------------------------------------------------------------------------------
+
+
+def test_missing_image_is_refused_before_anything_is_held(dhub, duser, docker) -> None:
+    free = dhub.free("a100-80g")
+    r = dhub.spawn(duser, {"image": "pytorch", "gpu": "a100-80g"})
+    assert r.status_code == 409, r.text
+    assert "gpulab/pytorch:0.1.0 is not on this node" in r.json()["message"]
+    assert "gpulab images" in r.json()["message"]
+    assert dhub.free("a100-80g") == free
+    assert dhub.server(duser) is None
+    assert not docker.containers.list(all=True, filters={"label": f"org.gpulab.user={duser}"})
+
+
+def test_missing_dataset_fails_the_spawn_and_frees_the_gpu(dhub, duser, docker) -> None:
+    free = dhub.free("a100-80g")
+    r = dhub.spawn(duser, {"gpu": "a100-80g", "datasets": ["gone"]})
+    assert r.status_code == 500, r.text
+    assert "Dataset gone is unavailable" in r.json()["message"]
+    wait_for(lambda: dhub.server(duser) is None, 10, what="the failed server to be gone")
+    assert dhub.free("a100-80g") == free
+    assert not docker.containers.list(all=True, filters={"label": f"org.gpulab.user={duser}"})
+
+
+def test_server_that_exits_fails_the_spawn_with_its_log(dhub, duser) -> None:
+    free = dhub.free("a100-80g")
+    r = dhub.spawn(duser, {"image": "broken", "gpu": "a100-80g"})
+    assert r.status_code == 500, r.text
+    message = r.json()["message"]
+    assert "exited with code 3 before it answered" in message
+    assert BROKEN_MESSAGE in message
+    wait_for(lambda: dhub.server(duser) is None, 10, what="the failed server to be gone")
+    assert dhub.free("a100-80g") == free
+
+
+def test_dead_container_is_noticed_and_its_gpu_released(dhub, duser, docker) -> None:
+    free = dhub.free("a100-80g")
+    dhub.spawn_ready(duser, {"gpu": "a100-80g"})
+    assert dhub.free("a100-80g") == free - 1
+    container_of(docker, dhub, duser).kill()
+    wait_for(lambda: dhub.server(duser) is None, 30, what="the hub to notice the dead container")
+    assert dhub.free("a100-80g") == free
+    # and it is cleaned up, so the next spawn starts fresh
+    wait_for(
+        lambda: not docker.containers.list(all=True, filters={"label": f"org.gpulab.user={duser}"}),
+        30,
+        what="the dead container to be removed",
+    )
+
+
+# ---- the form and the images command -----------------------------------------------------------
+
+
+def login(hub: Hub) -> requests.Session:
+    s = requests.Session()
+    s.get(f"{hub.url}/hub/login", timeout=30)
+    password = (hub.data_dir / "admin-password").read_text().strip()
+    r = s.post(
+        f"{hub.url}/hub/login",
+        data={"username": "admin", "password": password, "_xsrf": s.cookies.get("_xsrf")},
+        timeout=30,
+    )
+    assert r.status_code == 200, r.status_code
+    return s
+
+
+def test_form_offers_only_present_images(dhub) -> None:
+    html = login(dhub).get(f"{dhub.url}/hub/spawn", timeout=30).text
+    options = dict(re.findall(r'<option value="([a-z0-9-]+)"([^>]*)>', html))
+    assert "disabled" not in options["base"] and "disabled" not in options["teaching"]
+    for missing in ("pytorch", "sd-webui"):
+        assert "disabled" in options[missing]
+    assert "gpulab/pytorch:0.1.0 is not on this node" in html
+
+
+def test_images_command_lists_present_and_missing(catalog: Path, test_image: str) -> None:
+    out = subprocess.run(
+        [GPULAB, "images", "--catalog", str(catalog), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 3, out.stderr  # something is missing
+    rows = {r["slug"]: r for r in json.loads(out.stdout)}
+    assert rows["base"]["present"] and rows["base"]["docker_image"] == test_image
+    assert "jupyterhub==6.1.1" in rows["base"]["preloads"]["libraries"]
+    assert not rows["pytorch"]["present"] and "gpulab images --build" in rows["pytorch"]["reason"]
+
+
+def test_images_command_builds_only_what_it_has_a_dockerfile_for(catalog: Path) -> None:
+    out = subprocess.run(
+        [GPULAB, "images", "--catalog", str(catalog), "--build", "--all", "broken"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode != 0
+    assert "no images/broken/Dockerfile; use --pull" in out.stderr
+    out = subprocess.run(
+        [GPULAB, "images", "--catalog", str(catalog), "nonsense"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode != 0 and "unknown image nonsense; allowed: base, pytorch" in out.stderr
+
+
+# ---- real GPU device requests ------------------------------------------------------------------
+
+
+def test_real_gpu_device_request_names_exactly_the_allocated_cards(
+    tmp_path, docker, catalog: Path, chp_installed
+) -> None:
+    """'always' gives simulated cards the request a real card gets: the container is created with
+    it, and (without an NVIDIA driver) Docker refuses to start it; the spawn fails cleanly."""
+    hub = docker_hub(tmp_path / "data", catalog, "--GpuDockerSpawner.gpu_device_requests=always")
+    hub.start()
+    try:
+        user = hub.create_user()
+        r = hub.spawn(user, {"gpu": "a100-80g", "gpus": 2})
+        c = container_of(docker, hub, user)
+        uuids = c.attrs["Config"]["Labels"]["org.gpulab.gpu-uuids"].split(",")
+        assert len(uuids) == 2 and all(u.startswith("GPU-SIM-") for u in uuids)
+        [req] = c.attrs["HostConfig"]["DeviceRequests"]
+        assert req["Driver"] == "nvidia"
+        assert sorted(req["DeviceIDs"]) == sorted(uuids)
+        assert req["Capabilities"] == [["gpu"]]
+        env = dict(e.split("=", 1) for e in c.attrs["Config"]["Env"])
+        assert env["NVIDIA_VISIBLE_DEVICES"] == env["CUDA_VISIBLE_DEVICES"] == ",".join(uuids)
+        assert env["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"
+        # No driver here: Docker can't start it, the spawn fails and both cards come back.
+        assert r.status_code == 500 and "could not start the container" in r.text, r.text
+        wait_for(lambda: hub.free("a100-80g") == 2, 10, what="the cards to be released")
+    finally:
+        hub.stop()
+        cleanup(docker, hub)
+
+
+@pytest.mark.gpu
+def test_real_gpu_container_sees_exactly_its_card(tmp_path, docker, catalog, chp_installed):
+    """On a GPU host with the NVIDIA container toolkit: the device request really pins the card."""
+    from test_gpu import CUDA_UUID_CODE, nvidia_smi_list
+
+    _, name, _ = nvidia_smi_list()[0]
+    # Rent this machine's model as its own type, whatever it is.
+    text = re.sub(r"nvml_names = \[.*\]", "nvml_names = []", catalog.read_text())
+    text += (
+        '\n[gpu_types.this-gpu]\ndisplay_name = "This GPU"\nvram_gb = 1\n'
+        'on_demand_price = "1.00"\nspot_floor_price = "0.50"\ncpus_per_card = 1\n'
+        f'mem_per_card = "1G"\nnvml_names = ["{name}"]\n'
+    )
+    gpu_catalog = tmp_path / "catalog.toml"
+    gpu_catalog.write_text(text)
+    hub = Hub(
+        tmp_path / "data",
+        simulate="none",
+        cli=[GPULAB, "up", "--spawner", "docker", "--catalog", str(gpu_catalog)],
+    ).start()
+    try:
+        user = hub.create_user()
+        hub.spawn_ready(user, {"gpu": "this-gpu", "gpus": 1})
+        [card] = held(hub, user)
+        [req] = container_of(docker, hub, user).attrs["HostConfig"]["DeviceRequests"]
+        assert req["DeviceIDs"] == [card]
+        with hub.kernel(user) as k:
+            assert k.execute(CUDA_UUID_CODE).strip() == card
+        hub.stop_server(user)
+    finally:
+        hub.stop()
+        cleanup(docker, hub)
+
+
+# ---- crash and restart (last: it restarts the module's hub) ------------------------------------
+
+
+def test_sigkill_and_lost_ledger_recover_servers_and_gpus(dhub, docker) -> None:
+    gpu_user, cpu_user, other = (dhub.create_user() for _ in range(3))
+    dhub.spawn_ready(gpu_user, {"gpu": "a100-80g", "gpus": 1})
+    dhub.spawn_ready(cpu_user, {"gpu": "none"})
+    [card] = held(dhub, gpu_user)
+    before = {c.name: c.id for c in (container_of(docker, dhub, u) for u in (gpu_user, cpu_user))}
+    k = dhub.kernel(gpu_user)
+    k.execute("open('before-crash.txt', 'w').write('written before')")
+
+    dhub.kill()
+    # Worst case: the ledger is gone too; the allocator rebuilds it from the running containers'
+    # labels and the hub database.
+    (dhub.data_dir / "allocations.json").unlink()
+    dhub.start()
+
+    assert dhub.server(gpu_user)["ready"] and dhub.server(cpu_user)["ready"]
+    assert held(dhub, gpu_user) == [card]
+    pool = dhub.pool()
+    holder = next(g for g in pool["gpus"] if g["uuid"] == card)
+    assert holder["held"] and holder["holder"] == f"{gpu_user}/"
+    assert dhub.free("a100-80g") == 1
+    after = {c.name: c.id for c in (container_of(docker, dhub, u) for u in (gpu_user, cpu_user))}
+    assert after == before  # the same containers, never restarted
+    # The restarted hub restarted the proxy too (dropping the websocket), but the server and its
+    # kernel, with its state, are the same.
+    r = requests.get(f"{k.base}/kernels/{k.id}", headers=k.headers, timeout=30)
+    assert r.status_code == 200, r.text
+    with dhub.kernel(gpu_user) as k2:
+        assert k2.execute("print(open('before-crash.txt').read())") == "written before\n"
+    ledger = json.loads((dhub.data_dir / "allocations.json").read_text())
+    assert {a["owner"] for a in ledger["allocations"]} == {f"{gpu_user}/", f"{cpu_user}/"}
+
+    # The held card is not handed out twice.
+    r = dhub.spawn(other, {"gpu": "a100-80g", "gpus": 2})
+    assert r.status_code == 409 and "1 of 2 free" in r.text, r.text
+    dhub.stop_server(gpu_user)
+    assert dhub.free("a100-80g") == 2
+    dhub.stop_server(cpu_user)
+
+
+def test_stray_container_of_an_interrupted_spawn_is_removed(dhub, duser, docker) -> None:
+    """A container labelled for this hub whose allocation nobody holds (the hub died between
+    creating it and recording the server) is removed by the reaper; real servers stay."""
+    dhub.spawn_ready(duser, {"gpu": "none"})
+    server = container_of(docker, dhub, duser)
+    stray = docker.containers.run(
+        server.image.id,
+        ["sleep", "600"],
+        detach=True,
+        labels={LABEL_HUB: hub_id(dhub), "org.gpulab.allocation": uuid.uuid4().hex},
+        name=f"gpulab-stray-{uuid.uuid4().hex[:6]}",
+    )
+    # The reaper runs every reconcile interval (30 s with jitter) and right after a hub start.
+    dhub.kill()
+    dhub.start()
+
+    def gone() -> bool:
+        try:
+            stray.reload()
+        except Exception:
+            return True
+        return False
+
+    wait_for(gone, 30, what="the stray container to be removed")
+    server.reload()
+    assert server.status == "running" and dhub.server(duser)["ready"]

@@ -1,0 +1,388 @@
+"""The spot market end to end: real hub, real servers and kernels, a real webhook receiver.
+
+One hub for this module with a 3 s warning period and a fast tick. Prices are driven the way an
+operator would: pinning a type's spot price through the admin API (``PUT .../spot/prices/TYPE``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import re
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from decimal import Decimal
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from harness import Hub, WebSession, wait_for
+
+from gpulab.spawners.market_store import price_at
+
+WARNING = 3
+
+
+@pytest.fixture(scope="module")
+def spot_hub(tmp_path_factory, chp_installed) -> Hub:
+    data = Path(tmp_path_factory.mktemp("spot")) / "data"
+    h = Hub(
+        data,
+        simulate="A100-80G:1,RTX-4090:2",
+        extra_args=[
+            f"--SpotMarket.warning_seconds={WARNING}",
+            "--SpotMarket.tick_interval=0.5",
+            "--SpotMarket.timezone=Asia/Shanghai",
+        ],
+    ).start()
+    yield h
+    h.stop()
+
+
+@pytest.fixture
+def hub(spot_hub: Hub):
+    """The spot hub, with every price unpinned and every server stopped after the test."""
+    yield spot_hub
+    for slug in ("rtx-4090", "a100-80g"):
+        spot_hub.api("PUT", f"/gpulab/spot/prices/{slug}", json={"price": None})
+    for entry in spot_hub.api("GET", "/gpulab/spot/queue").json()["queue"]:
+        spot_hub.api("DELETE", f"/gpulab/spot/queue/{entry['user']}")
+    users = spot_hub.api("GET", "/users").json()
+    for u in users:
+        if u["servers"]:
+            spot_hub.stop_server(u["name"])
+
+
+def pin(hub: Hub, slug: str, price: str | None) -> dict:
+    r = hub.api("PUT", f"/gpulab/spot/prices/{slug}", json={"price": price})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def spot(max_price: str, **extra) -> dict:
+    return {"gpu": "rtx-4090", "pricing": "spot", "max_price": max_price, **extra}
+
+
+def home(hub: Hub, user: str) -> Path:
+    return hub.data_dir / "users" / user
+
+
+def preemptions(hub: Hub, user: str) -> list[dict]:
+    r = hub.api("GET", "/gpulab/spot/preemptions")
+    assert r.status_code == 200, r.text
+    return [p for p in r.json()["preemptions"] if p["user"] == user]
+
+
+class Receiver:
+    """A real HTTP server on loopback that records webhook deliveries."""
+
+    def __init__(self) -> None:
+        self.deliveries: list[tuple[dict, bytes]] = []
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                receiver.deliveries.append((dict(self.headers), body))
+                self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+
+
+@pytest.fixture
+def receiver():
+    r = Receiver()
+    yield r
+    r.close()
+
+
+def test_price_rise_warns_checkpoints_and_stops_at_the_deadline(hub: Hub, receiver) -> None:
+    user = hub.create_user()
+    r = hub.api(
+        "PUT",
+        f"/gpulab/spot/settings/{user}",
+        json={
+            "webhook_url": receiver.url,
+            "checkpoint_command": "echo saving on $GPULAB_GPU_TYPE in $PWD; touch ckpt-done; ls ckpt-done",
+        },
+    )
+    assert r.status_code == 200, r.text
+    secret = r.json()["webhook_secret"]
+    assert len(secret) >= 32
+
+    pin(hub, "rtx-4090", "0.30")
+    free_before = hub.free("rtx-4090")
+    hub.spawn_ready(user, spot("0.40"))
+    assert hub.free("rtx-4090") == free_before - 1
+    opted_in = hub.kernel(user)
+    opted_in.execute(
+        "import json, gpulab_spot\n"
+        "gpulab_spot.on_preempt(lambda info: open('preempted.txt', 'w').write(json.dumps(info)))"
+    )
+    bystander = hub.kernel(user)  # no handler: SIGUSR1 would kill it, so it must not get one
+    bystander_pid = int(bystander.execute("import os; print(os.getpid())"))
+    server_token = opted_in.execute("import os; print(os.environ['JUPYTERHUB_API_TOKEN'])").strip()
+
+    pin(hub, "rtx-4090", "0.60")
+    warned = time.time()
+    marker = home(hub, user) / "preempted.txt"
+    wait_for(marker.exists, timeout=WARNING, interval=0.05, what="the kernel's SIGUSR1 handler")
+    info = json.loads(wait_for(lambda: marker.read_text(), timeout=5, what="the handler's file"))
+    assert info["signal"] == "SIGUSR1"
+
+    # The JupyterLab extension's view, read with the server's own token.
+    r = hub.api("GET", f"/gpulab/spot/status/{user}", token=server_token)
+    assert r.status_code == 200, r.text
+    status = r.json()
+    assert status["preemption"]["status"] == "warning"
+    assert status["preemption"]["reason"] == "price-above-max"
+    assert 0 < status["preemption"]["seconds_left"] <= WARNING
+    assert status["price"] == "0.60" and status["max_price"] == "0.40"
+    # The kernel that did not opt in is alive and answering.
+    assert bystander.execute("print(6 * 7)").strip() == "42"
+    record = preemptions(hub, user)[-1]
+    assert bystander_pid in record["skipped_pids"]
+    assert record["signalled_pids"]
+
+    # The signed webhook arrived.
+    headers, body = wait_for(lambda: receiver.deliveries and receiver.deliveries[0], timeout=5)
+    expected = "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+    assert hmac.compare_digest(headers["X-Gpulab-Signature"], expected)
+    assert headers["X-Gpulab-Event"] == "preemption-warning"
+    payload = json.loads(body)
+    assert payload["server"] == f"{user}/" and payload["reason"] == "price-above-max"
+    assert abs(payload["deadline"] - (warned + WARNING)) < 2
+
+    # At the deadline: stopped, GPU free, the record closed, the checkpoint output kept.
+    wait_for(lambda: hub.server(user) is None, timeout=WARNING + 15, what="the stop")
+    stopped = time.time()
+    assert stopped >= warned + WARNING - 0.5
+    assert hub.free("rtx-4090") == free_before
+    record = preemptions(hub, user)[-1]
+    assert record["status"] == "stopped"
+    assert record["deadline"] <= record["stopped_at"] <= stopped + 1
+    assert record["webhook"]["status"] == 204
+    assert record["checkpoint"]["exit_code"] == 0
+    log = Path(record["checkpoint"]["log"])
+    assert log.parent == home(hub, user) / ".gpulab" / "checkpoints"
+    text = log.read_text()
+    assert f"saving on rtx-4090 in {home(hub, user)}" in text and "\nckpt-done" in text
+
+    # Billing's seam: the price in force at each second, from the durable history.
+    before, after = warned - 0.5, warned + 0.5
+    assert price_at("rtx-4090", before, hub.data_dir) == Decimal("0.30")
+    assert price_at("rtx-4090", after, hub.data_dir) == Decimal("0.60")
+
+
+def test_preemption_is_cancelled_when_the_price_falls_back(hub: Hub, receiver) -> None:
+    user = hub.create_user()
+    hub.api("PUT", f"/gpulab/spot/settings/{user}", json={"webhook_url": receiver.url})
+    pin(hub, "rtx-4090", "0.30")
+    hub.spawn_ready(user, spot("0.40"))
+    pid = hub.server(user)["state"]["pid"]
+    pin(hub, "rtx-4090", "0.50")
+    assert hub.api("GET", f"/gpulab/spot/status/{user}").json()["preemption"]["status"] == "warning"
+    pin(hub, "rtx-4090", "0.35")
+    status = hub.api("GET", f"/gpulab/spot/status/{user}").json()
+    assert status["preemption"]["status"] == "cancelled"
+    assert status["preemption"]["cancelled_at"] < status["preemption"]["deadline"]
+    time.sleep(WARNING + 1.5)
+    s = hub.server(user)
+    assert s is not None and s["ready"] and s["state"]["pid"] == pid
+    events = [
+        h["X-Gpulab-Event"]
+        for h, _ in wait_for(
+            lambda: len(receiver.deliveries) >= 2 and receiver.deliveries, timeout=5
+        )
+    ]
+    assert events == ["preemption-warning", "preemption-cancelled"]
+
+
+def test_on_demand_reclaims_the_lowest_bid(hub: Hub) -> None:
+    low, high, od = (hub.create_user() for _ in range(3))
+    pin(hub, "rtx-4090", "0.30")
+    hub.spawn_ready(high, spot("0.60"))
+    hub.spawn_ready(low, spot("0.45"))
+    assert hub.free("rtx-4090") == 0
+
+    r = hub.spawn(od, {"gpu": "rtx-4090"})
+    assert r.status_code == 202, r.text
+    assert "reclaimed" in r.json()["message"]
+    queue = hub.api("GET", "/gpulab/spot/queue").json()["queue"]
+    mine = [q for q in queue if q["user"] == od]
+    assert mine and mine[0]["waiting_for"] == "reclaim" and mine[0]["pricing"] == "on-demand"
+    assert preemptions(hub, low)[-1]["reason"] == "on-demand-reclaim"
+    assert not preemptions(hub, high)
+
+    hub.wait_ready(od, timeout=WARNING + 30)
+    assert hub.server(low) is None
+    assert hub.server(high)["ready"]
+    assert hub.server(od)["user_options"]["pricing"] == "on-demand"
+    assert preemptions(hub, low)[-1]["status"] == "stopped"
+
+
+def test_queued_spot_request_starts_when_the_price_falls(hub: Hub) -> None:
+    user, other = hub.create_user(), hub.create_user()
+    pin(hub, "rtx-4090", "0.60")
+    r = hub.spawn(user, spot("0.40", wait=True))
+    assert r.status_code == 202, r.text
+    assert "Queued as q-" in r.json()["message"] and "0.60" in r.json()["message"]
+    assert hub.server(user) is None
+
+    # Visible to its owner and admins, not to other users.
+    token = hub.api("POST", f"/users/{other}/tokens", json={"expires_in": 600}).json()["token"]
+    assert hub.api("GET", "/gpulab/spot/queue", token=token).json()["queue"] == []
+    queue = hub.api("GET", "/gpulab/spot/queue").json()["queue"]
+    assert [q["user"] for q in queue] == [user]
+    r = hub.api("DELETE", f"/gpulab/spot/queue/{user}", token=token)
+    assert r.status_code in (403, 404)
+
+    pin(hub, "rtx-4090", "0.35")
+    s = hub.wait_ready(user, timeout=30)
+    assert s["user_options"]["max_price"] == "0.40"
+    assert hub.api("GET", "/gpulab/spot/queue").json()["queue"] == []
+
+
+def test_refused_and_cancelled_spot_requests_hold_nothing(hub: Hub) -> None:
+    user = hub.create_user()
+    pin(hub, "rtx-4090", "0.60")
+    free = hub.free("rtx-4090")
+    r = hub.spawn(user, spot("0.40"))
+    assert r.status_code == 409, r.text
+    message = r.json()["message"]
+    assert "spot price of rtx-4090 is 0.60" in message and "max_price 0.40" in message
+    assert hub.server(user) is None and hub.free("rtx-4090") == free
+
+    assert hub.spawn(user, spot("0.40", wait=True)).status_code == 202
+    assert hub.api("DELETE", f"/gpulab/spot/queue/{user}").status_code == 200
+    assert hub.api("DELETE", f"/gpulab/spot/queue/{user}").status_code == 404
+    pin(hub, "rtx-4090", "0.30")
+    time.sleep(1.5)  # a few ticks: the cancelled request must not start
+    assert hub.server(user) is None and hub.free("rtx-4090") == free
+
+
+BAD_SPOT_OPTIONS = [
+    (spot("0.40", wait="maybe"), "wait", "true or false"),
+    (spot("0.40", windows_only=3), "windows_only", "true or false"),
+    ({"gpu": "rtx-4090", "wait": True}, "wait", "spot requests only"),
+    ({"gpu": "rtx-4090", "windows_only": True}, "windows_only", "spot requests only"),
+    (spot("free"), "max_price", "positive number"),
+]
+
+
+@pytest.mark.parametrize(("options", "field", "text"), BAD_SPOT_OPTIONS)
+def test_bad_spot_options_name_the_field(hub: Hub, options: dict, field: str, text: str) -> None:
+    user = hub.create_user()
+    r = hub.spawn(user, options)
+    assert r.status_code == 400, r.text
+    assert f"{field}:" in r.json()["message"] and text in r.json()["message"]
+    assert hub.server(user) is None
+    assert hub.api("GET", "/gpulab/spot/queue").json()["queue"] == []
+
+
+def test_prices_api_history_and_pinning_rules(hub: Hub) -> None:
+    prices = hub.api("GET", "/gpulab/spot/prices?hours=24").json()
+    assert prices["currency"] == "CNY" and prices["timezone"] == "Asia/Shanghai"
+    by_slug = {t["slug"]: t for t in prices["gpu_types"]}
+    assert set(by_slug) == {"rtx-4090", "a100-80g"}
+    for t in by_slug.values():
+        assert (
+            Decimal(t["spot_floor_price"]) <= Decimal(t["price"]) <= Decimal(t["on_demand_price"])
+        )
+        assert t["history"] and t["history"][-1]["price"] == t["price"]
+
+    # The periodic tick runs by itself (every 0.5 s in this hub).
+    wait_for(
+        lambda: hub.api("GET", "/gpulab/spot/prices").json()["last_tick_ms"] is not None,
+        timeout=10,
+        what="a market tick",
+    )
+    assert hub.api("GET", "/gpulab/spot/prices?hours=-1").status_code == 400
+    r = hub.api("PUT", "/gpulab/spot/prices/rtx-4090", json={"price": "9.99"})
+    assert r.status_code == 400 and "price:" in r.json()["message"]
+    user = hub.create_user()
+    token = hub.api("POST", f"/users/{user}/tokens", json={"expires_in": 600}).json()["token"]
+    r = hub.api("PUT", "/gpulab/spot/prices/rtx-4090", json={"price": "0.50"}, token=token)
+    assert r.status_code == 403
+    r = hub.api("PUT", f"/gpulab/spot/settings/{user}", json={"webhook_url": "ftp://x"})
+    assert r.status_code == 400 and "webhook_url:" in r.json()["message"]
+
+
+def test_spawn_form_shows_spot_prices_and_queues_a_waiting_bid(hub: Hub) -> None:
+    pin(hub, "rtx-4090", "0.55")
+    password = (hub.data_dir / "admin-password").read_text().strip()
+    admin = WebSession(hub)
+    assert admin.login("admin", password)
+    name, secret = f"form{uuid.uuid4().hex[:6]}", "correct-horse-battery"
+    WebSession(hub).signup(name, secret)
+    admin.get(f"/hub/authorize/{name}")
+    web = WebSession(hub)
+    assert web.login(name, secret)
+
+    text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", web.get(f"/hub/spawn/{name}").text))
+    assert "RTX 4090 simulated" in text and "spot now CNY 0.55 /h" in text
+    assert "queue it and start it when a card is free" in text
+    assert "Run only in low-price windows (18:00-09:00, weekends)" in text
+
+    r = web.post(
+        f"/hub/spawn/{name}",
+        [
+            ("gpu", "rtx-4090"),
+            ("gpus", "1"),
+            ("image", "base"),
+            ("pricing", "spot"),
+            ("max_price", "0.40"),
+            ("wait", "true"),
+        ],
+    )
+    assert "Queued as q-" in r.text
+    assert hub.server(name) is None
+    queue = hub.api("GET", "/gpulab/spot/queue").json()["queue"]
+    assert [(q["user"], q["max_price"]) for q in queue] == [(name, "0.40")]
+    pin(hub, "rtx-4090", "0.40")
+    assert hub.wait_ready(name, timeout=30)["user_options"]["pricing"] == "spot"
+
+
+def test_many_queued_bids_race_for_two_cards_and_never_share_one(hub: Hub) -> None:
+    pin(hub, "rtx-4090", "0.60")
+    bids = ["0.35", "0.50", "0.38", "0.45", "0.31", "0.42"]
+    users = [hub.create_user() for _ in bids]
+    with ThreadPoolExecutor(len(users)) as ex:
+        codes = list(
+            ex.map(
+                lambda ub: hub.spawn(ub[0], spot(ub[1], wait=True)).status_code,
+                zip(users, bids, strict=True),
+            )
+        )
+    assert codes == [202] * len(users)
+    assert len(hub.api("GET", "/gpulab/spot/queue").json()["queue"]) == len(users)
+
+    pin(hub, "rtx-4090", "0.40")  # four bids cover it; the two highest get the two cards
+    by_bid = dict(zip(bids, users, strict=True))
+    for bid in ("0.50", "0.45"):
+        hub.wait_ready(by_bid[bid], timeout=30)
+    time.sleep(1.5)
+    running = [u for u in users if hub.server(u)]
+    assert sorted(running) == sorted([by_bid["0.50"], by_bid["0.45"]])
+    held = [hub.server(u)["state"]["allocation"]["uuids"][0] for u in running]
+    assert len(set(held)) == 2 and hub.free("rtx-4090") == 0
+    queue = hub.api("GET", "/gpulab/spot/queue").json()["queue"]
+    assert sorted(q["max_price"] for q in queue) == ["0.31", "0.35", "0.38", "0.42"]
+
+    # A card frees: the best remaining bid that covers the price (0.42) takes it.
+    hub.stop_server(by_bid["0.50"])
+    hub.wait_ready(by_bid["0.42"], timeout=30)
+    assert hub.free("rtx-4090") == 0
+    assert hub.server(by_bid["0.38"]) is None
