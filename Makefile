@@ -4,9 +4,9 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 ARGS ?=
 
-.PHONY: install run test lint format bench clean
+.PHONY: install run test lint format bench clean labext-test
 
-install: $(VENV)/.installed node_modules/.installed
+install: $(VENV)/.installed node_modules/.installed $(VENV)/.labext-installed
 
 $(VENV)/.installed: pyproject.toml extensions/gpulab_spot/pyproject.toml extensions/gpulab_reporter/pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
@@ -22,6 +22,33 @@ node_modules/.installed: package.json
 	npm install --no-audit --no-fund --loglevel=error
 	@touch $@
 
+# ---- the JupyterLab extension (extensions/jupyterlab_gpulab) ----------------------------------
+# jlpm (Yarn, shipped with jupyterlab) builds the frontend once; the wheel then carries the built
+# assets, so servers need no Node.js. pip reuses the built assets (hatch-jupyter-builder's
+# skip-if-exists), so only a change under src/ or style/ triggers a rebuild.
+LABEXT := extensions/jupyterlab_gpulab
+LABEXT_BUILT := $(LABEXT)/jupyterlab_gpulab/labextension/static/style.js
+LABEXT_SRC := $(wildcard $(LABEXT)/src/*.ts $(LABEXT)/style/*) $(LABEXT)/package.json \
+	$(LABEXT)/yarn.lock $(LABEXT)/tsconfig.json
+LABEXT_PY := $(wildcard $(LABEXT)/jupyterlab_gpulab/*.py) $(LABEXT)/pyproject.toml \
+	$(LABEXT)/install.json $(wildcard $(LABEXT)/jupyter-config/server-config/*.json)
+ABS_BIN := $(abspath $(BIN))
+
+$(LABEXT)/node_modules/.installed: $(VENV)/.installed $(LABEXT)/package.json $(LABEXT)/yarn.lock
+	cd $(LABEXT) && PATH="$(ABS_BIN):$$PATH" jlpm install
+	@touch $@
+
+$(LABEXT_BUILT): $(LABEXT)/node_modules/.installed $(LABEXT_SRC)
+	cd $(LABEXT) && PATH="$(ABS_BIN):$$PATH" jlpm build:prod
+
+$(VENV)/.labext-installed: $(LABEXT_BUILT) $(LABEXT_PY)
+	$(BIN)/pip install -q --disable-pip-version-check hatchling 'hatch-jupyter-builder>=0.5'
+	$(BIN)/pip install -q --disable-pip-version-check --no-build-isolation ./$(LABEXT)
+	@touch $@
+
+labext-test: $(LABEXT)/node_modules/.installed
+	cd $(LABEXT) && PATH="$(ABS_BIN):$$PATH" jlpm jest
+
 run: install
 	$(BIN)/gpulab up $(ARGS)
 
@@ -33,7 +60,7 @@ format: install
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-test: install lint
+test: install lint labext-test
 	$(BIN)/pytest $(ARGS)
 
 bench: install
@@ -41,3 +68,4 @@ bench: install
 
 clean:
 	rm -rf $(VENV) node_modules .gpulab .pytest_cache .ruff_cache
+	rm -rf $(LABEXT)/node_modules $(LABEXT)/lib $(LABEXT)/tsconfig.tsbuildinfo $(LABEXT)/jupyterlab_gpulab/labextension

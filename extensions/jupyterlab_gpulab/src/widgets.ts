@@ -1,0 +1,231 @@
+// The visible parts: the status-bar item, the Datasets panel and the GPU panel.
+import { LabIcon } from '@jupyterlab/ui-components';
+import { Message } from '@lumino/messaging';
+import { Widget } from '@lumino/widgets';
+
+import { IBalance, ICatalog, IStatus, isNoGpu, statusParts } from './logic';
+
+function el<K extends keyof HTMLElementTagNameMap>(
+  tag: K,
+  className: string,
+  text = ''
+): HTMLElementTagNameMap[K] {
+  const node = document.createElement(tag);
+  node.className = className;
+  if (text) {
+    node.textContent = text;
+  }
+  return node;
+}
+
+export const datasetsIcon = new LabIcon({
+  name: 'gpulab:datasets',
+  svgstr:
+    '<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 24 24"><g class="jp-icon3" fill="#616161">' +
+    '<ellipse cx="12" cy="5" rx="8" ry="3"/><path d="M4 7v4c0 1.7 3.6 3 8 3s8-1.3 8-3V7c0 1.7-3.6 3-8 3S4 8.7 4 7z"/>' +
+    '<path d="M4 13v5c0 1.7 3.6 3 8 3s8-1.3 8-3v-5c0 1.7-3.6 3-8 3s-8-1.3-8-3z"/></g></svg>'
+});
+
+export const gpuIcon = new LabIcon({
+  name: 'gpulab:gpu',
+  svgstr:
+    '<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 24 24"><g class="jp-icon3" fill="#616161">' +
+    '<path d="M2 6h18v12H2zM4 8v8h14V8z"/><rect x="6" y="10" width="4" height="4"/><rect x="12" y="10" width="4" height="4"/>' +
+    '<path d="M20 9h2v2h-2zM20 13h2v2h-2zM5 18h2v3H5zM10 18h2v3h-2zM15 18h2v3h-2z"/></g></svg>'
+});
+
+/** Status bar: mode · price · session cost · balance, and the no-GPU toggle button. */
+export class StatusItem extends Widget {
+  private modeNode = el('span', 'jp-gpulab-mode');
+  private priceNode = el('span', 'jp-gpulab-price');
+  private costNode = el('span', 'jp-gpulab-cost');
+  private balanceNode = el('span', 'jp-gpulab-balance');
+  private toggle = el('button', 'jp-gpulab-toggle');
+  status: IStatus | null = null;
+  balance: IBalance | null = null;
+
+  constructor(onToggle: () => void) {
+    super();
+    this.addClass('jp-gpulab-status');
+    this.node.append(this.modeNode, this.priceNode, this.costNode, this.balanceNode, this.toggle);
+    this.toggle.type = 'button';
+    this.toggle.addEventListener('click', () => onToggle());
+    this.modeNode.textContent = 'gpulab …';
+  }
+
+  render(nowMs: number = Date.now()): void {
+    if (!this.status) {
+      return;
+    }
+    const parts = statusParts(this.status, this.balance, nowMs);
+    this.modeNode.textContent = parts.mode;
+    this.priceNode.textContent = parts.price;
+    this.costNode.textContent = parts.cost;
+    this.balanceNode.textContent = parts.balance;
+    this.balanceNode.classList.toggle(
+      'jp-gpulab-unavailable',
+      !!this.balance && !this.balance.available
+    );
+    this.node.title = parts.title;
+    this.toggle.textContent = isNoGpu(this.status) ? 'Switch to GPU…' : 'Switch to no-GPU';
+    this.toggle.disabled = !this.status.gpulab;
+  }
+}
+
+/** Left sidebar: the dataset catalog with mount / unmount / open. */
+export class DatasetsPanel extends Widget {
+  constructor(
+    private actions: {
+      mount: (slug: string, mount: boolean) => void;
+      open: (slug: string) => void;
+    }
+  ) {
+    super();
+    this.id = 'gpulab-datasets';
+    this.addClass('jp-gpulab-panel');
+    this.title.icon = datasetsIcon;
+    this.title.caption = 'Datasets';
+    this.node.appendChild(el('h2', 'jp-gpulab-panel-title', 'Datasets'));
+    this.list = el('div', 'jp-gpulab-datasets');
+    this.node.appendChild(this.list);
+  }
+
+  private list: HTMLDivElement;
+
+  render(catalog: ICatalog | null, status: IStatus | null, error = ''): void {
+    this.list.replaceChildren();
+    if (error || !catalog || !status) {
+      this.list.appendChild(el('p', 'jp-gpulab-note', error || 'Loading the catalog…'));
+      return;
+    }
+    const entries = Object.entries(catalog.datasets);
+    if (entries.length === 0) {
+      this.list.appendChild(el('p', 'jp-gpulab-note', 'This platform offers no datasets.'));
+    }
+    for (const [slug, ds] of entries) {
+      const mounted = status.datasets.includes(slug);
+      const card = el('div', 'jp-gpulab-dataset');
+      card.dataset.slug = slug;
+      const head = el('div', 'jp-gpulab-dataset-head');
+      head.append(
+        el('span', 'jp-gpulab-dataset-name', ds.display_name),
+        el('span', 'jp-gpulab-dataset-size', ds.size),
+        el(
+          'span',
+          mounted ? 'jp-gpulab-badge jp-gpulab-mounted' : 'jp-gpulab-badge',
+          mounted ? 'mounted' : 'not mounted'
+        )
+      );
+      card.append(
+        head,
+        el('div', 'jp-gpulab-dataset-desc', ds.description),
+        el('div', 'jp-gpulab-dataset-license', `License: ${ds.license}`)
+      );
+      const buttons = el('div', 'jp-gpulab-dataset-actions');
+      const toggle = el('button', 'jp-mod-styled jp-gpulab-mount', mounted ? 'Unmount' : 'Mount');
+      toggle.addEventListener('click', () => this.actions.mount(slug, !mounted));
+      buttons.appendChild(toggle);
+      if (mounted) {
+        const open = el('button', 'jp-mod-styled jp-mod-accept jp-gpulab-open', 'Open');
+        open.title = `Show ~/datasets/${slug} in the file browser`;
+        open.addEventListener('click', () => this.actions.open(slug));
+        buttons.appendChild(open);
+      }
+      card.appendChild(buttons);
+      this.list.appendChild(card);
+    }
+    this.list.appendChild(
+      el(
+        'p',
+        'jp-gpulab-note',
+        'Datasets are mounted read-only at ~/datasets/NAME. Mounting or unmounting restarts ' +
+          'this server (files are kept, kernels stop).'
+      )
+    );
+  }
+}
+
+/** Left sidebar: this server's GPUs, live from NVML, or why there are none. */
+export class GpuPanel extends Widget {
+  private body = el('div', 'jp-gpulab-gpus');
+
+  constructor(private refresh: () => void) {
+    super();
+    this.id = 'gpulab-gpus';
+    this.addClass('jp-gpulab-panel');
+    this.title.icon = gpuIcon;
+    this.title.caption = 'GPUs of this server';
+    this.node.append(el('h2', 'jp-gpulab-panel-title', 'GPUs'), this.body);
+  }
+
+  protected onAfterShow(msg: Message): void {
+    super.onAfterShow(msg);
+    this.refresh(); // fresh numbers as soon as the panel opens, then every few seconds
+  }
+
+  render(data: any, error = ''): void {
+    this.body.replaceChildren();
+    if (error) {
+      this.body.appendChild(el('p', 'jp-gpulab-note', `GPU status unavailable: ${error}`));
+      return;
+    }
+    if (!data) {
+      this.body.appendChild(el('p', 'jp-gpulab-note', 'Loading…'));
+      return;
+    }
+    this.body.dataset.state = data.state;
+    if (data.state === 'none') {
+      this.body.appendChild(
+        el('p', 'jp-gpulab-state', 'No GPU in this mode. Switch to a GPU to train on one.')
+      );
+      return;
+    }
+    if (data.state === 'simulated') {
+      this.body.appendChild(
+        el(
+          'p',
+          'jp-gpulab-state',
+          `${data.mode}: these GPUs are simulated (this machine has none), so there is no ` +
+            'utilization or memory to show.'
+        )
+      );
+      for (const d of data.devices) {
+        this.body.appendChild(el('div', 'jp-gpulab-gpu-id', d.id));
+      }
+      return;
+    }
+    if (data.state === 'error') {
+      this.body.appendChild(el('p', 'jp-gpulab-state', data.error || 'NVML unavailable'));
+      return;
+    }
+    for (const d of data.devices) {
+      const card = el('div', 'jp-gpulab-gpu');
+      card.appendChild(el('div', 'jp-gpulab-gpu-name', d.name || d.id));
+      if (d.error) {
+        card.appendChild(el('div', 'jp-gpulab-note', d.error));
+      } else {
+        card.append(
+          bar('Utilization', d.utilization_percent, `${d.utilization_percent}%`),
+          bar(
+            'Memory',
+            (100 * d.memory_used_mib) / Math.max(1, d.memory_total_mib),
+            `${(d.memory_used_mib / 1024).toFixed(1)} / ${(d.memory_total_mib / 1024).toFixed(
+              1
+            )} GiB`
+          )
+        );
+      }
+      this.body.appendChild(card);
+    }
+  }
+}
+
+function bar(label: string, percent: number, text: string): HTMLElement {
+  const row = el('div', 'jp-gpulab-bar-row');
+  const track = el('div', 'jp-gpulab-bar');
+  const fill = el('div', 'jp-gpulab-bar-fill');
+  fill.style.width = `${Math.max(0, Math.min(100, percent))}%`;
+  track.appendChild(fill);
+  row.append(el('span', 'jp-gpulab-bar-label', label), track, el('span', 'jp-gpulab-bar-text', text));
+  return row;
+}
