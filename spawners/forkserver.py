@@ -74,8 +74,11 @@ def _run_child(request: dict, listener: socket.socket, conn: socket.socket) -> N
         os.setsid()
         # Children share our command line (no exec); a name in `ps -o comm` tells them apart.
         _libc().prctl(PR_SET_NAME, b"jupyter-server", 0, 0, 0)
-        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
+        # What a freshly started Python has: SIGINT raises KeyboardInterrupt, which
+        # jupyter_server turns into a clean shutdown (kernels stopped) when the hub stops us.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         log = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)

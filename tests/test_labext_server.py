@@ -84,13 +84,27 @@ def test_catalog_and_pool_come_from_the_hub_with_the_servers_token(hub: Hub, use
     assert all("holder" not in g for g in pool["gpus"])
 
 
-def test_balance_is_unavailable_without_billing(hub: Hub, user: str) -> None:
+def test_balance_comes_from_billing(hub: Hub, user: str) -> None:
     hub.spawn_ready(user, {"gpu": "none"})
     r = ext(hub, user, "balance")
     assert r.status_code == 200
     balance = r.json()
-    assert balance["available"] is False
-    assert "billing" in balance["reason"]
+    # A new user holds the trial credit; no kernel has run, so nothing was charged.
+    assert balance["available"] is True, balance
+    assert (Decimal(balance["balance"]), balance["currency"]) == (Decimal("10"), "CNY")
+
+
+def test_balance_is_unavailable_without_billing(tmp_path, chp_installed) -> None:
+    hub = Hub(tmp_path / "data", simulate="RTX-4090:1", env={"GPULAB_BILLING": "0"}).start()
+    try:
+        user = hub.create_user()
+        hub.spawn_ready(user, {"gpu": "none"})
+        balance = ext(hub, user, "balance").json()
+        assert balance["available"] is False
+        assert "billing" in balance["reason"]
+        hub.stop_server(user)
+    finally:
+        hub.stop()
 
 
 def test_switch_rejects_bad_requests_before_asking_the_hub(hub: Hub, user: str) -> None:

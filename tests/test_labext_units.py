@@ -45,13 +45,15 @@ def test_server_info_outside_gpulab_is_inactive() -> None:
 
 
 def test_billing_answer_is_normalized() -> None:
+    # The shape gpulab's billing service answers (money as micro-units, exact and display).
     out = normalize_balance(
         {
-            "balance": "9.500000",
+            "user": "alice",
+            "balance": {"micro": 9500000, "exact": "9.500000", "display": "9.50"},
             "currency": "CNY",
-            "burn_rate_per_hour": "2.10",
+            "burn_rate_per_hour": {"micro": 2100000, "exact": "2.100000", "display": "2.10"},
             "time_left_seconds": 16285.7,
-            "warnings": ["Balance below CNY 10", {"message": "Trial credit ends soon"}],
+            "warnings": ["Your balance (CNY 9.50) is below CNY 10.00."],
         },
         "XXX",
     )
@@ -59,13 +61,12 @@ def test_billing_answer_is_normalized() -> None:
         "available": True,
         "balance": "9.500000",
         "currency": "CNY",
-        "burn_rate_per_hour": "2.10",
+        "burn_rate_per_hour": "2.100000",
         "time_left_seconds": 16285.7,
-        "warnings": ["Balance below CNY 10", "Trial credit ends soon"],
+        "warnings": ["Your balance (CNY 9.50) is below CNY 10.00."],
     }
-    hours = normalize_balance({"balance": 3, "burn_rate": 1.5, "time_left_hours": "2"}, "CNY")
-    assert hours["currency"] == "CNY" and hours["burn_rate_per_hour"] == "1.5"
-    assert hours["time_left_seconds"] == 7200.0
+    idle = normalize_balance({"balance": {"exact": "3"}, "time_left_seconds": None}, "CNY")
+    assert idle["currency"] == "CNY" and idle["time_left_seconds"] is None
 
 
 @pytest.mark.parametrize(

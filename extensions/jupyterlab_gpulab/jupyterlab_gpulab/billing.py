@@ -13,6 +13,9 @@ from typing import Any
 
 
 def _money(value: Any) -> str | None:
+    # Billing gives money as {"micro": int, "exact": "9.996800", "display": "10.00"}.
+    if isinstance(value, dict):
+        value = value.get("exact")
     if isinstance(value, bool) or value is None:
         return None
     try:
@@ -22,21 +25,9 @@ def _money(value: Any) -> str | None:
     return str(out) if out.is_finite() else None
 
 
-def _seconds(data: dict[str, Any]) -> float | None:
-    for key, scale in (
-        ("time_left_seconds", 1),
-        ("seconds_left", 1),
-        ("time_left", 1),
-        ("time_left_hours", 3600),
-    ):
-        value = data.get(key)
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            return max(0.0, float(value) * scale)
-        if isinstance(value, str):
-            try:
-                return max(0.0, float(value) * scale)
-            except ValueError:
-                continue
+def _seconds(value: Any) -> float | None:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return max(0.0, float(value))
     return None
 
 
@@ -61,24 +52,20 @@ def unavailable(reason: str) -> dict[str, Any]:
 
 
 def normalize_balance(data: Any, default_currency: str = "") -> dict[str, Any]:
-    """Billing's balance answer -> ``{available, balance, currency, burn_rate_per_hour,
-    time_left_seconds, warnings}``; an answer without a readable balance is "unavailable"."""
+    """Billing's balance answer (``GET /services/billing/api/v1/users/NAME/balance``) ->
+    ``{available, balance, currency, burn_rate_per_hour, time_left_seconds, warnings}``; an
+    answer without a readable balance is "unavailable"."""
     if not isinstance(data, dict):
         return unavailable("billing answered something that is not a JSON object")
     balance = _money(data.get("balance"))
     if balance is None:
         return unavailable("billing's answer has no readable balance")
-    burn = None
-    for key in ("burn_rate_per_hour", "burn_rate", "rate_per_hour"):
-        burn = _money(data.get(key))
-        if burn is not None:
-            break
     currency = data.get("currency") if isinstance(data.get("currency"), str) else default_currency
     return {
         "available": True,
         "balance": balance,
         "currency": currency,
-        "burn_rate_per_hour": burn,
-        "time_left_seconds": _seconds(data),
+        "burn_rate_per_hour": _money(data.get("burn_rate_per_hour")),
+        "time_left_seconds": _seconds(data.get("time_left_seconds")),
         "warnings": _warnings(data),
     }
