@@ -11,7 +11,7 @@ from sqlalchemy import Connection, func, select
 
 from gpulab.billing_service.metering import NEVER
 from gpulab.billing_service.models import MICRO, Account, KernelSpan, LedgerEntry, ServerSession
-from gpulab.billing_service.rating import PriceBook, format_money, from_micro, merge
+from gpulab.billing_service.rating import PriceBook, format_money, from_micro, merge, round_div
 
 DAY_US = 86_400 * MICRO
 
@@ -90,6 +90,9 @@ def usage(
         total_amount += s.charged_micro
         servers.append(
             {
+                **(
+                    {"spot": spot_summary(prices, s, merge(clipped))} if s.pricing == "spot" else {}
+                ),
                 "session": s.id,
                 "server": s.server,
                 "mode": mode_label(prices, s.gpu_type, s.gpus),
@@ -136,6 +139,20 @@ def usage(
             "billed_seconds": total_billed_us / MICRO,
             "amount": money(total_amount),
         },
+    }
+
+
+def spot_summary(prices: PriceBook, s, merged: list[tuple[int, int]]) -> dict[str, Any]:
+    """How a spot session was rated: its average price per card-hour over the billed time, how
+    many times the spot price changed while it was billed, and time rated at the on-demand price
+    because no spot price was recorded yet."""
+    rated = prices.rate(s.gpu_type, s.gpus, s.pricing, merged)
+    card_us = rated.billed_us * max(s.gpus, 1)
+    avg = None if card_us == 0 else str(from_micro(round_div(rated.exact, card_us)))
+    return {
+        "average_price_per_card_hour": avg,
+        "price_changes": rated.price_changes,
+        "seconds_without_spot_price": rated.unpriced_us / MICRO,
     }
 
 
