@@ -88,29 +88,25 @@ def usage(
                 a = piece_end
         total_billed_us += s.billed_us
         total_amount += s.charged_micro
-        servers.append(
-            {
-                **(
-                    {"spot": spot_summary(prices, s, merge(clipped))} if s.pricing == "spot" else {}
-                ),
-                "session": s.id,
-                "server": s.server,
-                "mode": mode_label(prices, s.gpu_type, s.gpus),
-                "gpu_type": s.gpu_type,
-                "gpus": s.gpus,
-                "pricing": s.pricing,
-                "price_per_hour": str(
-                    from_micro(
-                        prices.rate_micro_per_hour(s.gpu_type, s.gpus, s.pricing, s.started_us)
-                    )
-                ),
-                "started": iso(s.started_us),
-                "stopped": iso(s.stopped_us),
-                "billed_seconds": s.billed_us / MICRO,
-                "amount": money(s.charged_micro),
-                "kernels": kernels,
-            }
-        )
+        row = {
+            "session": s.id,
+            "server": s.server,
+            "mode": mode_label(prices, s.gpu_type, s.gpus),
+            "gpu_type": s.gpu_type,
+            "gpus": s.gpus,
+            "pricing": s.pricing,
+            "price_per_hour": str(
+                from_micro(prices.rate_micro_per_hour(s.gpu_type, s.gpus, s.pricing, s.started_us))
+            ),
+            "started": iso(s.started_us),
+            "stopped": iso(s.stopped_us),
+            "billed_seconds": s.billed_us / MICRO,
+            "amount": money(s.charged_micro),
+            "kernels": kernels,
+        }
+        if s.pricing == "spot":
+            row["spot"] = spot_summary(prices, s, merge(clipped))
+        servers.append(row)
     for created, amount in conn.execute(
         select(LedgerEntry.created_us, LedgerEntry.amount_micro).where(
             LedgerEntry.user == user,
