@@ -119,4 +119,8 @@ def test_spot_server_is_billed_at_the_prices_in_force(spot_bhub: Hub) -> None:
         f"the balance to drop by {amount} micro",
     )
     assert usage["total"]["amount"]["micro"] == amount
+    # The statement page says the same to the user.
+    page = billing.get("", params={"user": user})
+    assert page.status_code == 200, page.text
+    assert f"spot: average {avg}/card-h, 2 price changes" in page.text
     pin(hub, None)
