@@ -109,7 +109,8 @@ class PriceBook:
         gpu = self._gpu(gpu_type)
         if pricing != "spot":
             return [(start_us, end_us, gpu.on_demand_price)]
-        history = history or self._history()
+        if history is None:
+            history = self._history()
         if history is None:
             return [(start_us, end_us, None)]
         # The file stores seconds with 3 decimals: ask with a margin, then decide in integers.
