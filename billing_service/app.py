@@ -76,6 +76,17 @@ class BillingService(Application):
     def _default_catalog(self) -> str:
         return os.environ.get("GPULAB_CATALOG", "")
 
+    market_data_dir = Unicode(
+        config=True,
+        help="""The hub's data dir, whose spot/spot-prices.jsonl (the spot market's durable price
+        history) rates spot seconds; default: data_dir (the hub passes its own). It must be the
+        same file system as the hub's: billing reads the file, it never asks the hub.""",
+    )
+
+    @default("market_data_dir")
+    def _default_market_data_dir(self) -> str:
+        return self.data_dir
+
     trial_credit = Unicode(
         "",
         config=True,
@@ -160,7 +171,7 @@ class BillingService(Application):
             self.load_config_file(self.config_file)
             self.parse_command_line(argv)  # the command line wins over the file
         self.catalog = load_catalog(self.catalog_path or None)
-        self.prices = PriceBook(self.catalog)
+        self.prices = PriceBook(self.catalog, self.market_data_dir)
         self.trial_micro = to_micro(
             Decimal(self.trial_credit) if self.trial_credit else self.catalog.trial_credit
         )

@@ -2,10 +2,12 @@
 
 Rounding rule (the one place money is rounded):
 
-- Prices come from the catalog as Decimals with at most 6 decimal places, so a price per hour is an
-  exact whole number of micro-units per hour.
+- Prices come from the catalog (and, for spot seconds, from the spot market's price history) as
+  Decimals with at most 6 decimal places, so a price per hour is an exact whole number of
+  micro-units per hour.
 - A server session's amount is computed from its whole billed time at once:
-  ``sum(price_micro_per_hour x microseconds) / 3,600,000,000``, rounded half-to-even to whole
+  ``sum(price_micro_per_hour x microseconds) / 3,600,000,000`` (the billed intervals split at
+  every spot price change, each piece at the price in force), rounded half-to-even to whole
   micro-units (1 CNY = 1,000,000 micro-units). The ledger records the difference between that
   amount and what the session was already charged, so the charges of a session always add up to
   the rounded amount of its total time, never to a sum of rounded pieces.
@@ -14,12 +16,14 @@ Rounding rule (the one place money is rounded):
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Iterable, Iterator
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
 from decimal import ROUND_HALF_EVEN, Decimal
 
 from gpulab.billing_service.models import MICRO
-from gpulab.hub_config.catalog import Catalog
+from gpulab.hub_config.catalog import Catalog, GpuType
+from gpulab.spawners.market_store import PriceHistory, history_for
 
 US_PER_HOUR = 3600 * MICRO
 
@@ -50,51 +54,120 @@ def round_div(numerator: int, denominator: int) -> int:
     return q
 
 
+@dataclass(frozen=True)
+class Rated:
+    """Billed intervals priced exactly, before the one rounding."""
+
+    exact: int  # sum of price_micro_per_hour x microseconds (x cards)
+    billed_us: int
+    price_changes: int  # spot price changes strictly inside the billed intervals
+    unpriced_us: int  # spot time before any recorded spot price (rated at on-demand)
+
+    @property
+    def amount_micro(self) -> int:
+        return round_div(self.exact, US_PER_HOUR)
+
+
 class PriceBook:
     """What one second of a server costs at a given time.
 
-    ``price_at`` and ``change_points`` are the seam for spot prices: the spot market supplies a
-    price series per GPU type; until then spot seconds are rated at the on-demand price.
+    On-demand and no-GPU prices come from the catalog and never change. Spot seconds are rated at
+    the spot market's price in force at that second, read from the market's durable price history
+    in ``market_data_dir`` (the hub's data dir: the file the hub appends to before a price takes
+    effect, so no network call to the hub is needed). Time before the first recorded spot price of
+    a type (an empty history, or no ``market_data_dir``) is rated at the on-demand price: the
+    ceiling of every spot price, so a misplaced history can never give GPU time away.
     """
 
-    def __init__(self, catalog: Catalog) -> None:
+    def __init__(self, catalog: Catalog, market_data_dir: str | os.PathLike | None = None) -> None:
         self.catalog = catalog
+        self.market_data_dir = market_data_dir
 
-    def price_at(self, gpu_type: str, pricing: str, t_us: int) -> Decimal:
-        """Price per card-hour (per hour in no-GPU mode) in force at ``t_us``."""
-        if gpu_type in ("", "none"):
-            return self.catalog.no_gpu.price_per_hour
+    def _history(self) -> PriceHistory | None:
+        return history_for(self.market_data_dir) if self.market_data_dir else None
+
+    def _gpu(self, gpu_type: str) -> GpuType:
         gpu = self.catalog.gpu_types.get(gpu_type)
         if gpu is None:
             raise KeyError(f"unknown GPU type {gpu_type!r}")
-        # Spot: rated at on-demand until the spot market provides its series.
-        return gpu.on_demand_price
+        return gpu
+
+    def segments(
+        self,
+        gpu_type: str,
+        pricing: str,
+        start_us: int,
+        end_us: int,
+        history: PriceHistory | None = None,
+    ) -> list[tuple[int, int, Decimal | None]]:
+        """[start, end) cut where the price changes, each piece with its price per card-hour (per
+        hour in no-GPU mode); ``None`` for spot time before any recorded spot price."""
+        if end_us <= start_us:
+            return []
+        if gpu_type in ("", "none"):
+            return [(start_us, end_us, self.catalog.no_gpu.price_per_hour)]
+        gpu = self._gpu(gpu_type)
+        if pricing != "spot":
+            return [(start_us, end_us, gpu.on_demand_price)]
+        if history is None:
+            history = self._history()
+        if history is None:
+            return [(start_us, end_us, None)]
+        # The file stores seconds with 3 decimals: ask with a margin, then decide in integers.
+        changes = history.window(gpu_type, start_us / MICRO - 0.01, end_us / MICRO + 0.01)
+        price: Decimal | None = None
+        cuts: list[tuple[int, Decimal]] = []
+        for t, p in changes:
+            t_us = round(t * MICRO)
+            if t_us <= start_us:
+                price = p  # in force at start (the latest change at or before it)
+            elif t_us < end_us:
+                cuts.append((t_us, p))
+        out: list[tuple[int, int, Decimal | None]] = []
+        a = start_us
+        for t_us, p in cuts:
+            if p != price:
+                out.append((a, t_us, price))
+                a, price = t_us, p
+        out.append((a, end_us, price))
+        return out
+
+    def price_at(self, gpu_type: str, pricing: str, t_us: int) -> Decimal:
+        """Price per card-hour (per hour in no-GPU mode) in force at ``t_us``."""
+        ((_, _, price),) = self.segments(gpu_type, pricing, t_us, t_us + 1)
+        return self._gpu(gpu_type).on_demand_price if price is None else price
 
     def change_points(self, gpu_type: str, pricing: str, start_us: int, end_us: int) -> list[int]:
         """Times strictly inside (start, end) where the price changes (none for fixed prices)."""
-        return []
+        return [a for a, _, _ in self.segments(gpu_type, pricing, start_us, end_us)[1:]]
 
     def rate_micro_per_hour(self, gpu_type: str, gpus: int, pricing: str, t_us: int) -> int:
         price = to_micro(self.price_at(gpu_type, pricing, t_us))
         return price * (gpus if gpu_type not in ("", "none") else 1)
 
-    def _pieces(
-        self, gpu_type: str, pricing: str, intervals: Iterable[tuple[int, int]]
-    ) -> Iterator[tuple[int, int]]:
+    def rate(
+        self, gpu_type: str, gpus: int, pricing: str, intervals: Iterable[tuple[int, int]]
+    ) -> Rated:
+        """Price these (disjoint) billed intervals exactly, split at every price change."""
+        cards = gpus if gpu_type not in ("", "none") else 1
+        history = self._history() if pricing == "spot" else None
+        exact = billed = changes = unpriced = 0
         for start, end in intervals:
-            cuts = [start, *self.change_points(gpu_type, pricing, start, end), end]
-            for a, b in itertools.pairwise(cuts):
-                if b > a:
-                    yield a, b
+            pieces = self.segments(gpu_type, pricing, start, end, history)
+            changes += max(len(pieces) - 1, 0)
+            for a, b, price in pieces:
+                if price is None:
+                    price = self._gpu(gpu_type).on_demand_price
+                    unpriced += b - a
+                exact += to_micro(price) * cards * (b - a)
+                billed += b - a
+        return Rated(exact, billed, changes, unpriced)
 
     def cost_micro(
         self, gpu_type: str, gpus: int, pricing: str, intervals: Iterable[tuple[int, int]]
     ) -> int:
         """The amount for these (disjoint) billed intervals, rounded once (see module doc)."""
-        total = 0
-        for a, b in self._pieces(gpu_type, pricing, intervals):
-            total += self.rate_micro_per_hour(gpu_type, gpus, pricing, a) * (b - a)
-        return round_div(total, US_PER_HOUR)
+        return self.rate(gpu_type, gpus, pricing, intervals).amount_micro
 
 
 def merge(intervals: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:

@@ -11,7 +11,7 @@ from sqlalchemy import Connection, func, select
 
 from gpulab.billing_service.metering import NEVER
 from gpulab.billing_service.models import MICRO, Account, KernelSpan, LedgerEntry, ServerSession
-from gpulab.billing_service.rating import PriceBook, format_money, from_micro, merge
+from gpulab.billing_service.rating import PriceBook, format_money, from_micro, merge, round_div
 
 DAY_US = 86_400 * MICRO
 
@@ -88,26 +88,25 @@ def usage(
                 a = piece_end
         total_billed_us += s.billed_us
         total_amount += s.charged_micro
-        servers.append(
-            {
-                "session": s.id,
-                "server": s.server,
-                "mode": mode_label(prices, s.gpu_type, s.gpus),
-                "gpu_type": s.gpu_type,
-                "gpus": s.gpus,
-                "pricing": s.pricing,
-                "price_per_hour": str(
-                    from_micro(
-                        prices.rate_micro_per_hour(s.gpu_type, s.gpus, s.pricing, s.started_us)
-                    )
-                ),
-                "started": iso(s.started_us),
-                "stopped": iso(s.stopped_us),
-                "billed_seconds": s.billed_us / MICRO,
-                "amount": money(s.charged_micro),
-                "kernels": kernels,
-            }
-        )
+        row = {
+            "session": s.id,
+            "server": s.server,
+            "mode": mode_label(prices, s.gpu_type, s.gpus),
+            "gpu_type": s.gpu_type,
+            "gpus": s.gpus,
+            "pricing": s.pricing,
+            "price_per_hour": str(
+                from_micro(prices.rate_micro_per_hour(s.gpu_type, s.gpus, s.pricing, s.started_us))
+            ),
+            "started": iso(s.started_us),
+            "stopped": iso(s.stopped_us),
+            "billed_seconds": s.billed_us / MICRO,
+            "amount": money(s.charged_micro),
+            "kernels": kernels,
+        }
+        if s.pricing == "spot":
+            row["spot"] = spot_summary(prices, s, merge(clipped))
+        servers.append(row)
     for created, amount in conn.execute(
         select(LedgerEntry.created_us, LedgerEntry.amount_micro).where(
             LedgerEntry.user == user,
@@ -136,6 +135,20 @@ def usage(
             "billed_seconds": total_billed_us / MICRO,
             "amount": money(total_amount),
         },
+    }
+
+
+def spot_summary(prices: PriceBook, s, merged: list[tuple[int, int]]) -> dict[str, Any]:
+    """How a spot session was rated: its average price per card-hour over the billed time, how
+    many times the spot price changed while it was billed, and time rated at the on-demand price
+    because no spot price was recorded yet."""
+    rated = prices.rate(s.gpu_type, s.gpus, s.pricing, merged)
+    card_us = rated.billed_us * max(s.gpus, 1)
+    avg = None if card_us == 0 else str(from_micro(round_div(rated.exact, card_us)))
+    return {
+        "average_price_per_card_hour": avg,
+        "price_changes": rated.price_changes,
+        "seconds_without_spot_price": rated.unpriced_us / MICRO,
     }
 
 

@@ -89,6 +89,19 @@ class PriceHistory:
         i = bisect.bisect_right(times, t)
         return self._prices[gpu_type][i - 1] if i else None
 
+    def window(self, gpu_type: str, start: float, end: float) -> list[tuple[float, Decimal]]:
+        """Read-only: the change in force at ``start`` (if any) and every change before ``end``.
+
+        Billing cuts a billed interval at these times; the lock keeps a concurrent ``reload`` in
+        another thread from showing a time whose price is not appended yet.
+        """
+        with self._lock:
+            times = self._times.get(gpu_type, [])
+            prices = self._prices.get(gpu_type, [])
+            lo = max(bisect.bisect_right(times, start) - 1, 0)
+            hi = bisect.bisect_left(times, end)
+            return list(zip(times[lo:hi], prices[lo:hi], strict=True))
+
     def changes(self, gpu_type: str, since: float) -> list[dict[str, Any]]:
         """Changes after ``since``, led by the price already in force at ``since``."""
         times = self._times.get(gpu_type, [])

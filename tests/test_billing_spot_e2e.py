@@ -1,0 +1,126 @@
+"""A real spot server on a real hub is billed at the spot prices in force while its kernel ran.
+
+The operator pins the price through the admin API while a real kernel runs; the billing service
+(its own process) reads the market's price history from the data dir. The expected amount is
+computed here from what the APIs show: the price history (spot prices API) and the billed span
+(usage API).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from datetime import datetime
+from decimal import ROUND_HALF_EVEN, Decimal, localcontext
+from pathlib import Path
+
+import pytest
+from billing.client import Billing
+from harness import Hub, wait_for
+
+HB = 1.0
+ENV = {
+    "GPULAB_REPORTER_HEARTBEAT": str(HB),
+    "GPULAB_REPORTER_MAX_BACKOFF": "2",
+    "GPULAB_BILLING_MIN_MINUTES": "1",
+    "GPULAB_BILLING_ARGS": f"--BillingService.heartbeat_interval={HB}",
+}
+ON_DEMAND = Decimal("0.68")  # rtx-4090 in the catalog
+
+
+@pytest.fixture(scope="module")
+def spot_bhub(tmp_path_factory, chp_installed):
+    data = Path(tmp_path_factory.mktemp("billing-spot")) / "data"
+    h = Hub(
+        data, simulate="RTX-4090:1", env=ENV, extra_args=["--SpotMarket.tick_interval=0.5"]
+    ).start()
+    wait_for(Billing(h).up, 30, 0.2, "the billing service")
+    yield h
+    h.stop()
+
+
+def pin(hub: Hub, price: str | None) -> None:
+    r = hub.api("PUT", "/gpulab/spot/prices/rtx-4090", json={"price": price})
+    assert r.status_code == 200, r.text
+
+
+def ts(iso: str) -> Decimal:
+    """An API timestamp as exact seconds (the APIs give microseconds)."""
+    dt = datetime.fromisoformat(iso.replace("Z", "+00:00"))
+    return Decimal(int(dt.timestamp())) + Decimal(dt.microsecond) / 1_000_000
+
+
+def test_spot_server_is_billed_at_the_prices_in_force(spot_bhub: Hub) -> None:
+    hub, billing = spot_bhub, Billing(spot_bhub)
+    user = hub.create_user(f"sb{uuid.uuid4().hex[:6]}")
+    before = billing.balance(user)["balance"]["micro"]
+    pin(hub, "0.35")
+    hub.spawn_ready(user, {"gpu": "rtx-4090", "pricing": "spot", "max_price": 1})
+    k = hub.kernel(user)
+    assert k.execute("print(6 * 7)").strip() == "42"
+    time.sleep(4)
+    pin(hub, "0.65")  # still within the bid: the server keeps running
+    time.sleep(4)
+    pin(hub, "0.45")
+    time.sleep(3)
+    closed = time.time()
+    k.close()
+    hub.stop_server(user)
+
+    def settled():
+        usage = billing.usage(user)
+        (s,) = usage["servers"]
+        (kern,) = s["kernels"]
+        done = s["stopped"] and float(ts(kern["last_seen"])) >= closed - 0.01
+        return usage if done else None
+
+    usage = wait_for(settled, 30, 0.5, "the kernel's stop in the statement")
+    (s,) = usage["servers"]
+    (kern,) = s["kernels"]
+    assert s["pricing"] == "spot"
+    start = max(ts(kern["first_seen"]), ts(s["started"]))
+    end = min(ts(kern["last_seen"]), ts(s["stopped"]))
+    assert Decimal(str(s["billed_seconds"])) == end - start
+    assert 10 < end - start < 20
+
+    # The price history as the market shows it; cut the billed span at each change.
+    (prices,) = [
+        t
+        for t in hub.api("GET", "/gpulab/spot/prices?hours=1").json()["gpu_types"]
+        if t["slug"] == "rtx-4090"
+    ]
+    history = [(Decimal(str(c["t"])), Decimal(c["price"])) for c in prices["history"]]
+    with localcontext() as ctx:
+        ctx.prec = 60
+        exact = Decimal(0)
+        changes = 0
+        for i, (t, price) in enumerate(history):
+            nxt = history[i + 1][0] if i + 1 < len(history) else end
+            a, b = max(t, start), min(nxt, end)
+            if b > a:
+                exact += price * (b - a)
+                changes += a > start
+        exact_micro = exact / 3600 * 1_000_000
+    amount = s["amount"]["micro"]
+    assert abs(Decimal(amount) - exact_micro) <= Decimal("0.5"), (amount, exact_micro, history)
+    assert amount == int(exact_micro.quantize(Decimal(1), rounding=ROUND_HALF_EVEN))
+    assert changes == 2 and s["spot"]["price_changes"] == 2, (history, s["spot"])
+    avg = Decimal(s["spot"]["average_price_per_card_hour"])
+    assert Decimal("0.35") < avg < Decimal("0.65")
+    assert s["spot"]["seconds_without_spot_price"] == 0
+    # Not the on-demand price: 0.68 (the ceiling of spot prices) over the same time would be a different amount.
+    assert abs(Decimal(amount) - ON_DEMAND * (end - start) / 3600 * 1_000_000) > 100
+
+    # The balance dropped by exactly that amount.
+    wait_for(
+        lambda: billing.balance(user)["balance"]["micro"] == before - amount,
+        10,
+        0.5,
+        f"the balance to drop by {amount} micro",
+    )
+    assert usage["total"]["amount"]["micro"] == amount
+    # The statement page says the same to the user.
+    page = billing.get("", params={"user": user})
+    assert page.status_code == 200, page.text
+    assert f"spot: average {avg}/card-h, 2 price changes" in page.text
+    pin(hub, None)
