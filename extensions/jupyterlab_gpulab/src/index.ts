@@ -353,11 +353,13 @@ const plugin: JupyterFrontEndPlugin<void> = {
       // The warning is over: say how, and take the countdown away.
       item.secondsLeft = null;
       document.body.dataset.gpulabPreemption = kind;
-      const type = kind === 'stopped' ? 'error' : 'success';
       if (notice) {
-        Notification.update({ id: notice, message, type, autoClose: false, actions: [] });
+        Notification.dismiss(notice);
+      }
+      if (kind === 'stopped') {
+        Notification.error(message, { autoClose: false });
       } else {
-        Notification.emit(message, type, { autoClose: false });
+        Notification.success(message, { autoClose: 20000 });
       }
       notice = '';
       saveNote = '';
