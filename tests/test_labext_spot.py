@@ -32,7 +32,8 @@ CHROMIUM = os.environ.get("GPULAB_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run"]
 PASSWORD = "correct-horse-battery"
 SLOW = 90_000  # ms: loading JupyterLab on a busy 2-core machine can take a while
-SCREENSHOT = REPO / "docs" / "screenshots" / "labext-spot-countdown.png"
+# Copied by hand to docs/screenshots/labext-spot-countdown.png (tests never write tracked files).
+SCREENSHOT = REPO / "artifacts" / "screenshots" / "labext-spot-countdown.png"
 
 
 @pytest.fixture(scope="module")
@@ -350,7 +351,8 @@ def test_spot_price_countdown_save_and_cancel_in_the_browser(hub: Hub, browser) 
         assert hub.server(name)["ready"]
         print(f"countdown visible {seen_after:.1f}s after the price rise (page refresh: 10 s)")
     except Exception:
-        page.screenshot(path=str(REPO / "artifacts" / "spot-failure.png"))
+        SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SCREENSHOT.with_name("spot-failure.png")))
         raise
     finally:
         context.close()
