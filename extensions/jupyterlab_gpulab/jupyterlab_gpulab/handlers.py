@@ -5,7 +5,8 @@
 - ``GET  balance`` the user's balance from billing (``{"available": false, ...}`` if unreachable);
 - ``GET  catalog`` / ``GET pool``: the hub's catalog and live GPU pool;
 - ``POST switch``  ask the hub to restart this server with other options (GPU type, datasets);
-- ``GET  gpus``    live utilization and memory of this server's GPUs (NVML), or why there is none.
+- ``GET  gpus``    live utilization and memory of this server's GPUs (NVML), or why there is none;
+- ``GET  spot``    spot servers: the spot price, the bid and a preemption warning with its deadline.
 
 The browser never talks to the hub or billing itself: these handlers call them with this
 server's own token (``JUPYTERHUB_API_TOKEN``), so no hub credential ever reaches the page.
@@ -32,6 +33,8 @@ from traitlets.config import Configurable
 
 from jupyterlab_gpulab.billing import normalize_balance, unavailable
 from jupyterlab_gpulab.server_info import ServerInfo
+from jupyterlab_gpulab.spot import normalize_spot, not_spot
+from jupyterlab_gpulab.spot import unavailable as spot_unavailable
 
 # Keys of the hub's switch contract the frontend may send; the hub validates the values.
 SWITCH_FIELDS = ("gpu", "gpus", "datasets", "image")
@@ -58,6 +61,20 @@ class GpulabSettings(Configurable):
         config=True,
         help="""Warn (a JupyterLab notification) when the balance lasts less than this many minutes
         at the current rate.""",
+    )
+
+    spot_refresh_seconds = Float(
+        10.0,
+        config=True,
+        help="""Seconds between the page's reads of the spot price and preemption state of a spot
+        server (the status bar's "spot CNY 0.42/h (max 0.60)").""",
+    )
+
+    spot_warning_refresh_seconds = Float(
+        2.0,
+        config=True,
+        help="""Seconds between those reads while a preemption warning is on, so a cancellation
+        (the price fell back under the bid) shows within that time.""",
     )
 
     @default("billing_url")
@@ -209,6 +226,8 @@ class StatusHandler(_Handler):
     def get(self) -> None:
         out = self.info.to_json()
         out["low_balance_minutes"] = self.gpulab_settings.low_balance_minutes
+        out["spot_refresh_seconds"] = self.gpulab_settings.spot_refresh_seconds
+        out["spot_warning_refresh_seconds"] = self.gpulab_settings.spot_warning_refresh_seconds
         out["server_id"] = self.settings["gpulab_server_id"]
         self.finish_json(out)
 
@@ -329,6 +348,38 @@ class SwitchHandler(_Handler):
             self.finish_json({"message": message}, status=502 if error else status)
 
 
+class SpotHandler(_Handler):
+    """The hub's spot status of this server, fetched with this server's token.
+
+    Never an error status for the page: an on-demand server answers ``{"spot": false}``, a hub
+    that does not answer (or has no spot market) ``{"spot": true, "available": false, reason}``.
+    """
+
+    @web.authenticated
+    async def get(self) -> None:
+        info = self.info
+        if info.pricing != "spot":
+            self.finish_json(not_spot(info.pricing))
+            return
+        if not info.user:
+            self.finish_json(spot_unavailable("this server was not started by JupyterHub"))
+            return
+        path = (
+            f"gpulab/spot/status/{quote(info.user, safe='')}"
+            f"?server={quote(info.server_name, safe='')}"
+        )
+        status, data, error = await self.upstream.call(self.upstream.hub(path))
+        if error:
+            self.finish_json(spot_unavailable(f"the hub did not answer: {error}"))
+        elif status == 404:
+            self.finish_json(spot_unavailable("this hub has no spot market"))
+        elif status != 200:
+            message = self.hub_message(status, data, None, "spot status")
+            self.finish_json(spot_unavailable(message))
+        else:
+            self.finish_json(normalize_spot(data, info.currency))
+
+
 class GpusHandler(_Handler):
     @web.authenticated
     async def get(self) -> None:
@@ -368,5 +419,6 @@ def setup_handlers(server_app: Any) -> None:
             (url_path_join(base, "pool"), PoolHandler),
             (url_path_join(base, "switch"), SwitchHandler),
             (url_path_join(base, "gpus"), GpusHandler),
+            (url_path_join(base, "spot"), SpotHandler),
         ],
     )

@@ -3,6 +3,7 @@ import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
 import { IBalance, ICatalog, IPool, IServerId, IStatus } from './logic';
+import { ISpotStatus } from './spot';
 
 export class ApiError extends Error {
   /** `answered`: this server's extension answered (a JSON message), not a proxy error page. */
@@ -46,6 +47,7 @@ export const getBalance = () => request<IBalance>('balance');
 export const getCatalog = () => request<ICatalog>('catalog');
 export const getPool = () => request<IPool>('pool');
 export const getGpus = () => request<any>('gpus');
+export const getSpot = () => request<ISpotStatus>('spot');
 
 export interface ISwitchRequest {
   gpu?: string;

@@ -1,5 +1,6 @@
-// gpulab inside JupyterLab: status bar (mode, price, cost, balance), no-GPU toggle and
-// "Switch to GPU..." commands, the Datasets panel and the GPU panel.
+// gpulab inside JupyterLab: status bar (mode, price, cost, balance; spot price, bid and the
+// preemption countdown on spot servers), no-GPU toggle and "Switch to GPU..." commands, the
+// Datasets panel and the GPU panel.
 import { JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
 import {
   Dialog,
@@ -12,7 +13,7 @@ import { IDefaultFileBrowser } from '@jupyterlab/filebrowser';
 import { IStatusBar } from '@jupyterlab/statusbar';
 import { Widget } from '@lumino/widgets';
 
-import { getBalance, getCatalog, getGpus, getPool, getStatus, pollServer } from './api';
+import { getBalance, getCatalog, getGpus, getPool, getSpot, getStatus, pollServer } from './api';
 import {
   datasetsAfter,
   formatRate,
@@ -26,7 +27,14 @@ import {
   noGpuLabel,
   priceChange
 } from './logic';
-import { runSwitch, takeSwitchTiming } from './switcher';
+import {
+  endMessage,
+  ISpotStatus,
+  SpotTracker,
+  warningDetails,
+  warningMessage
+} from './spot';
+import { runSwitch, saveOpenDocuments, takeSwitchTiming } from './switcher';
 import { DatasetsPanel, GpuPanel, StatusItem } from './widgets';
 
 const BALANCE_REFRESH_MS = 15000;
@@ -268,7 +276,132 @@ const plugin: JupyterFrontEndPlugin<void> = {
       }
     }
 
-    setInterval(() => item.render(), 1000);
+    // ---- spot servers: price, bid, and the preemption warning --------------------------------
+    const spot = new SpotTracker();
+    let notice = ''; // id of the warning's notification
+    let saveNote = '';
+
+    function details(): string[] {
+      const p = spot.warning;
+      const deadline = spot.deadlineLocalMs();
+      if (!p || deadline === null) {
+        return [];
+      }
+      const at = new Date(deadline).toLocaleTimeString();
+      return warningDetails(p, at, status.currency, saveNote);
+    }
+
+    function showWarning(nowMs: number): void {
+      const p = spot.warning;
+      const left = spot.secondsLeft(nowMs);
+      item.secondsLeft = left;
+      item.countdownTitle = details().join('\n');
+      if (!p || left === null) {
+        return;
+      }
+      const message = warningMessage(p, left, status.currency, saveNote);
+      const options = {
+        autoClose: false as const,
+        actions: [
+          {
+            label: 'Details',
+            caption: 'Why, when, and what was saved',
+            callback: (event: Event) => {
+              event.preventDefault(); // keep the notification: the countdown goes on in it
+              const body = document.createElement('div');
+              body.className = 'jp-gpulab-confirm';
+              for (const line of details()) {
+                const para = document.createElement('p');
+                para.textContent = line;
+                body.appendChild(para);
+              }
+              void showDialog({
+                title: 'Spot server preemption',
+                body: new Widget({ node: body }),
+                buttons: [Dialog.okButton()]
+              });
+            }
+          }
+        ]
+      };
+      if (!notice) {
+        notice = Notification.warning(message, options);
+      } else {
+        Notification.update({ id: notice, message, type: 'warning', ...options });
+      }
+    }
+
+    function onSpotEvent(kind: string, message: string): void {
+      if (kind === 'warning') {
+        // Save now, while the server is still there: the deadline may come before the user.
+        saveNote = 'Saving open documents…';
+        document.body.dataset.gpulabPreemption = 'warning';
+        saveOpenDocuments(app).then(
+          () => {
+            saveNote = 'All open documents saved.';
+            document.body.dataset.gpulabPreemptionSaved = spot.warning?.id || 'saved';
+          },
+          e => {
+            saveNote = `Saving failed: ${(e as Error).message}`;
+          }
+        );
+        return;
+      }
+      if (kind === 'checkpoint') {
+        return; // the warning's text shows it at the next tick
+      }
+      // The warning is over: say how, and take the countdown away.
+      item.secondsLeft = null;
+      document.body.dataset.gpulabPreemption = kind;
+      if (notice) {
+        Notification.dismiss(notice);
+      }
+      if (kind === 'stopped') {
+        Notification.error(message, { autoClose: false });
+      } else {
+        Notification.success(message, { autoClose: 20000 });
+      }
+      notice = '';
+      saveNote = '';
+    }
+
+    async function pollSpot(): Promise<void> {
+      let answer: ISpotStatus;
+      try {
+        answer = await getSpot();
+      } catch (e) {
+        answer = { spot: true, available: false, reason: (e as Error).message };
+      }
+      const events = spot.update(answer, Date.now());
+      item.spot = answer;
+      for (const event of events) {
+        onSpotEvent(event.kind, endMessage(event, answer, status.currency));
+      }
+      showWarning(Date.now());
+      item.render();
+    }
+
+    async function spotLoop(): Promise<void> {
+      try {
+        await pollSpot();
+      } catch (e) {
+        console.warn('gpulab: spot status', e);
+      }
+      const normal = (status.spot_refresh_seconds || 10) * 1000;
+      const fast = (status.spot_warning_refresh_seconds || 2) * 1000;
+      setTimeout(spotLoop, spot.pollMs(normal, fast));
+    }
+
+    if (status.pricing === 'spot') {
+      void spotLoop();
+    }
+
+    setInterval(() => {
+      if (spot.warning) {
+        showWarning(Date.now());
+      }
+      item.render();
+    }, 1000);
     setInterval(refreshBalance, BALANCE_REFRESH_MS);
     setInterval(refreshStatus, STATUS_REFRESH_MS);
     void refreshBalance();

@@ -18,6 +18,8 @@ export interface IStatus {
   elapsed_seconds: number;
   session_cost: string | null;
   low_balance_minutes: number;
+  spot_refresh_seconds?: number;
+  spot_warning_refresh_seconds?: number;
   server_id: string; // random per server process
 }
 

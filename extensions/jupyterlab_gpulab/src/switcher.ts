@@ -55,6 +55,14 @@ class Progress {
   }
 }
 
+/**
+ * Save every open document that has unsaved changes (what a restart or a preemption would
+ * lose). Used before a switch and at a spot preemption warning.
+ */
+export async function saveOpenDocuments(app: JupyterFrontEnd): Promise<void> {
+  await app.commands.execute('docmanager:save-all');
+}
+
 export async function runSwitch(
   app: JupyterFrontEnd,
   status: IStatus,
@@ -84,7 +92,7 @@ export async function runSwitch(
   const progress = new Progress(`Moving to ${plan.target}`);
   progress.set('Saving open documents…');
   try {
-    await app.commands.execute('docmanager:save-all');
+    await saveOpenDocuments(app);
   } catch (e) {
     progress.dispose();
     await showErrorMessage(

@@ -4,6 +4,7 @@ import { Message } from '@lumino/messaging';
 import { Widget } from '@lumino/widgets';
 
 import { IBalance, ICatalog, IStatus, isNoGpu, statusParts } from './logic';
+import { formatCountdown, ISpotStatus, spotPriceText, spotTitle } from './spot';
 
 function el<K extends keyof HTMLElementTagNameMap>(
   tag: K,
@@ -34,20 +35,37 @@ export const gpuIcon = new LabIcon({
     '<path d="M20 9h2v2h-2zM20 13h2v2h-2zM5 18h2v3H5zM10 18h2v3h-2zM15 18h2v3h-2z"/></g></svg>'
 });
 
-/** Status bar: mode · price · session cost · balance, and the no-GPU toggle button. */
+/**
+ * Status bar: mode · price (the spot price and bid on spot servers) · session cost · balance,
+ * the preemption countdown while a warning is on, and the no-GPU toggle button.
+ */
 export class StatusItem extends Widget {
   private modeNode = el('span', 'jp-gpulab-mode');
   private priceNode = el('span', 'jp-gpulab-price');
   private costNode = el('span', 'jp-gpulab-cost');
   private balanceNode = el('span', 'jp-gpulab-balance');
+  private countdownNode = el('span', 'jp-gpulab-countdown');
   private toggle = el('button', 'jp-gpulab-toggle');
   status: IStatus | null = null;
   balance: IBalance | null = null;
+  spot: ISpotStatus | null = null;
+  /** Seconds before a preemption stops this server; null: no warning. */
+  secondsLeft: number | null = null;
+  countdownTitle = '';
 
   constructor(onToggle: () => void) {
     super();
     this.addClass('jp-gpulab-status');
-    this.node.append(this.modeNode, this.priceNode, this.costNode, this.balanceNode, this.toggle);
+    this.countdownNode.setAttribute('role', 'timer');
+    this.countdownNode.hidden = true;
+    this.node.append(
+      this.modeNode,
+      this.priceNode,
+      this.costNode,
+      this.balanceNode,
+      this.countdownNode,
+      this.toggle
+    );
     this.toggle.type = 'button';
     this.toggle.addEventListener('click', () => onToggle());
     this.modeNode.textContent = 'gpulab …';
@@ -58,15 +76,33 @@ export class StatusItem extends Widget {
       return;
     }
     const parts = statusParts(this.status, this.balance, nowMs);
+    const spot = this.status.pricing === 'spot';
     this.modeNode.textContent = parts.mode;
-    this.priceNode.textContent = parts.price;
+    this.priceNode.textContent = spot
+      ? spotPriceText(this.spot, this.status.gpu_count, this.status.currency)
+      : parts.price;
+    this.priceNode.classList.toggle('jp-gpulab-spot', spot);
+    this.priceNode.classList.toggle(
+      'jp-gpulab-unavailable',
+      spot && !!this.spot && !this.spot.available
+    );
+    this.countdownNode.hidden = this.secondsLeft === null;
+    this.countdownNode.textContent =
+      this.secondsLeft === null
+        ? ''
+        : this.secondsLeft > 0
+          ? `reclaimed in ${formatCountdown(this.secondsLeft)}`
+          : 'reclaimed: stopping';
+    this.countdownNode.title = this.countdownTitle;
     this.costNode.textContent = parts.cost;
     this.balanceNode.textContent = parts.balance;
     this.balanceNode.classList.toggle(
       'jp-gpulab-unavailable',
       !!this.balance && !this.balance.available
     );
-    this.node.title = parts.title;
+    this.node.title = spot
+      ? `${parts.title}\n${spotTitle(this.spot, this.status.currency)}`
+      : parts.title;
     this.toggle.textContent = isNoGpu(this.status) ? 'Switch to GPU…' : 'Switch to no-GPU';
     this.toggle.disabled = !this.status.gpulab;
   }
