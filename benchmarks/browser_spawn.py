@@ -22,18 +22,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import Hub
+from harness import CHROMIUM_ARGS, Hub
 from spawn import pct, start_stock, stock_hub
 
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-dev-shm-usage",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 LAUNCHER = ".jp-Launcher-content, .jp-LauncherCard"
 
 

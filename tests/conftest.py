@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from harness import REPO, Hub
+from harness import CHROMIUM, CHROMIUM_ARGS, REPO, Hub
 
 REQUIRE_ALL = os.environ.get("GPULAB_REQUIRE_ALL") == "1"
 
@@ -65,3 +65,17 @@ def user(hub: Hub):
     yield name
     if hub.server(name) is not None:
         hub.stop_server(name)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Headless Chromium (Debian's package) under Playwright, one per test module."""
+    require(shutil.which(CHROMIUM) is not None or Path(CHROMIUM).exists(), "chromium (apt)")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        require(False, "playwright (pip install -e '.[test]')")
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        yield b
+        b.close()

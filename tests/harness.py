@@ -23,6 +23,18 @@ import websocket
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
+# Debian's Chromium, driven by Playwright (which cannot download browsers here). The flags keep it
+# from reaching for the network at start-up.
+CHROMIUM = os.environ.get("GPULAB_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 
 
 def free_port() -> int:

@@ -8,43 +8,18 @@ the Datasets panel. Screenshots land in artifacts/screenshots/.
 
 from __future__ import annotations
 
-import os
-import shutil
 import time
 import uuid
 from pathlib import Path
 
 import pytest
 import requests
-from conftest import require
 from harness import REPO, Hub, WebSession
 
-CHROMIUM = os.environ.get("GPULAB_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-dev-shm-usage",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--no-first-run",
-]
 SHOTS = REPO / "artifacts" / "screenshots"
 PASSWORD = "correct-horse-battery"
 # Loading JupyterLab on a busy 2-core machine can take a while; nothing here is a timed assert.
 SLOW = 90_000
-
-
-@pytest.fixture(scope="module")
-def browser():
-    require(shutil.which(CHROMIUM) is not None or Path(CHROMIUM).exists(), "chromium (apt)")
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        require(False, "playwright (pip install -e '.[test]')")
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        yield b
-        b.close()
 
 
 @pytest.fixture

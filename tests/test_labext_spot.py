@@ -13,8 +13,6 @@ Prices are driven as an operator would: pinning the spot price with the admin AP
 from __future__ import annotations
 
 import importlib.util
-import os
-import shutil
 import time
 import uuid
 from pathlib import Path
@@ -28,8 +26,6 @@ from jupyterlab_gpulab.spot import normalize_spot
 # Long enough that the page (which reads the spot status every 10 s) sees the warning with
 # time to spare on a busy machine; the tests cancel the preemption, so they never wait it out.
 WARNING = 30
-CHROMIUM = os.environ.get("GPULAB_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run"]
 PASSWORD = "correct-horse-battery"
 SLOW = 90_000  # ms: loading JupyterLab on a busy 2-core machine can take a while
 # Copied by hand to docs/screenshots/labext-spot-countdown.png (tests never write tracked files).
@@ -222,19 +218,6 @@ def test_spot_status_is_unavailable_while_the_hub_is_down(hub: Hub, user: str) -
 
 
 # ---- the page, in Debian's Chromium -----------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def browser():
-    require(shutil.which(CHROMIUM) is not None or Path(CHROMIUM).exists(), "chromium (apt)")
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        require(False, "playwright (pip install -e '.[test]')")
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        yield b
-        b.close()
 
 
 def sign_up(hub: Hub) -> str:
