@@ -80,10 +80,22 @@ class SwitchAPIHandler(_GpulabAPIHandler):
         merged = {**current, **body}
         if "gpus" not in body and merged.get("gpu") != current.get("gpu"):
             merged.pop("gpus", None)  # a new GPU type starts from the default card count
+        if merged.get("gpu") == "none" and "pricing" not in body:
+            # Leaving a spot GPU for no-GPU mode (the JupyterLab toggle) leaves the spot market too.
+            for key in ("pricing", "max_price", "wait", "windows_only"):
+                merged.pop(key, None)
         try:
             options = parse_options(merged, self.pool.catalog)
         except OptionsError as e:
             raise web.HTTPError(400, f"Invalid spawn option {e}") from None
+        if options.pricing == "spot":
+            # The old server would be gone before the market could say no (price above the bid,
+            # queueing): spot servers are started from the spawn page or the REST API instead.
+            raise web.HTTPError(
+                409,
+                "A running server cannot be switched onto spot pricing; stop it and start a spot "
+                "server (the market then answers with the current price or a queue place)",
+            )
         owner = owner_key(user.name, "")
         try:
             self.pool.allocator.reserve(owner, options.gpu_type, options.gpus)

@@ -386,3 +386,26 @@ def test_many_queued_bids_race_for_two_cards_and_never_share_one(hub: Hub) -> No
     hub.wait_ready(by_bid["0.42"], timeout=30)
     assert hub.free("rtx-4090") == 0
     assert hub.server(by_bid["0.38"]) is None
+
+
+def test_a_spot_server_switches_to_no_gpu_but_not_onto_spot(hub: Hub) -> None:
+    hub.api("PUT", "/gpulab/spot/prices/rtx-4090", json={"price": "0.40"})
+    user = hub.create_user()
+    try:
+        hub.spawn_ready(user, {"gpu": "rtx-4090", "pricing": "spot", "max_price": "0.60"})
+        r = hub.api("POST", f"/gpulab/users/{user}/switch", json={"gpu": "none"})
+        assert r.status_code == 202, r.text
+        assert r.json()["options"]["pricing"] == "on-demand"
+        wait_for(
+            lambda: (s := hub.server(user)) and s["ready"] and s["user_options"]["gpu"] == "none",
+            timeout=60,
+            what="the no-GPU server",
+        )
+        r = hub.api(
+            "POST", f"/gpulab/users/{user}/switch", json={"gpu": "rtx-4090", "pricing": "spot"}
+        )
+        assert r.status_code == 409 and "spot" in r.json()["message"], r.text
+        assert hub.server(user)["user_options"]["gpu"] == "none"
+    finally:
+        if hub.server(user):
+            hub.stop_server(user)
