@@ -320,3 +320,12 @@ class WebSession:
     def login(self, name: str, password: str) -> bool:
         r = self.post("/hub/login", {"username": name, "password": password})
         return r.ok and "jupyterhub-hub-login" in self.http.cookies
+
+
+def browser_log_in(page, hub: Hub, name: str, password: str, timeout: float = 90_000) -> None:
+    """Log in through the hub's own form in a Playwright page, as a person would."""
+    page.goto(f"{hub.url}/hub/login")
+    page.fill("input[name=username]", name)
+    page.fill("input[name=password]", password)
+    page.press("input[name=password]", "Enter")
+    page.wait_for_url(lambda url: "/hub/login" not in url, timeout=timeout)

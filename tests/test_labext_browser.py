@@ -13,8 +13,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-import requests
-from harness import REPO, Hub, WebSession
+from harness import REPO, Hub, WebSession, browser_log_in
 
 SHOTS = REPO / "artifacts" / "screenshots"
 PASSWORD = "correct-horse-battery"
@@ -43,23 +42,7 @@ def shot(page, name: str) -> Path:
 
 
 def log_in(page, hub: Hub, name: str) -> None:
-    page.goto(f"{hub.url}/hub/login")
-    page.fill("input[name=username]", name)
-    page.fill("input[name=password]", PASSWORD)
-    page.press("input[name=password]", "Enter")
-    page.wait_for_url(lambda url: "/hub/login" not in url, timeout=SLOW)
-
-
-def no_news_prompt(hub: Hub, name: str) -> None:
-    """Answer JupyterLab's one-time "fetch Jupyter news?" prompt "No" up front, as a user would
-    (it is a user setting), so the screenshots show gpulab's UI rather than that toast."""
-    r = requests.put(
-        f"{hub.url}/user/{name}/lab/api/settings/@jupyterlab/apputils-extension:notification",
-        headers={"Authorization": f"token {hub.token}"},
-        json={"raw": '{"fetchNews": "false"}'},
-        timeout=30,
-    )
-    assert r.status_code in (200, 204), r.text
+    browser_log_in(page, hub, name, PASSWORD, timeout=SLOW)
 
 
 def mode_text(page) -> str:
@@ -98,7 +81,6 @@ def test_status_bar_toggle_and_datasets_in_the_browser(hub: Hub, renter: str, br
     try:
         log_in(page, hub, renter)
         hub.spawn_ready(renter, {"gpu": "a100-80g", "gpus": 1})
-        no_news_prompt(hub, renter)
         with hub.kernel(renter) as k:
             k.execute("open('train.py', 'w').write('print(\"epoch 1\")')")
 
@@ -213,7 +195,6 @@ def test_switch_without_a_free_gpu_says_so_and_changes_nothing(
     try:
         log_in(page, hub, renter)
         hub.spawn_ready(renter, {"gpu": "none"})
-        no_news_prompt(hub, renter)
         page.goto(f"{hub.url}/user/{renter}/lab", timeout=SLOW)
         wait_mode(page, "No GPU")
         server_id = page.evaluate(

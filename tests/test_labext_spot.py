@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import requests
 from conftest import require
-from harness import REPO, Hub, WebSession, wait_for
+from harness import REPO, Hub, WebSession, browser_log_in, wait_for
 from jupyterlab_gpulab.spot import normalize_spot
 
 # Long enough that the page (which reads the spot status every 10 s) sees the warning with
@@ -244,20 +244,8 @@ def test_spot_price_countdown_save_and_cancel_in_the_browser(hub: Hub, browser) 
     context = browser.new_context(viewport={"width": 1280, "height": 720})
     page = context.new_page()
     try:
-        page.goto(f"{hub.url}/hub/login")
-        page.fill("input[name=username]", name)
-        page.fill("input[name=password]", PASSWORD)
-        page.press("input[name=password]", "Enter")
-        page.wait_for_url(lambda url: "/hub/login" not in url, timeout=SLOW)
+        browser_log_in(page, hub, name, PASSWORD, timeout=SLOW)
         hub.spawn_ready(name, SPOT)
-        # Answer JupyterLab's one-time "fetch news?" prompt up front, as a user would.
-        r = requests.put(
-            f"{hub.url}/user/{name}/lab/api/settings/@jupyterlab/apputils-extension:notification",
-            headers={"Authorization": f"token {hub.token}"},
-            json={"raw": '{"fetchNews": "false"}'},
-            timeout=30,
-        )
-        assert r.status_code in (200, 204), r.text
         notes = hub.data_dir / "users" / name / "notes.py"
         notes.write_text("lr = 0.1\n")
 
