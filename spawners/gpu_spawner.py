@@ -7,7 +7,6 @@ server with the given environment, return its URL) and its own stop/poll.
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -290,13 +289,3 @@ class GpuSpawnerMixin(HasTraits):
         for ch in self.user.name:
             out.append(ch if ch.isascii() and (ch.isalnum() or ch in "_-") else f"-{ord(ch):x}-")
         return "".join(out)
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
