@@ -291,11 +291,11 @@ class BillingService(Application):
     async def _watch_parent(self, stop: asyncio.Event) -> None:
         """Exit when the hub that started us is gone (e.g. SIGKILLed): the restarted hub starts
         a fresh service on the same port, and reporters retry meanwhile."""
-        parent = os.getppid()
-        while True:
+        # The hub says who it is: a hub killed while we were still starting must not leave us
+        # waiting for a parent we never had.
+        parent = int(os.environ.get("GPULAB_HUB_PID") or os.getppid())
+        while os.getppid() == parent:  # noqa: ASYNC110 (no event tells us the parent died)
             await asyncio.sleep(1)
-            if os.getppid() != parent:
-                break
         self.log.warning("the hub (pid %i) is gone; stopping", parent)
         stop.set()
 

@@ -199,6 +199,7 @@ def configure_hub(c, data_dir: str, catalog: str, roles: list[dict]) -> None:
     prefix_url = f"{url}/services/billing/"
     min_minutes = os.environ.get("GPULAB_BILLING_MIN_MINUTES", "10")
     env = {
+        "GPULAB_HUB_PID": str(os.getpid()),
         "GPULAB_DATA_DIR": data_dir,
         "GPULAB_CATALOG": catalog,
         "GPULAB_BILLING_MIN_MINUTES": min_minutes,
