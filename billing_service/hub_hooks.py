@@ -167,12 +167,13 @@ def configure_hub(c, data_dir: str, catalog: str, roles: list[dict]) -> None:
     Reporter knobs passed to every server: ``GPULAB_REPORTER_HEARTBEAT`` (seconds, default 10).
     """
     import os
-    import secrets
     import shlex
     import sys
     from pathlib import Path
 
     from jupyterhub.utils import random_port
+
+    from gpulab.hub_config.config import secret_file
 
     if os.environ.get("GPULAB_BILLING", "1") == "0":
         return
@@ -187,14 +188,7 @@ def configure_hub(c, data_dir: str, catalog: str, roles: list[dict]) -> None:
     else:
         port = random_port()
         port_file.write_text(str(port))
-    token_file = data / "billing-api-token"
-    if token_file.exists():
-        token = token_file.read_text().strip()
-    else:
-        token = secrets.token_hex(32)
-        fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(token)
+    token = secret_file(data / "billing-api-token")
     url = f"http://127.0.0.1:{port}"
     prefix_url = f"{url}/services/billing/"
     min_minutes = os.environ.get("GPULAB_BILLING_MIN_MINUTES", "10")

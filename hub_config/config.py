@@ -80,7 +80,7 @@ def find_proxy_command() -> list[str]:
     )
 
 
-def _secret_file(path: Path) -> str:
+def secret_file(path: Path) -> str:
     """A random token kept in ``path`` (mode 0600), created on first use."""
     try:
         return path.read_text().strip()
@@ -149,7 +149,7 @@ def configure(c, settings: Settings | None = None) -> None:
         }
     )
     # The spot market starts queued servers and stops reclaimed ones through the REST API.
-    market_token = _secret_file(data / "spot-market-token")
+    market_token = secret_file(data / "spot-market-token")
     services.append({"name": "gpulab-market", "api_token": market_token})
     roles.append(
         {

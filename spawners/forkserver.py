@@ -248,10 +248,6 @@ class ForkServerClient:
             raise RuntimeError(f"fork server: {reply['error']}")
         return int(reply["pid"])
 
-    def stop(self) -> None:
-        if self.running:
-            self.proc.terminate()
-
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="gpulab's pre-warmed single-user fork server")

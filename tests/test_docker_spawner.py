@@ -445,18 +445,9 @@ def test_real_gpu_device_request_names_exactly_the_allocated_cards(
 @pytest.mark.gpu
 def test_real_gpu_container_sees_exactly_its_card(tmp_path, docker, catalog, chp_installed):
     """On a GPU host with the NVIDIA container toolkit: the device request really pins the card."""
-    from test_gpu import CUDA_UUID_CODE, nvidia_smi_list
+    from test_gpu import CUDA_UUID_CODE, this_gpu_catalog
 
-    _, name, _ = nvidia_smi_list()[0]
-    # Rent this machine's model as its own type, whatever it is.
-    text = re.sub(r"nvml_names = \[.*\]", "nvml_names = []", catalog.read_text())
-    text += (
-        '\n[gpu_types.this-gpu]\ndisplay_name = "This GPU"\nvram_gb = 1\n'
-        'on_demand_price = "1.00"\nspot_floor_price = "0.50"\ncpus_per_card = 1\n'
-        f'mem_per_card = "1G"\nnvml_names = ["{name}"]\n'
-    )
-    gpu_catalog = tmp_path / "catalog.toml"
-    gpu_catalog.write_text(text)
+    gpu_catalog = this_gpu_catalog(catalog, tmp_path / "catalog.toml")
     hub = Hub(
         tmp_path / "data",
         simulate="none",

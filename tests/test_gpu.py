@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+from pathlib import Path
 
 import pytest
 from harness import Hub
@@ -41,6 +42,20 @@ def nvidia_smi_list() -> list[tuple[int, str, str]]:
     return rows
 
 
+def this_gpu_catalog(base: Path, out: Path) -> Path:
+    """``base`` with this machine's GPU model rented as its own type ``this-gpu`` (whatever the
+    model: H100, H200, A10...) and no other type matching real cards."""
+    _, name, _ = nvidia_smi_list()[0]
+    text = re.sub(r"nvml_names = \[.*\]", "nvml_names = []", base.read_text())
+    text += (
+        '\n[gpu_types.this-gpu]\ndisplay_name = "This GPU"\nvram_gb = 1\n'
+        'on_demand_price = "1.00"\nspot_floor_price = "0.50"\ncpus_per_card = 1\n'
+        f'mem_per_card = "1G"\nnvml_names = ["{name}"]\n'
+    )
+    out.write_text(text)
+    return out
+
+
 def test_inventory_matches_nvidia_smi() -> None:
     inv = GpuInventory(load_catalog(), use_nvml="yes")
     assert [(d.index, d.name, d.uuid) for d in inv.devices] == nvidia_smi_list()
@@ -48,16 +63,7 @@ def test_inventory_matches_nvidia_smi() -> None:
 
 
 def test_a_server_sees_exactly_its_allocated_gpu(tmp_path, chp_installed) -> None:
-    _, name, _ = nvidia_smi_list()[0]
-    # Rent this machine's model as its own type, whatever it is (H100, H200, A10...).
-    text = re.sub(r"nvml_names = \[.*\]", "nvml_names = []", DEFAULT_CATALOG.read_text())
-    text += (
-        '\n[gpu_types.this-gpu]\ndisplay_name = "This GPU"\nvram_gb = 1\n'
-        'on_demand_price = "1.00"\nspot_floor_price = "0.50"\ncpus_per_card = 1\n'
-        f'mem_per_card = "1G"\nnvml_names = ["{name}"]\n'
-    )
-    catalog = tmp_path / "catalog.toml"
-    catalog.write_text(text)
+    catalog = this_gpu_catalog(DEFAULT_CATALOG, tmp_path / "catalog.toml")
     hub = Hub(tmp_path / "data", simulate="none", catalog=catalog).start()
     try:
         user = hub.create_user()
