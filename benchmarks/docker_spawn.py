@@ -37,21 +37,11 @@ import docker
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from harness import REPO, VENV_BIN, Hub
-from spawn import pct, start_stock
+from spawn import pct, start_stock, stock_hub
 
-from gpulab.hub_config.config import find_proxy_command
 from gpulab.spawners.docker import network_gateway
 
-STOCK_CONFIG = """
-c.JupyterHub.ip = "127.0.0.1"
-c.JupyterHub.port = {port}
-c.JupyterHub.hub_ip = {hub_ip!r}
-c.JupyterHub.hub_port = {hub_port}
-c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{proxy_api_port}"
-c.ConfigurableHTTPProxy.command = {proxy_cmd!r}
-c.ConfigurableHTTPProxy.pid_file = "{data}/proxy.pid"
-c.JupyterHub.db_url = "sqlite:///{data}/jupyterhub.sqlite"
-c.JupyterHub.cookie_secret_file = "{data}/cookie_secret"
+DOCKER_SPAWNER_CONFIG = """
 c.JupyterHub.spawner_class = "dockerspawner.DockerSpawner"
 c.DockerSpawner.image = {image!r}
 c.DockerSpawner.cmd = ["jupyterhub-singleuser"]
@@ -59,12 +49,8 @@ c.DockerSpawner.use_internal_ip = True
 c.DockerSpawner.network_name = "bridge"
 c.DockerSpawner.remove = True
 c.DockerSpawner.prefix = "stockbench"
-c.Spawner.default_url = "/lab"
 c.Spawner.start_timeout = 60
 c.Spawner.http_timeout = 30
-c.JupyterHub.authenticator_class = "dummy"
-c.JupyterHub.services = [{{"name": "bench", "api_token": "{token}"}}]
-c.JupyterHub.load_roles = [{{"name": "admin", "services": ["bench"]}}]
 """
 
 # Logged by jupyter_server once its HTTP server is bound and serving.
@@ -97,25 +83,10 @@ def write_catalog(path: Path, image: str) -> Path:
     return path
 
 
-def stock_hub(base: Path, image: str) -> Hub:
-    data = base / "stock"
-    data.mkdir(parents=True)
-    hub = Hub(data, simulate="none")
-    config = data / "jupyterhub_config.py"
-    config.write_text(
-        STOCK_CONFIG.format(
-            port=hub.port,
-            hub_ip=network_gateway("bridge"),
-            hub_port=hub.hub_port,
-            proxy_api_port=hub.proxy_api_port,
-            proxy_cmd=find_proxy_command(),
-            data=data,
-            token=hub.token,
-            image=image,
-        )
+def stock_docker_hub(base: Path, image: str) -> Hub:
+    return stock_hub(
+        base, DOCKER_SPAWNER_CONFIG.format(image=image), hub_ip=network_gateway("bridge")
     )
-    hub.cli = [str(VENV_BIN / "jupyterhub"), "-f", str(config)]
-    return hub
 
 
 def container_for(client, user: str):
@@ -165,7 +136,7 @@ def main() -> int:
     print(f"image: {image} (preloaded)")
     base = Path(tempfile.mkdtemp(prefix="gpulab-docker-bench-"))
     catalog = write_catalog(base / "catalog.toml", image)
-    stock = stock_hub(base, image)
+    stock = stock_docker_hub(base, image)
     gpulab = Hub(
         base / "gpulab" / "data",
         simulate="A100-80G:2,RTX-4090:2",

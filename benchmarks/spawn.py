@@ -34,24 +34,27 @@ from harness import VENV_BIN, Hub, wait_for
 
 from gpulab.hub_config.config import find_proxy_command
 
-STOCK_CONFIG = """
-import os
+STOCK_HUB_CONFIG = """
 c.JupyterHub.ip = "127.0.0.1"
 c.JupyterHub.port = {port}
+c.JupyterHub.hub_ip = {hub_ip!r}
 c.JupyterHub.hub_port = {hub_port}
 c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{proxy_api_port}"
 c.ConfigurableHTTPProxy.command = {proxy_cmd!r}
 c.ConfigurableHTTPProxy.pid_file = "{data}/proxy.pid"
 c.JupyterHub.db_url = "sqlite:///{data}/jupyterhub.sqlite"
 c.JupyterHub.cookie_secret_file = "{data}/cookie_secret"
-c.JupyterHub.spawner_class = "simple"
-c.SimpleLocalProcessSpawner.home_dir_template = "{data}/users/{{username}}"
 c.Spawner.default_url = "/lab"
-c.Spawner.args = {args!r}
-c.Spawner.cmd = [{singleuser!r}]
 c.JupyterHub.authenticator_class = "dummy"
 c.JupyterHub.services = [{{"name": "bench", "api_token": "{token}"}}]
 c.JupyterHub.load_roles = [{{"name": "admin", "services": ["bench"]}}]
+"""
+
+LOCAL_SPAWNER_CONFIG = """
+c.JupyterHub.spawner_class = "simple"
+c.SimpleLocalProcessSpawner.home_dir_template = "{data}/users/{{username}}"
+c.Spawner.args = {args!r}
+c.Spawner.cmd = [{singleuser!r}]
 """
 
 
@@ -62,22 +65,29 @@ def pct(values: list[float], q: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
 
 
-def stock_hub(base: Path) -> Hub:
+def stock_hub(base: Path, spawner_config: str | None = None, hub_ip: str = "127.0.0.1") -> Hub:
+    """Stock JupyterHub in ``base/stock``, with ``spawner_config`` (default: local processes)."""
     data = base / "stock"
     data.mkdir(parents=True)
     hub = Hub(data, simulate="none")
+    if spawner_config is None:
+        spawner_config = LOCAL_SPAWNER_CONFIG.format(
+            data=data,
+            args=["--allow-root"] if os.geteuid() == 0 else [],
+            singleuser=str(VENV_BIN / "jupyterhub-singleuser"),
+        )
     config = data / "jupyterhub_config.py"
     config.write_text(
-        STOCK_CONFIG.format(
+        STOCK_HUB_CONFIG.format(
             port=hub.port,
+            hub_ip=hub_ip,
             hub_port=hub.hub_port,
             proxy_api_port=hub.proxy_api_port,
             proxy_cmd=find_proxy_command(),
             data=data,
             token=hub.token,
-            args=["--allow-root"] if os.geteuid() == 0 else [],
-            singleuser=str(VENV_BIN / "jupyterhub-singleuser"),
         )
+        + spawner_config
     )
     # Reuse the harness for process handling and the API, with stock JupyterHub as the command.
     hub.cli = [str(VENV_BIN / "jupyterhub"), "-f", str(config)]
