@@ -457,22 +457,16 @@ class GpuDockerSpawner(GpuSpawnerMixin, DockerSpawner):
         return f"Server exited with {why} before it answered. Last log lines:\n{tail}"
 
     def clear_state(self) -> None:
-        # Called on every stop path: clean stop, container found dead, failed spawn.
-        self._release()
         self._stored_alloc = None
         super().clear_state()
 
-    def get_state(self) -> dict[str, Any]:
-        state = super().get_state()
-        if self.object_id:
-            state.update(self.gpulab_state())
-        return state
+    def _launched(self) -> bool:
+        return bool(self.object_id)
 
     _stored_alloc: dict[str, Any] | None = None
 
     def load_state(self, state: dict[str, Any]) -> None:
         super().load_state(state)
-        self.load_gpulab_state(state)
         self._stored_alloc = state.get("allocation")
 
     async def poll(self):

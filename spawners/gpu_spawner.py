@@ -225,6 +225,25 @@ class GpuSpawnerMixin(HasTraits):
             state["mode_label"] = self.mode_label
         return state
 
+    def _launched(self) -> bool:
+        """Whether a server process or container exists to save state for."""
+        raise NotImplementedError
+
+    def clear_state(self) -> None:
+        # Called on every stop path: clean stop, server found dead, failed spawn.
+        self._release()
+        super().clear_state()
+
+    def get_state(self) -> dict[str, Any]:
+        state = super().get_state()
+        if self._launched():
+            state.update(self.gpulab_state())
+        return state
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        super().load_state(state)
+        self.load_gpulab_state(state)
+
     def load_gpulab_state(self, state: dict[str, Any]) -> None:
         rec = state.get("allocation")
         if rec:

@@ -19,7 +19,6 @@ import sys
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any
 
 from jupyterhub.spawner import LocalProcessSpawner
 from jupyterhub.utils import random_port
@@ -364,17 +363,5 @@ class GpuLocalSpawner(GpuSpawnerMixin, LocalProcessSpawner):
         except OSError:
             return []
 
-    def clear_state(self) -> None:
-        # Called on every stop path: clean stop, server found dead, failed spawn.
-        self._release()
-        super().clear_state()
-
-    def get_state(self) -> dict[str, Any]:
-        state = super().get_state()
-        if self.pid:
-            state.update(self.gpulab_state())
-        return state
-
-    def load_state(self, state: dict[str, Any]) -> None:
-        super().load_state(state)
-        self.load_gpulab_state(state)
+    def _launched(self) -> bool:
+        return bool(self.pid)
