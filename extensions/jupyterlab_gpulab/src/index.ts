@@ -34,6 +34,7 @@ import {
   warningDetails,
   warningMessage
 } from './spot';
+import { earlyLauncherPlugin } from './launcher';
 import { runSwitch, saveOpenDocuments, takeSwitchTiming } from './switcher';
 import { DatasetsPanel, GpuPanel, StatusItem } from './widgets';
 
@@ -455,4 +456,4 @@ const plugin: JupyterFrontEndPlugin<void> = {
   }
 };
 
-export default plugin;
+export default [plugin, earlyLauncherPlugin];
