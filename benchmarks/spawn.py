@@ -2,7 +2,9 @@
 
 Starts two real hubs side by side on loopback (same venv, same configurable-http-proxy):
 
-- stock: JupyterHub with ``SimpleLocalProcessSpawner`` (``jupyterhub-singleuser``, /lab);
+- stock: JupyterHub with ``SimpleLocalProcessSpawner`` (``jupyterhub-singleuser``, /lab), its
+  servers running stock JupyterLab: gpulab's server and JupyterLab extensions (installed in the
+  shared venv) and gpulab's page config are switched off for them (``stock_jupyter_config``);
 - gpulab: ``gpulab up`` with the GPU-aware local spawner and a simulated pool;
 - gpulab-nofork (with ``--no-fork-variant``): the same without the pre-warmed fork server, to show
   what each start-up measure is worth.
@@ -17,6 +19,7 @@ the ratio, and where the time goes.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import re
@@ -55,7 +58,32 @@ c.JupyterHub.spawner_class = "simple"
 c.SimpleLocalProcessSpawner.home_dir_template = "{data}/users/{{username}}"
 c.Spawner.args = {args!r}
 c.Spawner.cmd = [{singleuser!r}]
+c.Spawner.environment = {{"JUPYTER_CONFIG_DIR": {config_dir!r}, "JUPYTER_PREFER_ENV_PATH": "0"}}
 """
+
+# gpulab's extensions are installed in the venv that both hubs share; stock servers must not get
+# them (nor their cost or their speed-ups). JUPYTER_PREFER_ENV_PATH=0 gives the user-level config
+# dir precedence over the venv's, where gpulab's page config is installed.
+STOCK_SERVER_CONFIG = {
+    "ServerApp": {"jpserver_extensions": {"jupyterlab_gpulab": False, "gpulab_reporter": False}}
+}
+STOCK_PAGE_CONFIG = {
+    "buildAvailable": True,
+    "buildCheck": True,
+    "disabledExtensions": {
+        "jupyterlab-gpulab": True,
+        "@jupyterlab/apputils-extension:announcements": False,
+    },
+}
+
+
+def stock_jupyter_config(data: Path) -> Path:
+    """A JUPYTER_CONFIG_DIR that gives stock servers stock JupyterLab and jupyter_server."""
+    config_dir = data / "jupyter-config"
+    (config_dir / "labconfig").mkdir(parents=True, exist_ok=True)
+    (config_dir / "jupyter_server_config.json").write_text(json.dumps(STOCK_SERVER_CONFIG))
+    (config_dir / "labconfig" / "page_config.json").write_text(json.dumps(STOCK_PAGE_CONFIG))
+    return config_dir
 
 
 def pct(values: list[float], q: float) -> float:
@@ -75,6 +103,7 @@ def stock_hub(base: Path, spawner_config: str | None = None, hub_ip: str = "127.
             data=data,
             args=["--allow-root"] if os.geteuid() == 0 else [],
             singleuser=str(VENV_BIN / "jupyterhub-singleuser"),
+            config_dir=str(stock_jupyter_config(data)),
         )
     config = data / "jupyterhub_config.py"
     config.write_text(
