@@ -11,7 +11,10 @@
   its deadline, for the JupyterLab extension (``read:servers``: the server's own token can read it).
 - ``GET /hub/api/gpulab/spot/preemptions``: preemption records (own; ``admin:servers`` all).
 - ``GET|PUT /hub/api/gpulab/spot/settings/USER``: the webhook URL, its HMAC secret and the
-  checkpoint command (``servers`` on that user).
+  checkpoint command (``custom:gpulab:spot-settings`` on that user: every user holds it for
+  themself through their log-in session and the tokens they create, admins for everyone; a
+  server's own token does not, so code in a notebook can neither read the secret that signs
+  the webhooks nor redirect them).
 """
 
 from __future__ import annotations
@@ -29,8 +32,13 @@ from gpulab.spawners.allocator import owner_key
 from gpulab.spawners.market_hub import SpotMarket
 
 SET_PRICE_SCOPE = "custom:gpulab:set-spot-price"
+SETTINGS_SCOPE = "custom:gpulab:spot-settings"
 SPOT_SCOPES = {
     SET_PRICE_SCOPE: {"description": "Pin or unpin the spot price of a GPU type."},
+    SETTINGS_SCOPE: {
+        "description": "Read and change spot settings: the preemption webhook (with its HMAC "
+        "secret) and the checkpoint command."
+    },
 }
 define_custom_scopes(SPOT_SCOPES)
 
@@ -165,11 +173,11 @@ class SpotSettings(BaseModel):
 
 
 class SettingsHandler(_SpotHandler):
-    @needs_scope("servers")
+    @needs_scope(SETTINGS_SCOPE)
     def get(self, user_name: str) -> None:
         self.write(json.dumps(self.market.user_settings(user_name)))
 
-    @needs_scope("servers")
+    @needs_scope(SETTINGS_SCOPE)
     def put(self, user_name: str) -> None:
         body = self._json_body()
         try:
