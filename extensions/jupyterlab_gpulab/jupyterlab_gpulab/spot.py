@@ -138,4 +138,6 @@ def normalize_spot(
         "time": hub_time,
         "preemption": _preemption(data.get("preemption"), home),
         "queued": queued.get("id") if isinstance(queued, dict) else None,
+        # The page saves open documents with changes this often while on spot (0/None: off).
+        "save_interval_seconds": _number(data.get("save_interval_seconds")),
     }
