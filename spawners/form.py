@@ -234,14 +234,14 @@ def _queued_panel(q: dict[str, Any], market: SpotMarket, cur: str, user: str, se
     """This server's queued request: what it waits for, its place, the price now, Cancel."""
     gpu = market.pool.catalog.gpu_types.get(q["gpu_type"])
     name = escape(gpu.display_name if gpu else q["gpu_type"])
-    windows = (
-        ", ".join(market.low_price_windows) + (", weekends" if market.weekends_low else "")
-    )
+    windows = ", ".join(market.low_price_windows) + (", weekends" if market.weekends_low else "")
     if q["pricing"] == "on-demand":
         what = f"{name} x{q['gpus']}, on demand"
         condition = "Starts by itself when a spot server of that type has been reclaimed for it."
     else:
-        what = f"{name} x{q['gpus']}, spot, max price {cur} {escape(q['max_price'] or '?')}/card-hour"
+        what = (
+            f"{name} x{q['gpus']}, spot, max price {cur} {escape(q['max_price'] or '?')}/card-hour"
+        )
         condition = (
             "Starts by itself when a card is free and the spot price is at most your max price"
             + (f", inside a low-price window ({escape(windows)})." if q["windows_only"] else ".")
@@ -254,11 +254,11 @@ def _queued_panel(q: dict[str, Any], market: SpotMarket, cur: str, user: str, se
         f"<p>Queued as {escape(q['id'])} at {queued_at}: {what}.</p>"
         f"<p>{condition}</p>"
         '<p>Position <span id="gpulab-queue-position">'
-        f"{q['position']}</span> of <span id=\"gpulab-queue-length\">{q['queue_length']}</span> "
+        f'{q["position"]}</span> of <span id="gpulab-queue-length">{q["queue_length"]}</span> '
         f"in the {name} queue &middot; spot price now {cur} "
         f'<span id="gpulab-queue-price">{escape(q["current_price"])}</span>/card-hour</p>'
         '<p><button type="button" class="btn btn-danger" id="gpulab-queue-cancel">'
         'Cancel queued request</button> <span id="gpulab-queue-state"></span></p>'
-        "<p class=\"meta\">Starting a server with the form below replaces this request.</p>"
+        '<p class="meta">Starting a server with the form below replaces this request.</p>'
         "</fieldset>"
     )
