@@ -31,7 +31,7 @@ LABEXT_BUILT := $(LABEXT)/jupyterlab_gpulab/labextension/static/style.js
 LABEXT_SRC := $(wildcard $(LABEXT)/src/*.ts $(LABEXT)/style/*) $(LABEXT)/package.json \
 	$(LABEXT)/yarn.lock $(LABEXT)/tsconfig.json
 LABEXT_PY := $(wildcard $(LABEXT)/jupyterlab_gpulab/*.py) $(LABEXT)/pyproject.toml \
-	$(LABEXT)/install.json $(wildcard $(LABEXT)/jupyter-config/server-config/*.json)
+	$(LABEXT)/install.json $(wildcard $(LABEXT)/jupyter-config/*/*.json)
 ABS_BIN := $(abspath $(BIN))
 
 $(LABEXT)/node_modules/.installed: $(VENV)/.installed $(LABEXT)/package.json $(LABEXT)/yarn.lock

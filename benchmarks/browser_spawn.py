@@ -25,7 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import CHROMIUM_ARGS, Hub
 from spawn import pct, start_stock, stock_hub
 
-LAUNCHER = ".jp-Launcher-content, .jp-LauncherCard"
+# The launcher's Notebook card: the launcher is usable, not just its frame drawn.
+LAUNCHER = '.jp-LauncherCard[data-category="Notebook"]'
 
 
 def sign_in(page, hub: Hub, name: str, password: str) -> None:

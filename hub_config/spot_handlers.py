@@ -30,13 +30,13 @@ from typing import Any
 from urllib.parse import urlparse
 
 from jupyterhub.apihandlers.users import UserServerAPIHandler
-from jupyterhub.handlers.pages import SpawnHandler
 from jupyterhub.scopes import define_custom_scopes, needs_scope
 from jupyterhub.utils import maybe_future
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 from tornado import web
 
 from gpulab.hub_config.handlers import READ_POOL_SCOPE, _GpulabAPIHandler
+from gpulab.hub_config.spawn_page import FastSpawnHandler
 from gpulab.spawners.allocator import owner_key
 from gpulab.spawners.market_hub import MarketAnswer, SpotMarket
 from gpulab.spawners.options import OptionsError, parse_options
@@ -258,9 +258,9 @@ class QueueAwareServerAPIHandler(UserServerAPIHandler):
         await super().post(user_name, server_name)
 
 
-class QueueAwareSpawnHandler(SpawnHandler):
-    """The spawn form's POST: a queued request shows the form again with the request in the
-    queue (position, price, Cancel) instead of a failed spawn."""
+class QueueAwareSpawnHandler(FastSpawnHandler):
+    """The spawn page (with its direct redirect to a ready server), whose form POST shows a
+    queued request in the form again (position, price, Cancel) instead of a failed spawn."""
 
     @needs_scope("servers")
     async def _post(self, user_name: str, server_name: str, display_name: str) -> None:
@@ -288,10 +288,8 @@ class QueueAwareSpawnHandler(SpawnHandler):
 
 def spot_handlers() -> list[tuple[str, type]]:
     return [
-        # Before JupyterHub's own handlers of these URLs (the authenticator's come first).
-        (r"/spawn", QueueAwareSpawnHandler),
-        (r"/spawn/([^/]+)", QueueAwareSpawnHandler),
-        (r"/spawn/([^/]+)/([^/]+)", QueueAwareSpawnHandler),
+        # Before JupyterHub's own handlers of these URLs (the authenticator's come first). The
+        # spawn page's routes are spawn_page_handlers(QueueAwareSpawnHandler).
         (r"/api/users/([^/]+)/server", QueueAwareServerAPIHandler),
         (r"/api/users/([^/]+)/servers/([^/]*)", QueueAwareServerAPIHandler),
         (r"/api/gpulab/spot/prices", PricesHandler),

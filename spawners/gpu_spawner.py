@@ -13,7 +13,7 @@ from typing import Any
 
 from tornado import web
 from traitlets import Any as AnyTrait
-from traitlets import HasTraits, default
+from traitlets import Float, HasTraits, default
 
 from gpulab.spawners.allocator import ENV_ALLOC, ENV_HUB, Allocation, NoCapacity, owner_key
 from gpulab.spawners.market_hub import MarketAnswer, SpotMarket
@@ -46,6 +46,15 @@ class GpuSpawnerMixin(HasTraits):
         help="""An async callable(spawner) awaited at the start of every start, after the options
         are validated and before GPUs are allocated. Raise SpawnError to refuse the start with a
         message for the user (gpulab's billing uses it to refuse starts the balance cannot pay).""",
+    )
+
+    ready_redirect_wait = Float(
+        3.0,
+        config=True,
+        help="""Seconds the spawn page waits for this server before showing JupyterHub's progress
+        page. A server that is ready within this time is opened directly, without the progress
+        page in between (JupyterHub itself waits 1 s and always goes through it). Longer spawns
+        (image pulls, busy nodes) show progress after this many seconds.""",
     )
 
     @property

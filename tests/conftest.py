@@ -53,7 +53,12 @@ def chp_installed() -> None:
 def hub(tmp_path_factory, chp_installed) -> Hub:
     """One real hub with a simulated pool of 2 A100-80G and 2 RTX 4090, shared by the suite."""
     data = Path(tmp_path_factory.mktemp("hub")) / "data"
-    h = Hub(data, simulate="A100-80G:2,RTX-4090:2").start()
+    # A generous spawn-page wait, so that a loaded CI machine still takes the direct path.
+    h = Hub(
+        data,
+        simulate="A100-80G:2,RTX-4090:2",
+        extra_args=["--GpuLocalSpawner.ready_redirect_wait=20"],
+    ).start()
     yield h
     h.stop()
 

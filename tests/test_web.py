@@ -69,6 +69,10 @@ def test_spawn_form_shows_the_live_pool_and_starts_what_was_chosen(hub: Hub) -> 
             ],
         )
         assert r.ok, r.text
+        # Straight from the form into JupyterLab: no progress page in between.
+        hops = [h.url for h in r.history]
+        assert not any("/spawn-pending/" in u for u in hops), hops
+        assert r.url.endswith(f"/user/{name}/lab") and "JupyterLab" in r.text, r.url
         server = hub.wait_ready(name)
         assert server["user_options"]["gpu"] == "a100-80g"
         assert server["user_options"]["datasets"] == ["sklearn-toy"]

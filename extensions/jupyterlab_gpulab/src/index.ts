@@ -35,6 +35,7 @@ import {
   warningDetails,
   warningMessage
 } from './spot';
+import { earlyLauncherPlugin } from './launcher';
 import { runSwitch, saveDirtyDocuments, saveOpenDocuments, takeSwitchTiming } from './switcher';
 import { DatasetsPanel, GpuPanel, StatusItem } from './widgets';
 
@@ -475,4 +476,4 @@ const plugin: JupyterFrontEndPlugin<void> = {
   }
 };
 
-export default plugin;
+export default [plugin, earlyLauncherPlugin];

@@ -290,3 +290,16 @@ export async function waitForNewServer(opts: IWaitOptions): Promise<IServerId> {
     await sleep(interval);
   }
 }
+
+/**
+ * Whether this page load asks for nothing but the default workspace: no file or folder in the
+ * URL (`/lab/tree/...`), no `?reset`, `?clone` or `?path`, so an empty main area after restore
+ * means the launcher is what the user will get anyway.
+ */
+export function plainLabUrl(treePath: string, search: string): boolean {
+  if (treePath) {
+    return false;
+  }
+  const query = new URLSearchParams(search);
+  return !['reset', 'clone', 'path', 'file'].some(key => query.has(key));
+}

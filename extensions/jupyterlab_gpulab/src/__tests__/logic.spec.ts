@@ -8,6 +8,7 @@ import {
   IStatus,
   newBalanceWarnings,
   noGpuLabel,
+  plainLabUrl,
   priceChange,
   sessionCost,
   statusParts,
@@ -188,5 +189,19 @@ describe('waiting for the restarted server', () => {
         ...c
       })
     ).rejects.toThrow('did not answer within 5 s');
+  });
+});
+
+describe('plainLabUrl', () => {
+  it('is true for the default workspace with no file or query', () => {
+    expect(plainLabUrl('', '')).toBe(true);
+    expect(plainLabUrl('', '?foo=1')).toBe(true);
+  });
+
+  it('is false when the URL opens a file or folder, resets or clones', () => {
+    expect(plainLabUrl('work/train.ipynb', '')).toBe(false);
+    expect(plainLabUrl('', '?reset')).toBe(false);
+    expect(plainLabUrl('', '?clone=other')).toBe(false);
+    expect(plainLabUrl('', '?path=a.ipynb')).toBe(false);
   });
 });
