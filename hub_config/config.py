@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpulab.hub_config.handlers import CUSTOM_SCOPES, READ_POOL_SCOPE
-from gpulab.hub_config.spot_handlers import SET_PRICE_SCOPE, SPOT_SCOPES
+from gpulab.hub_config.spot_handlers import SET_PRICE_SCOPE, SETTINGS_SCOPE, SPOT_SCOPES
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -131,7 +131,9 @@ def configure(c, settings: Settings | None = None) -> None:
     c.GpulabAuthenticator.admin_password_file = str(data / "admin-password")
 
     c.JupyterHub.custom_scopes = {**CUSTOM_SCOPES, **SPOT_SCOPES}
-    roles = [{"name": "user", "scopes": ["self", READ_POOL_SCOPE]}]
+    # Spot settings hold the webhook's HMAC secret: each user for themself (log-in session and
+    # the tokens they create), never a server's own token (see Spawner.server_token_scopes).
+    roles = [{"name": "user", "scopes": ["self", READ_POOL_SCOPE, f"{SETTINGS_SCOPE}!user"]}]
     services = []
     if s.admin_token:
         services.append({"name": "gpulab-admin", "api_token": s.admin_token})
@@ -139,11 +141,12 @@ def configure(c, settings: Settings | None = None) -> None:
         roles.append(
             {"name": "gpulab-service", "scopes": [READ_POOL_SCOPE], "services": ["gpulab-admin"]}
         )
-    # Pinning spot prices is an operator's act: admins (and the admin service) hold the scope.
+    # Pinning spot prices is an operator's act: admins (and the admin service) hold the scope;
+    # they also read and set any user's spot settings.
     roles.append(
         {
             "name": "gpulab-market-admin",
-            "scopes": [SET_PRICE_SCOPE, READ_POOL_SCOPE],
+            "scopes": [SET_PRICE_SCOPE, SETTINGS_SCOPE, READ_POOL_SCOPE],
             "users": [s.admin_name],
             "services": ["gpulab-admin"] if s.admin_token else [],
         }

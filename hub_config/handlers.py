@@ -119,12 +119,12 @@ class SwitchAPIHandler(_GpulabAPIHandler):
 def extra_handlers() -> list[tuple[str, type]]:
     # The spot market's API lives in its own module (imported here: it builds on this one).
     from gpulab.hub_config.spawn_page import spawn_page_handlers
-    from gpulab.hub_config.spot_handlers import spot_handlers
+    from gpulab.hub_config.spot_handlers import QueueAwareSpawnHandler, spot_handlers
 
     return [
         (r"/api/gpulab/pool", PoolAPIHandler),
         (r"/api/gpulab/catalog", CatalogAPIHandler),
         (r"/api/gpulab/users/([^/]+)/switch", SwitchAPIHandler),
         *spot_handlers(),
-        *spawn_page_handlers(),
+        *spawn_page_handlers(QueueAwareSpawnHandler),
     ]

@@ -48,10 +48,11 @@ class FastSpawnHandler(SpawnHandler):
         return self.redirect(pending_url)
 
 
-def spawn_page_handlers() -> list[tuple[str, type]]:
-    """Routes that take precedence over JupyterHub's own spawn page (same URLs)."""
+def spawn_page_handlers(handler: type = FastSpawnHandler) -> list[tuple[str, type]]:
+    """Routes that take precedence over JupyterHub's own spawn page (same URLs); ``handler``
+    may extend FastSpawnHandler (the spot market's queue-aware form)."""
     return [
-        (r"/spawn", FastSpawnHandler),
-        (r"/spawn/([^/]+)", FastSpawnHandler),
-        (r"/spawn/([^/]+)/([^/]+)", FastSpawnHandler),
+        (r"/spawn", handler),
+        (r"/spawn/([^/]+)", handler),
+        (r"/spawn/([^/]+)/([^/]+)", handler),
     ]

@@ -10,27 +10,45 @@
 - ``GET /hub/api/gpulab/spot/status/USER[?server=NAME]``: price, bid and the latest preemption with
   its deadline, for the JupyterLab extension (``read:servers``: the server's own token can read it).
 - ``GET /hub/api/gpulab/spot/preemptions``: preemption records (own; ``admin:servers`` all).
+- ``POST /hub/spawn[/USER[/SERVER]]`` (the spawn form) and ``POST /hub/api/users/USER/server[s/NAME]``:
+  JupyterHub's own handlers, except that a request the market queues (a spot bid that waits,
+  an on-demand request waiting for a reclaim) is queued *before* any spawn begins. A queued
+  request is not a failed spawn: the form comes back showing it in the queue (with Cancel),
+  the API answers 202 with the queue entry, and the hub log says "queued", not "error".
 - ``GET|PUT /hub/api/gpulab/spot/settings/USER``: the webhook URL, its HMAC secret and the
-  checkpoint command (``servers`` on that user).
+  checkpoint command (``custom:gpulab:spot-settings`` on that user: every user holds it for
+  themself through their log-in session and the tokens they create, admins for everyone; a
+  server's own token does not, so code in a notebook can neither read the secret that signs
+  the webhooks nor redirect them).
 """
 
 from __future__ import annotations
 
 import json
 from decimal import Decimal, InvalidOperation
+from typing import Any
 from urllib.parse import urlparse
 
+from jupyterhub.apihandlers.users import UserServerAPIHandler
 from jupyterhub.scopes import define_custom_scopes, needs_scope
+from jupyterhub.utils import maybe_future
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 from tornado import web
 
 from gpulab.hub_config.handlers import READ_POOL_SCOPE, _GpulabAPIHandler
+from gpulab.hub_config.spawn_page import FastSpawnHandler
 from gpulab.spawners.allocator import owner_key
-from gpulab.spawners.market_hub import SpotMarket
+from gpulab.spawners.market_hub import MarketAnswer, SpotMarket
+from gpulab.spawners.options import OptionsError, parse_options
 
 SET_PRICE_SCOPE = "custom:gpulab:set-spot-price"
+SETTINGS_SCOPE = "custom:gpulab:spot-settings"
 SPOT_SCOPES = {
     SET_PRICE_SCOPE: {"description": "Pin or unpin the spot price of a GPU type."},
+    SETTINGS_SCOPE: {
+        "description": "Read and change spot settings: the preemption webhook (with its HMAC "
+        "secret) and the checkpoint command."
+    },
 }
 define_custom_scopes(SPOT_SCOPES)
 
@@ -165,11 +183,11 @@ class SpotSettings(BaseModel):
 
 
 class SettingsHandler(_SpotHandler):
-    @needs_scope("servers")
+    @needs_scope(SETTINGS_SCOPE)
     def get(self, user_name: str) -> None:
         self.write(json.dumps(self.market.user_settings(user_name)))
 
-    @needs_scope("servers")
+    @needs_scope(SETTINGS_SCOPE)
     def put(self, user_name: str) -> None:
         body = self._json_body()
         try:
@@ -185,8 +203,95 @@ class SettingsHandler(_SpotHandler):
         self.write(json.dumps(self.market.update_settings(user_name, changes)))
 
 
+# ---- queued requests are not spawns ----------------------------------------------------------
+
+
+def queue_instead_of_spawn(spawner: Any, raw_options: Any) -> dict[str, Any] | None:
+    """Ask the market before a spawn begins. When it queues the request, return the queue entry
+    (the caller answers "queued" and starts nothing); otherwise None: the spawn goes ahead, and
+    the spawner asks the market again (a refusal, bad options and every start come from there).
+    """
+    pool = getattr(spawner, "pool", None)
+    if pool is None or not hasattr(spawner, "owner"):
+        return None  # not a gpulab spawner
+    try:
+        options = parse_options(raw_options or {}, pool.catalog)
+    except OptionsError:
+        return None
+    market = SpotMarket.instance(config=spawner.config)
+    try:
+        market.admit(spawner, options)
+    except MarketAnswer as e:
+        if e.status != 202:
+            return None
+        entry = next(
+            (q for q in market.queue_json() if f"{q['user']}/{q['server']}" == spawner.owner),
+            None,
+        )
+        if entry is not None:
+            entry["message"] = e.message
+            market.log.info(
+                "Queued %s for %s (no spawn started): %s", entry["id"], spawner.owner, e.message
+            )
+        return entry
+    return None
+
+
+class QueueAwareServerAPIHandler(UserServerAPIHandler):
+    """``POST /hub/api/users/USER/server``: a queued request answers 202 with its queue entry."""
+
+    @needs_scope("start:servers")
+    async def post(self, user_name: str, server_name: str = "") -> None:
+        user = self.find_user(user_name)
+        spawner = user.spawners.get(server_name) if user is not None else None
+        if spawner is None and user is not None and not server_name:
+            spawner = user.spawner
+        if spawner is not None and not spawner.active:
+            body = self.get_server_json_body() or {}
+            entry = queue_instead_of_spawn(spawner, body.get("user_options"))
+            if entry is not None:
+                self.set_status(202)
+                self.finish(
+                    json.dumps({"status": 202, "message": entry["message"], "queued": entry})
+                )
+                return
+        await super().post(user_name, server_name)
+
+
+class QueueAwareSpawnHandler(FastSpawnHandler):
+    """The spawn page (with its direct redirect to a ready server), whose form POST shows a
+    queued request in the form again (position, price, Cancel) instead of a failed spawn."""
+
+    @needs_scope("servers")
+    async def _post(self, user_name: str, server_name: str, display_name: str) -> None:
+        user = self.current_user
+        if user_name != user.name:
+            user = self.find_user(user_name)
+        spawner = user.spawners.get(server_name) if user is not None else None
+        if spawner is None and user is not None and not server_name:
+            spawner = user.spawner
+        if spawner is not None and not spawner.active:
+            form_options = {
+                key: [b.decode("utf8") for b in values]
+                for key, values in self.request.body_arguments.items()
+            }
+            try:
+                options = await maybe_future(spawner.run_options_from_form(form_options))
+            except Exception:
+                options = None  # JupyterHub's own handling reports it
+            if options is not None and queue_instead_of_spawn(spawner, options) is not None:
+                form = await spawner.get_options_form()
+                self.finish(await self._render_form(for_user=user, spawner_options_form=form))
+                return
+        await super()._post(user_name, server_name, display_name)
+
+
 def spot_handlers() -> list[tuple[str, type]]:
     return [
+        # Before JupyterHub's own handlers of these URLs (the authenticator's come first). The
+        # spawn page's routes are spawn_page_handlers(QueueAwareSpawnHandler).
+        (r"/api/users/([^/]+)/server", QueueAwareServerAPIHandler),
+        (r"/api/users/([^/]+)/servers/([^/]*)", QueueAwareServerAPIHandler),
         (r"/api/gpulab/spot/prices", PricesHandler),
         (r"/api/gpulab/spot/prices/([^/]+)", PinPriceHandler),
         (r"/api/gpulab/spot/queue", QueueHandler),

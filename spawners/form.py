@@ -1,5 +1,7 @@
 """The spawn form: GPU types with live free/total, price, spot price and VRAM; images; datasets;
-pricing (spot: max price, queue when it can't start, low-price windows only).
+pricing (spot: max price, queue when it can't start, low-price windows only); and, while this
+server has a queued request, that request: its condition, place in the queue, the current spot
+price (refreshed) and a Cancel button (``DELETE /hub/api/gpulab/spot/queue/USER``).
 
 The form reads the same pool snapshot as ``GET /hub/api/gpulab/pool`` and refreshes the free
 counts from it every few seconds, so what it shows is what the allocator will hand out.
@@ -7,6 +9,7 @@ counts from it every few seconds, so what it shows is what the allocator will ha
 
 from __future__ import annotations
 
+import time
 from html import escape
 from typing import Any
 
@@ -22,6 +25,7 @@ FORM_CSS = """
 .gpulab-form .meta { color: #666; font-size: 90%; }
 .gpulab-form .sim { background: #fff3cd; border-radius: 3px; padding: 0 4px; font-size: 85%; }
 .gpulab-form .free { font-variant-numeric: tabular-nums; }
+.gpulab-form .gpulab-queued { border-color: #f0ad4e; background: #fffaf0; }
 </style>
 """
 
@@ -54,8 +58,58 @@ FORM_JS = """
         });
       }).catch(function () {});
   }
+  var queued = document.getElementById("gpulab-queued");
+  function queueUrl() {
+    var server = queued.dataset.server;
+    return base + "api/gpulab/spot/queue/" + encodeURIComponent(queued.dataset.user) +
+      (server ? "?server=" + encodeURIComponent(server) : "");
+  }
+  function queueSay(text) {
+    document.getElementById("gpulab-queue-state").textContent = text;
+  }
+  function refreshQueue() {
+    if (!queued || queued.dataset.done) return;
+    fetch(base + "api/gpulab/spot/queue", {headers: {"X-XSRFToken": xsrf}, credentials: "same-origin"})
+      .then(function (r) { return r.ok ? r.json() : null; })
+      .then(function (answer) {
+        if (!answer) return;
+        var mine = answer.queue.filter(function (q) { return q.id === queued.dataset.id; })[0];
+        if (!mine) {
+          queued.dataset.done = "gone";
+          queueSay("No longer queued: it has started (or was cancelled). Reload this page.");
+          document.getElementById("gpulab-queue-cancel").disabled = true;
+          return;
+        }
+        document.getElementById("gpulab-queue-position").textContent = mine.position;
+        document.getElementById("gpulab-queue-length").textContent = mine.queue_length;
+        document.getElementById("gpulab-queue-price").textContent = mine.current_price;
+      }).catch(function () {});
+  }
+  if (queued) {
+    document.getElementById("gpulab-queue-cancel").addEventListener("click", function () {
+      this.disabled = true;
+      fetch(queueUrl(), {method: "DELETE", headers: {"X-XSRFToken": xsrf}, credentials: "same-origin"})
+        .then(function (r) {
+          return r.json().then(function (body) { return {ok: r.ok, body: body}; });
+        })
+        .then(function (answer) {
+          if (answer.ok) {
+            queued.dataset.done = "cancelled";
+            queueSay("Cancelled: request " + answer.body.cancelled + " left the queue. " +
+              "Nothing is held or charged.");
+          } else {
+            document.getElementById("gpulab-queue-cancel").disabled = false;
+            queueSay("Could not cancel: " + (answer.body.message || "error"));
+          }
+        }).catch(function (e) {
+          document.getElementById("gpulab-queue-cancel").disabled = false;
+          queueSay("Could not cancel: " + e);
+        });
+    });
+  }
   setInterval(refresh, 5000);
   setInterval(refreshSpot, 10000);
+  setInterval(refreshQueue, 5000);
   var pricing = document.querySelectorAll('input[name="pricing"]');
   function togglePrice() {
     var spot = document.querySelector('input[name="pricing"]:checked');
@@ -80,6 +134,11 @@ async def render_form(spawner: Any) -> str:
     last = {**DEFAULTS, **(spawner.user_options or {})}
     cur = catalog.currency
     parts = [FORM_CSS, '<div class="gpulab-form">']
+    queued = next(
+        (q for q in market.queue_json(spawner.user.name) if q["server"] == spawner.name), None
+    )
+    if queued is not None:
+        parts.append(_queued_panel(queued, market, cur, spawner.user.name, spawner.name))
 
     parts.append("<fieldset><legend>GPU</legend>")
     for t in snap["gpu_types"]:
@@ -169,3 +228,37 @@ async def render_form(spawner: Any) -> str:
     parts.append("</div>")
     parts.append(FORM_JS)
     return "\n".join(parts)
+
+
+def _queued_panel(q: dict[str, Any], market: SpotMarket, cur: str, user: str, server: str) -> str:
+    """This server's queued request: what it waits for, its place, the price now, Cancel."""
+    gpu = market.pool.catalog.gpu_types.get(q["gpu_type"])
+    name = escape(gpu.display_name if gpu else q["gpu_type"])
+    windows = ", ".join(market.low_price_windows) + (", weekends" if market.weekends_low else "")
+    if q["pricing"] == "on-demand":
+        what = f"{name} x{q['gpus']}, on demand"
+        condition = "Starts by itself when a spot server of that type has been reclaimed for it."
+    else:
+        what = (
+            f"{name} x{q['gpus']}, spot, max price {cur} {escape(q['max_price'] or '?')}/card-hour"
+        )
+        condition = (
+            "Starts by itself when a card is free and the spot price is at most your max price"
+            + (f", inside a low-price window ({escape(windows)})." if q["windows_only"] else ".")
+        )
+    queued_at = time.strftime("%H:%M:%S", time.localtime(q["queued_at"]))
+    return (
+        f'<fieldset class="gpulab-queued" id="gpulab-queued" data-id="{escape(q["id"])}" '
+        f'data-user="{escape(user)}" data-server="{escape(server)}">'
+        "<legend>Your queued request</legend>"
+        f"<p>Queued as {escape(q['id'])} at {queued_at}: {what}.</p>"
+        f"<p>{condition}</p>"
+        '<p>Position <span id="gpulab-queue-position">'
+        f'{q["position"]}</span> of <span id="gpulab-queue-length">{q["queue_length"]}</span> '
+        f"in the {name} queue &middot; spot price now {cur} "
+        f'<span id="gpulab-queue-price">{escape(q["current_price"])}</span>/card-hour</p>'
+        '<p><button type="button" class="btn btn-danger" id="gpulab-queue-cancel">'
+        'Cancel queued request</button> <span id="gpulab-queue-state"></span></p>'
+        '<p class="meta">Starting a server with the form below replaces this request.</p>'
+        "</fieldset>"
+    )

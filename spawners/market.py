@@ -25,7 +25,9 @@ from gpulab.spawners.market_store import price_at
 __all__ = ["Decisions", "Order", "Schedule", "TypeBook", "decide", "price_at", "spot_price"]
 
 CENT = Decimal("0.01")
-WINDOW_RE = re.compile(r"^([01]\d|2[0-3]):([0-5]\d)-([01]\d|2[0-3]):([0-5]\d)$")
+# HH:MM-HH:MM, seconds optional (HH:MM:SS) for windows that end between whole minutes.
+_HMS = r"([01]\d|2[0-3]):([0-5]\d)(?::([0-5]\d))?"
+WINDOW_RE = re.compile(rf"^{_HMS}-{_HMS}$")
 
 # Why a preemption happens (the "reason" in the API, the webhook and the records).
 REASON_PRICE = "price-above-max"
@@ -76,10 +78,11 @@ class Schedule:
             m = WINDOW_RE.match(w.strip())
             if not m:
                 raise ValueError(
-                    f"low-price window {w!r} must look like '18:00-09:00' (HH:MM-HH:MM)"
+                    f"low-price window {w!r} must look like '18:00-09:00' (HH:MM-HH:MM, "
+                    "seconds optional: HH:MM:SS)"
                 )
-            h1, m1, h2, m2 = (int(g) for g in m.groups())
-            parsed.append((time(h1, m1), time(h2, m2)))
+            h1, m1, s1, h2, m2, s2 = (int(g or 0) for g in m.groups())
+            parsed.append((time(h1, m1, s1), time(h2, m2, s2)))
         return cls(tuple(parsed), weekends)
 
     def is_low(self, local: datetime) -> bool:

@@ -19,6 +19,7 @@ per-user settings with webhook secrets (``settings.json``, mode 0600).
 from __future__ import annotations
 
 import asyncio
+import bisect
 import json
 import random
 import secrets
@@ -54,6 +55,7 @@ from gpulab.spawners.market_store import (
 from gpulab.spawners.pool import GpuPool, _hub_started
 from gpulab.spawners.preemption import (
     Preemption,
+    checkpoint_state,
     run_checkpoint,
     send_webhook,
     server_processes,
@@ -84,8 +86,9 @@ class SpotMarket(SingletonConfigurable):
         Unicode(),
         ["18:00-09:00"],
         config=True,
-        help="""Daily low-price windows as 'HH:MM-HH:MM' in `timezone`; a window may cross
-        midnight. Window-only spot requests run only inside them.""",
+        help="""Daily low-price windows as 'HH:MM-HH:MM' (or 'HH:MM:SS-HH:MM:SS') in
+        `timezone`; a window may cross midnight. Window-only spot requests run only inside
+        them and are reclaimed, after the warning, when their window ends.""",
     )
 
     weekends_low = Bool(
@@ -111,6 +114,14 @@ class SpotMarket(SingletonConfigurable):
         config=True,
         help="""Seconds between the preemption warning (SIGUSR1, webhook, checkpoint command)
         and the stop of a reclaimed spot server.""",
+    )
+
+    save_interval = Float(
+        900.0,
+        config=True,
+        help="""Seconds between saves of a spot server's open documents with unsaved changes,
+        done by the JupyterLab extension while the server runs on spot (besides the save at a
+        preemption warning). 0 turns the periodic save off.""",
     )
 
     checkpoint_timeout = Float(
@@ -149,6 +160,12 @@ class SpotMarket(SingletonConfigurable):
     def _check_tick(self, proposal: dict) -> float:
         if not 0 < proposal["value"] <= 10:
             raise ValueError(f"tick_interval must be in (0, 10] seconds, not {proposal['value']}")
+        return proposal["value"]
+
+    @validate("save_interval")
+    def _check_save_interval(self, proposal: dict) -> float:
+        if proposal["value"] < 0:
+            raise ValueError(f"save_interval must be >= 0 seconds, not {proposal['value']}")
         return proposal["value"]
 
     @validate("window_factor")
@@ -539,6 +556,24 @@ class SpotMarket(SingletonConfigurable):
             self.log.info("Queued request %s of %s cancelled", entry["id"], owner)
         return entry
 
+    def queue_position(self, owner: str) -> tuple[int, int] | None:
+        """(position, length) of a queued request in its GPU type's queue, in the order the
+        market serves it: on-demand requests first (arrival order), then spot bids, highest
+        first (window-only ones among them, though they start only inside a window)."""
+        entry = self.queue.get(owner)
+        if entry is None:
+            return None
+        order = entry["order"]
+        book = self.books[order.gpu_type]
+        length = len(book.orders) - len(book.running)
+        if order.pricing == "on-demand":
+            return list(book.queued_on_demand).index(owner) + 1, length
+        key = book._queue_key(order)
+        ahead = len(book.queued_on_demand)
+        # Both spot books are sorted by (-bid, created): a bisect counts the bids ahead.
+        ahead += sum(bisect.bisect_left(lst, key) for lst in (book.queued, book.queued_windows))
+        return ahead + 1, length
+
     def queue_json(self, user: str | None = None) -> list[dict[str, Any]]:
         out = []
         for entry in sorted(self.queue.values(), key=lambda e: e["order"].created):
@@ -546,6 +581,7 @@ class SpotMarket(SingletonConfigurable):
             name, _, server = order.owner.partition("/")
             if user is not None and name != user:
                 continue
+            position, length = self.queue_position(order.owner) or (None, None)
             out.append(
                 {
                     "id": entry["id"],
@@ -559,6 +595,8 @@ class SpotMarket(SingletonConfigurable):
                     "queued_at": order.created,
                     "current_price": str(self.current_price(order.gpu_type)),
                     "waiting_for": "reclaim" if order.pricing == "on-demand" else "match",
+                    "position": position,
+                    "queue_length": length,
                     "options": entry["options"],
                 }
             )
@@ -720,12 +758,21 @@ class SpotMarket(SingletonConfigurable):
         if event == "preemption-warning":
             self._save_preemption(latest.model_copy(update={"webhook": result}))
 
+    def _checkpoint_progress(self, pid: str, result: dict[str, Any]) -> None:
+        """Record the checkpoint's state as it goes (running, then its result) on the latest
+        version of the record, so a stop or cancellation saved meanwhile is kept."""
+        latest = self.preemptions[pid]
+        result = {**result, "state": result.get("state") or checkpoint_state(result)}
+        self._save_preemption(latest.model_copy(update={"checkpoint": result}))
+
     async def _checkpoint(self, p: Preemption, command: str) -> None:
         spawner = self._spawner(p.owner)
         runner = getattr(spawner, "gpulab_run_checkpoint", None)
+        running = {"command": command, "state": "running", "started_at": time.time()}
         try:
             if runner is not None:
                 # A spawner whose servers live elsewhere (a container) runs it there.
+                self._checkpoint_progress(p.id, running)
                 result = await runner(command, self.checkpoint_timeout)
             elif spawner is not None and getattr(spawner, "home_dir", None):
                 env = spawner.get_env()
@@ -734,15 +781,18 @@ class SpotMarket(SingletonConfigurable):
                 env["GPULAB_PREEMPTION_DEADLINE"] = str(p.deadline)
                 env["GPULAB_PREEMPTION_REASON"] = p.reason
                 result = await run_checkpoint(
-                    command, spawner.home_dir, env, limit=self.checkpoint_timeout
+                    command,
+                    spawner.home_dir,
+                    env,
+                    limit=self.checkpoint_timeout,
+                    on_start=lambda r: self._checkpoint_progress(p.id, r),
                 )
             else:
                 result = {"command": command, "error": "server not found"}
         except Exception as e:
             self.log.exception("Checkpoint command of %s failed", p.owner)
             result = {"command": command, "error": f"{type(e).__name__}: {e}"}
-        latest = self.preemptions[p.id]
-        self._save_preemption(latest.model_copy(update={"checkpoint": result}))
+        self._checkpoint_progress(p.id, result)
 
     async def _cancelled_webhook(self, p: Preemption, settings: dict[str, Any]) -> None:
         # The receiver must never see "cancelled" before the warning it cancels.
@@ -831,6 +881,8 @@ class SpotMarket(SingletonConfigurable):
             "currency": self.pool.catalog.currency,
             "low_price_window": self.in_low_window(),
             "warning_seconds": self.warning_seconds,
+            # The JupyterLab extension saves open documents with changes this often on spot.
+            "save_interval_seconds": self.save_interval,
             "time": time.time(),  # the hub's clock, for a countdown that ignores client skew
             # The JupyterLab extension saves open documents when this turns to a warning.
             "preemption": records[-1].public() if records else None,

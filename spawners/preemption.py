@@ -10,7 +10,9 @@
       X-Gpulab-Signature: sha256=<hex hmac of the body with the user's webhook secret>
 
 - The checkpoint command runs with the server's environment in the user's home, its output kept
-  in ``~/.gpulab/checkpoints/<UTC time>.log``.
+  in ``~/.gpulab/checkpoints/<UTC time>.log``. Its result says ``state``: ``running`` from the
+  moment it starts (the hub records that at once, so the user sees it during the warning),
+  then ``done`` (exit 0) or ``failed`` (another exit code, an error, a timeout).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import json
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -160,15 +163,36 @@ async def send_webhook(
 # ---- checkpoint ------------------------------------------------------------------------------
 
 
+def checkpoint_state(result: dict[str, Any]) -> str:
+    """``running`` until an exit code or an error is known, then ``done`` or ``failed``."""
+    if result.get("error"):
+        return "failed"
+    if "exit_code" not in result:
+        return "running"
+    return "done" if result["exit_code"] == 0 else "failed"
+
+
 async def run_checkpoint(
-    command: str, home: str, env: dict[str, str], limit: float
+    command: str,
+    home: str,
+    env: dict[str, str],
+    limit: float,
+    on_start: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
-    """Run ``command`` with bash in ``home``; keep its output under ~/.gpulab/checkpoints/."""
+    """Run ``command`` with bash in ``home``; keep its output under ~/.gpulab/checkpoints/.
+
+    ``on_start`` is called with the running result (command, log path, pid) once the process
+    exists, so the caller can show "running" while it runs."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     log_dir = Path(home) / ".gpulab" / "checkpoints"
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{stamp}.log"
-    result: dict[str, Any] = {"command": command, "log": str(log_path), "started_at": time.time()}
+    result: dict[str, Any] = {
+        "command": command,
+        "state": "running",
+        "log": str(log_path),
+        "started_at": time.time(),
+    }
     log_path.write_bytes(f"$ {command}\n".encode())
     with log_path.open("ab") as log:  # a local file: the write is not worth a thread
         proc = await asyncio.create_subprocess_exec(
@@ -182,6 +206,8 @@ async def run_checkpoint(
             stdin=asyncio.subprocess.DEVNULL,
             start_new_session=True,
         )
+        if on_start is not None:
+            on_start({**result, "pid": proc.pid})
         try:
             result["exit_code"] = await asyncio.wait_for(proc.wait(), limit)
         except TimeoutError:
@@ -190,4 +216,5 @@ async def run_checkpoint(
             result["exit_code"] = None
             result["error"] = f"timed out after {limit:.0f}s"
     result["finished_at"] = time.time()
+    result["state"] = checkpoint_state(result)
     return result

@@ -14,12 +14,13 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from harness import Hub, WebSession, wait_for
+from harness import Hub, WebSession, browser_log_in, wait_for
 
 from gpulab.spawners.market_store import price_at
 
@@ -115,7 +116,8 @@ def test_price_rise_warns_checkpoints_and_stops_at_the_deadline(hub: Hub, receiv
         f"/gpulab/spot/settings/{user}",
         json={
             "webhook_url": receiver.url,
-            "checkpoint_command": "echo saving on $GPULAB_GPU_TYPE in $PWD; touch ckpt-done; ls ckpt-done",
+            "checkpoint_command": "echo saving on $GPULAB_GPU_TYPE in $PWD; sleep 1; "
+            "touch ckpt-done; ls ckpt-done",
         },
     )
     assert r.status_code == 200, r.text
@@ -137,6 +139,15 @@ def test_price_rise_warns_checkpoints_and_stops_at_the_deadline(hub: Hub, receiv
 
     pin(hub, "rtx-4090", "0.60")
     warned = time.time()
+    # The checkpoint command's progress is on record while it runs, not only after.
+    running = wait_for(
+        lambda: hub.api("GET", f"/gpulab/spot/status/{user}").json()["preemption"]["checkpoint"],
+        timeout=WARNING,
+        interval=0.05,
+        what="the checkpoint command's start",
+    )
+    assert running["state"] == "running" and running.get("exit_code") is None
+    assert Path(running["log"]).parent == home(hub, user) / ".gpulab" / "checkpoints"
     marker = home(hub, user) / "preempted.txt"
     wait_for(marker.exists, timeout=WARNING, interval=0.05, what="the kernel's SIGUSR1 handler")
     info = json.loads(wait_for(lambda: marker.read_text(), timeout=5, what="the handler's file"))
@@ -174,7 +185,8 @@ def test_price_rise_warns_checkpoints_and_stops_at_the_deadline(hub: Hub, receiv
     assert record["status"] == "stopped"
     assert record["deadline"] <= record["stopped_at"] <= stopped + 1
     assert record["webhook"]["status"] == 204
-    assert record["checkpoint"]["exit_code"] == 0
+    assert record["checkpoint"]["exit_code"] == 0 and record["checkpoint"]["state"] == "done"
+    assert record["checkpoint"]["log"] == running["log"]
     log = Path(record["checkpoint"]["log"])
     assert log.parent == home(hub, user) / ".gpulab" / "checkpoints"
     text = log.read_text()
@@ -239,7 +251,13 @@ def test_queued_spot_request_starts_when_the_price_falls(hub: Hub) -> None:
     r = hub.spawn(user, spot("0.40", wait=True))
     assert r.status_code == 202, r.text
     assert "Queued as q-" in r.json()["message"] and "0.60" in r.json()["message"]
+    assert r.json()["queued"]["position"] == 1 and r.json()["queued"]["max_price"] == "0.40"
     assert hub.server(user) is None
+    # Queued, not a failed spawn: nothing pending, and the hub log says so without an error.
+    assert hub.api("GET", f"/users/{user}").json()["servers"] == {}
+    log = hub.log_path.read_text(errors="replace")
+    assert f"Queued {r.json()['queued']['id']} for {user}/ (no spawn started)" in log
+    assert not [line for line in log.splitlines() if user in line and re.search(r"\[E |rror", line)]
 
     # Visible to its owner and admins, not to other users.
     token = hub.api("POST", f"/users/{other}/tokens", json={"expires_in": 600}).json()["token"]
@@ -347,7 +365,11 @@ def test_spawn_form_shows_spot_prices_and_queues_a_waiting_bid(hub: Hub) -> None
             ("wait", "true"),
         ],
     )
-    assert "Queued as q-" in r.text
+    page = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", r.text))
+    assert r.status_code == 200 and "Your queued request" in page, page
+    assert "Queued as q-" in page and "Position 1 of 1 in the RTX 4090 queue" in page
+    assert "spot price now CNY 0.55 /card-hour" in page and "max price CNY 0.40" in page
+    assert "spawn-error-msg" not in r.text and "Spawn failed" not in page
     assert hub.server(name) is None
     queue = hub.api("GET", "/gpulab/spot/queue").json()["queue"]
     assert [(q["user"], q["max_price"]) for q in queue] == [(name, "0.40")]
@@ -409,3 +431,121 @@ def test_a_spot_server_switches_to_no_gpu_but_not_onto_spot(hub: Hub) -> None:
     finally:
         if hub.server(user):
             hub.stop_server(user)
+
+
+def test_queued_request_shows_in_the_spawn_form_and_cancels_there(hub: Hub, browser) -> None:
+    pin(hub, "rtx-4090", "0.55")
+    password = (hub.data_dir / "admin-password").read_text().strip()
+    name, secret = f"queue{uuid.uuid4().hex[:6]}", "correct-horse-battery"
+    WebSession(hub).signup(name, secret)
+    admin = WebSession(hub)
+    assert admin.login("admin", password)
+    admin.get(f"/hub/authorize/{name}")
+    page = browser.new_page()
+    try:
+        browser_log_in(page, hub, name, secret)
+        page.goto(f"{hub.url}/hub/spawn/{name}")
+        page.check('input[name="gpu"][value="rtx-4090"]')
+        page.check('input[name="pricing"][value="spot"]')
+        page.fill("#gpulab-max-price", "0.40")
+        page.check('input[name="wait"]')
+        page.click('input[type="submit"], button[type="submit"]')
+        panel = page.locator("#gpulab-queued")
+        panel.wait_for(timeout=30_000)
+        text = panel.inner_text()
+        assert "Queued as q-" in text and "spot, max price CNY 0.40/card-hour" in text
+        assert "Position 1 of 1" in text and "spot price now CNY 0.55/card-hour" in text
+        assert page.locator(".spawn-error-msg").count() == 0
+        assert [q["user"] for q in hub.api("GET", "/gpulab/spot/queue").json()["queue"]] == [name]
+
+        page.get_by_role("button", name="Cancel queued request").click()
+        page.locator("#gpulab-queue-state", has_text="Cancelled: request q-").wait_for(
+            timeout=10_000
+        )
+        assert hub.api("GET", "/gpulab/spot/queue").json()["queue"] == []
+        page.goto(f"{hub.url}/hub/spawn/{name}")  # (a reload would post the form again)
+        page.locator('input[name="gpu"]').first.wait_for()
+        assert page.locator("#gpulab-queued").count() == 0
+        pin(hub, "rtx-4090", "0.30")
+        time.sleep(1.5)  # a few ticks: the cancelled request must not start
+        assert hub.server(name) is None
+    finally:
+        page.close()
+
+
+def test_webhook_secret_needs_the_users_own_credentials_not_the_servers_token(hub: Hub) -> None:
+    user, other = hub.create_user(), hub.create_user()
+    hub.spawn_ready(user, {"gpu": "none"})
+    # Code in a notebook holds the server's token.
+    server_token = (
+        hub.kernel(user).execute("import os; print(os.environ['JUPYTERHUB_API_TOKEN'])").strip()
+    )
+    path = f"/gpulab/spot/settings/{user}"
+    r = hub.api("GET", path, token=server_token)
+    assert r.status_code == 403, r.text
+    r = hub.api("PUT", path, json={"webhook_url": "http://127.0.0.1:9/x"}, token=server_token)
+    assert r.status_code == 403, r.text
+    # The server's token still reads the spot status the JupyterLab extension needs.
+    assert hub.api("GET", f"/gpulab/spot/status/{user}", token=server_token).status_code == 200
+
+    def token(name: str, **body) -> str:
+        r = hub.api("POST", f"/users/{name}/tokens", json={"expires_in": 600, **body})
+        assert r.status_code == 201, r.text
+        return r.json()["token"]
+
+    mine = token(user)
+    r = hub.api("GET", path, token=mine)
+    assert r.status_code == 200 and len(r.json()["webhook_secret"]) >= 32, r.text
+    secret = r.json()["webhook_secret"]
+    # A token made for just this scope works too; another user's token does not.
+    narrow = token(user, scopes=["custom:gpulab:spot-settings!user"])
+    assert hub.api("GET", path, token=narrow).json()["webhook_secret"] == secret
+    assert hub.api("GET", path, token=token(other)).status_code in (403, 404)
+    assert hub.api("GET", path).json()["webhook_secret"] == secret  # admin
+
+
+def test_window_only_server_is_reclaimed_when_its_low_price_window_ends(
+    tmp_path: Path, chp_installed
+) -> None:
+    """A dedicated hub whose one low-price window (UTC, with seconds) ends shortly after start."""
+    now = datetime.now(UTC)
+    window_end = (now + timedelta(seconds=35)).replace(microsecond=0)  # the window has seconds
+    window = f"{(now - timedelta(minutes=10)):%H:%M:%S}-{window_end:%H:%M:%S}"
+    h = Hub(
+        tmp_path / "data",
+        simulate="RTX-4090:1",
+        extra_args=[
+            "--SpotMarket.warning_seconds=2",
+            "--SpotMarket.tick_interval=0.5",
+            "--SpotMarket.timezone=UTC",
+            "--SpotMarket.weekends_low=False",
+            f"--SpotMarket.low_price_windows={window}",
+        ],
+    ).start()
+    try:
+        assert h.api("GET", "/gpulab/spot/prices").json()["low_price_windows"] == [window]
+        user = h.create_user()
+        pin(h, "rtx-4090", "0.30")
+        h.spawn_ready(user, spot("0.60", windows_only=True))
+        assert h.free("rtx-4090") == 0
+        assert time.time() < window_end.timestamp(), "the server started after the window"
+        status = h.api("GET", f"/gpulab/spot/status/{user}").json()
+        assert status["windows_only"] and status["low_price_window"] and not status["preemption"]
+
+        # The window ends: the warning, with its reason, then the stop at the deadline.
+        p = wait_for(
+            lambda: h.api("GET", f"/gpulab/spot/status/{user}").json()["preemption"],
+            timeout=window_end.timestamp() - time.time() + 10,
+            interval=0.2,
+            what="the warning at the window's end",
+        )
+        assert p["reason"] == "low-price-window-ended" and p["status"] == "warning"
+        assert window_end.timestamp() - 0.1 <= p["warned_at"] <= window_end.timestamp() + 3
+        assert p["deadline"] == pytest.approx(p["warned_at"] + 2, abs=0.01)
+        wait_for(lambda: h.server(user) is None, timeout=20, what="the stop at the deadline")
+        record = preemptions(h, user)[-1]
+        assert record["status"] == "stopped" and record["stopped_at"] >= record["deadline"]
+        assert h.free("rtx-4090") == 1
+        assert h.api("GET", "/gpulab/spot/prices").json()["low_price_window"] is False
+    finally:
+        h.stop()

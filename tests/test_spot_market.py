@@ -80,9 +80,15 @@ def test_schedule_windows_cross_midnight_and_weekends() -> None:
     # The same instant is in or out of the window depending on the operator's zone.
     instant = datetime(2026, 11, 30, 12, tzinfo=ZoneInfo("UTC"))  # 20:00 in Shanghai
     assert s.is_low(instant.astimezone(tz)) and not s.is_low(instant)
+    # Seconds are optional: a window may end between whole minutes.
+    short = Schedule.parse(["12:00:00-12:00:30"], weekends=False)
+    assert short.is_low(monday.replace(hour=12, second=29))
+    assert not short.is_low(monday.replace(hour=12, second=30))
 
 
-@pytest.mark.parametrize("bad", ["18-09", "25:00-09:00", "18:00-9:00", "18:00 09:00"])
+@pytest.mark.parametrize(
+    "bad", ["18-09", "25:00-09:00", "18:00-9:00", "18:00 09:00", "18:00:60-09:00", "18:00:5-09:00"]
+)
 def test_schedule_rejects_bad_windows(bad: str) -> None:
     with pytest.raises(ValueError, match="HH:MM-HH:MM"):
         Schedule.parse([bad])

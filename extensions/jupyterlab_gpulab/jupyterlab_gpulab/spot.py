@@ -54,12 +54,15 @@ def _home_relative(path: str | None, home: str | None) -> str | None:
 
 
 def _checkpoint(data: Any, home: str | None) -> dict[str, Any] | None:
-    """The result of the user's checkpoint command (the hub records it when it has finished)."""
+    """The user's checkpoint command as the hub records it: running from its start, then its
+    result."""
     if not isinstance(data, dict):
         return None
     exit_code = data.get("exit_code")
     error = _text(data.get("error"))
-    if isinstance(exit_code, int) and not isinstance(exit_code, bool) and not error:
+    if data.get("state") in ("running", "done", "failed"):
+        state = data["state"]  # the hub says how far it got (running from its start)
+    elif isinstance(exit_code, int) and not isinstance(exit_code, bool) and not error:
         state = "done" if exit_code == 0 else "failed"
     elif error:
         state = "failed"
@@ -135,4 +138,6 @@ def normalize_spot(
         "time": hub_time,
         "preemption": _preemption(data.get("preemption"), home),
         "queued": queued.get("id") if isinstance(queued, dict) else None,
+        # The page saves open documents with changes this often while on spot (0/None: off).
+        "save_interval_seconds": _number(data.get("save_interval_seconds")),
     }

@@ -30,12 +30,13 @@ import {
 import {
   endMessage,
   ISpotStatus,
+  PeriodicSave,
   SpotTracker,
   warningDetails,
   warningMessage
 } from './spot';
 import { earlyLauncherPlugin } from './launcher';
-import { runSwitch, saveOpenDocuments, takeSwitchTiming } from './switcher';
+import { runSwitch, saveDirtyDocuments, saveOpenDocuments, takeSwitchTiming } from './switcher';
 import { DatasetsPanel, GpuPanel, StatusItem } from './widgets';
 
 const BALANCE_REFRESH_MS = 15000;
@@ -279,6 +280,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
 
     // ---- spot servers: price, bid, and the preemption warning --------------------------------
     const spot = new SpotTracker();
+    const periodic = new PeriodicSave();
+    let periodicSaves = 0;
     let notice = ''; // id of the warning's notification
     let saveNote = '';
 
@@ -337,6 +340,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
         // Save now, while the server is still there: the deadline may come before the user.
         saveNote = 'Saving open documents…';
         document.body.dataset.gpulabPreemption = 'warning';
+        periodic.saved(Date.now());
         saveOpenDocuments(app).then(
           () => {
             saveNote = 'All open documents saved.';
@@ -397,9 +401,25 @@ const plugin: JupyterFrontEndPlugin<void> = {
       void spotLoop();
     }
 
+    // While on spot, open documents with changes are saved every save_interval_seconds, so
+    // a reclaim (even one whose warning the page never saw) loses at most that much typing.
+    async function periodicSave(): Promise<void> {
+      try {
+        const paths = await saveDirtyDocuments(app);
+        periodicSaves += 1;
+        document.body.dataset.gpulabSpotSaves = String(periodicSaves);
+        document.body.dataset.gpulabSpotSaved = paths.join('\n');
+      } catch (e) {
+        console.warn('gpulab: periodic save on spot failed', e);
+      }
+    }
+
     setInterval(() => {
+      const now = Date.now();
       if (spot.warning) {
-        showWarning(Date.now());
+        showWarning(now);
+      } else if (periodic.due(spot.last, now)) {
+        void periodicSave();
       }
       item.render();
     }, 1000);

@@ -42,6 +42,7 @@ export interface ISpotStatus {
   time?: number; // the hub's clock when it answered
   preemption?: IPreemption | null;
   queued?: string | null;
+  save_interval_seconds?: number | null; // open documents with changes are saved this often
 }
 
 function decimals(value: string | null | undefined): string {
@@ -295,6 +296,51 @@ export function spotTitle(spot: ISpotStatus | null, currency: string): string {
   return (
     `Spot price: ${formatRate(spot.price, cur)} per card; your max price: ` +
     `${spot.max_price ? formatRate(spot.max_price, cur) : 'the on-demand price'}.\n` +
-    `Above it the server is reclaimed after a ${warning} warning (open documents are saved).`
+    `Above it the server is reclaimed after a ${warning} warning (open documents are saved).` +
+    (spot.save_interval_seconds
+      ? `\nOpen documents with changes are saved every ${formatCountdown(
+          spot.save_interval_seconds
+        )} (m:ss) while on spot.`
+      : '')
   );
+}
+
+/**
+ * When to save open documents with unsaved changes on a spot server: every
+ * `save_interval_seconds` (the hub's `SpotMarket.save_interval`, 15 min by default), counted
+ * from the page's start or the last save (the warning's save restarts it). Never on a server
+ * that is not spot; while the hub does not answer, the last interval it gave goes on.
+ */
+export class PeriodicSave {
+  private lastMs: number | null = null;
+  private everyMs = 0;
+
+  due(spot: ISpotStatus | null, nowMs: number): boolean {
+    if (!spot || !spot.spot) {
+      this.lastMs = null;
+      this.everyMs = 0;
+      return false;
+    }
+    if (spot.available) {
+      const every = spot.save_interval_seconds;
+      this.everyMs = typeof every === 'number' && every > 0 ? every * 1000 : 0;
+    }
+    if (!this.everyMs) {
+      return false;
+    }
+    if (this.lastMs === null) {
+      this.lastMs = nowMs;
+      return false;
+    }
+    if (nowMs - this.lastMs >= this.everyMs) {
+      this.lastMs = nowMs;
+      return true;
+    }
+    return false;
+  }
+
+  /** A save happened (at a warning): the next periodic one is a whole interval later. */
+  saved(nowMs: number): void {
+    this.lastMs = nowMs;
+  }
 }

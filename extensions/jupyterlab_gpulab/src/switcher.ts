@@ -63,6 +63,37 @@ export async function saveOpenDocuments(app: JupyterFrontEnd): Promise<void> {
   await app.commands.execute('docmanager:save-all');
 }
 
+/** A document's context, as far as saving goes (DocumentWidget.context). */
+interface ISavable {
+  context?: {
+    path: string;
+    model?: { dirty?: boolean; readOnly?: boolean };
+    contentsModel?: { writable?: boolean } | null;
+    save(): Promise<void>;
+  };
+}
+
+/**
+ * Save the open documents that have unsaved changes (and only those: a document without
+ * changes is not rewritten, so a file changed on disk meanwhile is not overwritten). Returns
+ * the paths saved.
+ */
+export async function saveDirtyDocuments(app: JupyterFrontEnd): Promise<string[]> {
+  const saves: Promise<string>[] = [];
+  const seen = new Set<string>();
+  for (const widget of app.shell.widgets('main')) {
+    const context = (widget as unknown as ISavable).context;
+    if (!context || !context.model || seen.has(context.path)) {
+      continue;
+    }
+    seen.add(context.path);
+    if (context.model.dirty && !context.model.readOnly && context.contentsModel?.writable !== false) {
+      saves.push(context.save().then(() => context.path));
+    }
+  }
+  return Promise.all(saves);
+}
+
 export async function runSwitch(
   app: JupyterFrontEnd,
   status: IStatus,

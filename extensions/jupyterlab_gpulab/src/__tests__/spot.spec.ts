@@ -4,6 +4,7 @@ import {
   formatCountdown,
   IPreemption,
   ISpotStatus,
+  PeriodicSave,
   spotPriceText,
   spotTitle,
   SpotTracker,
@@ -247,5 +248,47 @@ describe('warning texts', () => {
     expect(lines[1]).toContain('It stops at 14:05:30 unless the preemption is cancelled');
     expect(lines).toContain('All open documents saved.');
     expect(lines.some(l => l.startsWith('2 process(es)'))).toBe(true);
+  });
+});
+
+describe('PeriodicSave', () => {
+  const spot = (over: Partial<ISpotStatus> = {}): ISpotStatus => ({
+    spot: true,
+    available: true,
+    running: true,
+    time: HUB_T0,
+    save_interval_seconds: 900,
+    ...over
+  });
+
+  it('saves every interval from the page start, and the warning save restarts it', () => {
+    const p = new PeriodicSave();
+    expect(p.due(spot(), 0)).toBe(false); // the clock starts here
+    expect(p.due(spot(), 899_000)).toBe(false);
+    expect(p.due(spot(), 900_000)).toBe(true);
+    expect(p.due(spot(), 901_000)).toBe(false);
+    p.saved(1_000_000); // saved at a warning
+    expect(p.due(spot(), 1_800_000)).toBe(false);
+    expect(p.due(spot(), 1_900_000)).toBe(true);
+  });
+
+  it('never saves on a server that is not spot, or with the interval off', () => {
+    const p = new PeriodicSave();
+    for (const t of [0, 1_000_000, 10_000_000]) {
+      expect(p.due({ spot: false, pricing: 'on-demand' }, t)).toBe(false);
+      expect(p.due(null, t)).toBe(false);
+    }
+    const off = new PeriodicSave();
+    for (const t of [0, 1_000_000, 10_000_000]) {
+      expect(off.due(spot({ save_interval_seconds: 0 }), t)).toBe(false);
+    }
+  });
+
+  it('goes on with the last interval while the hub does not answer', () => {
+    const p = new PeriodicSave();
+    p.due(spot({ save_interval_seconds: 5 }), 0);
+    const down: ISpotStatus = { spot: true, available: false, reason: 'the hub did not answer' };
+    expect(p.due(down, 4_000)).toBe(false);
+    expect(p.due(down, 5_000)).toBe(true);
   });
 });
