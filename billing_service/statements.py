@@ -12,6 +12,7 @@ from sqlalchemy import Connection, func, select
 from gpulab.billing_service.metering import NEVER
 from gpulab.billing_service.models import MICRO, Account, KernelSpan, LedgerEntry, ServerSession
 from gpulab.billing_service.rating import PriceBook, format_money, from_micro, merge, round_div
+from gpulab.billing_service.schemas import APP_PREFIX
 
 DAY_US = 86_400 * MICRO
 
@@ -38,8 +39,9 @@ def mode_label(prices: PriceBook, gpu_type: str, gpus: int) -> str:
 def usage(
     conn: Connection, prices: PriceBook, user: str, from_us: int, to_us: int
 ) -> dict[str, Any]:
-    """Sessions of ``user`` overlapping [from, to): billed seconds and amount per server, and
-    kernel-seconds per kernel; plus billed seconds and charges per UTC day."""
+    """Sessions of ``user`` overlapping [from, to): billed seconds and amount per server,
+    kernel-seconds per kernel and app-seconds per app run; plus billed seconds and charges per
+    UTC day."""
     sessions = conn.execute(
         select(ServerSession)
         .where(
@@ -60,13 +62,25 @@ def usage(
 
     servers = []
     per_day: dict[str, dict[str, int]] = defaultdict(lambda: {"billed_us": 0, "charged_micro": 0})
-    total_kernel_us = total_billed_us = total_amount = 0
+    total_kernel_us = total_app_us = total_billed_us = total_amount = 0
     for s in sessions:
         hi = s.stopped_us if s.stopped_us is not None else NEVER
-        kernels = []
+        kernels, apps = [], []
         for k in by_session.get(s.id, []):
             a, b = max(k.first_us, s.started_us), min(k.last_us, hi)
             k_us = max(0, b - a)
+            if k.kernel_id.startswith(APP_PREFIX):
+                total_app_us += k_us
+                apps.append(
+                    {
+                        "app_id": k.kernel_id.removeprefix(APP_PREFIX),
+                        "name": k.name,
+                        "first_seen": iso(k.first_us),
+                        "last_seen": iso(k.last_us),
+                        "app_seconds": k_us / MICRO,
+                    }
+                )
+                continue
             total_kernel_us += k_us
             kernels.append(
                 {
@@ -103,6 +117,7 @@ def usage(
             "billed_seconds": s.billed_us / MICRO,
             "amount": money(s.charged_micro),
             "kernels": kernels,
+            "apps": apps,
         }
         if s.pricing == "spot":
             row["spot"] = spot_summary(prices, s, merge(clipped))
@@ -132,6 +147,7 @@ def usage(
         ],
         "total": {
             "kernel_seconds": total_kernel_us / MICRO,
+            "app_seconds": total_app_us / MICRO,
             "billed_seconds": total_billed_us / MICRO,
             "amount": money(total_amount),
         },
