@@ -118,6 +118,7 @@ def usage(
             "amount": money(s.charged_micro),
             "kernels": kernels,
             "apps": apps,
+            "rates": rate_periods(prices, s, merge(clipped)),
         }
         if s.pricing == "spot":
             row["spot"] = spot_summary(prices, s, merge(clipped))
@@ -152,6 +153,30 @@ def usage(
             "amount": money(total_amount),
         },
     }
+
+
+def rate_periods(prices: PriceBook, s, merged: list[tuple[int, int]]) -> list[dict[str, Any]]:
+    """The prices a session's billed time was rated at: one entry per run of billed time at one
+    price (a spot session gets one per spot price in force while it was billed; an on-demand or
+    no-GPU session one per billed interval). ``price_per_card_hour`` is per hour in no-GPU mode;
+    ``spot_price_recorded`` is False for spot time before any recorded spot price (rated at the
+    on-demand price, see ``rating``)."""
+    out: list[dict[str, Any]] = []
+    for start, end in merged:
+        for a, b, price in prices.segments(s.gpu_type, s.pricing, start, end):
+            recorded = price is not None
+            if price is None:
+                price = prices.price_at(s.gpu_type, "on-demand", a)
+            out.append(
+                {
+                    "from": iso(a),
+                    "to": iso(b),
+                    "price_per_card_hour": str(price),
+                    "billed_seconds": (b - a) / MICRO,
+                    **({"spot_price_recorded": recorded} if s.pricing == "spot" else {}),
+                }
+            )
+    return out
 
 
 def spot_summary(prices: PriceBook, s, merged: list[tuple[int, int]]) -> dict[str, Any]:

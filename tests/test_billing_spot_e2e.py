@@ -8,6 +8,8 @@ computed here from what the APIs show: the price history (spot prices API) and t
 
 from __future__ import annotations
 
+import csv
+import io
 import time
 import uuid
 from datetime import datetime
@@ -123,4 +125,30 @@ def test_spot_server_is_billed_at_the_prices_in_force(spot_bhub: Hub) -> None:
     page = billing.get("", params={"user": user})
     assert page.status_code == 200, page.text
     assert f"spot: average {avg}/card-h, 2 price changes" in page.text
+
+    # The CSV export says the same: spot pricing, the average price and each spot price applied
+    # with the seconds it priced, which add up to the statement's amount.
+    r = billing.get("statement.csv", params={"user": user})
+    assert r.status_code == 200 and r.headers["Content-Type"].startswith("text/csv")
+    rows = list(csv.DictReader(io.StringIO(r.text)))
+    (server_row,) = [row for row in rows if row["row"] == "server"]
+    assert server_row["pricing"] == "spot" and server_row["mode"] == s["mode"]
+    assert Decimal(server_row["amount_CNY"]) == Decimal(s["amount"]["exact"])
+    assert Decimal(server_row["price_per_card_hour"]) == avg
+    rates = [row for row in rows if row["row"] == "rate"]
+    assert [Decimal(row["price_per_card_hour"]) for row in rates] == [
+        Decimal("0.35"),
+        Decimal("0.65"),
+        Decimal("0.45"),
+    ]
+    assert all(row["pricing"] == "spot" for row in rates)
+    assert sum(Decimal(row["billed_seconds"]) for row in rates) == Decimal(str(s["billed_seconds"]))
+    with localcontext() as ctx:
+        ctx.prec = 60
+        rated = sum(
+            Decimal(row["price_per_card_hour"]) * Decimal(row["billed_seconds"]) for row in rates
+        )
+        assert abs(rated / 3600 * 1_000_000 - amount) <= Decimal("0.5")
+    (kernel_row,) = [row for row in rows if row["row"] == "kernel"]
+    assert kernel_row["kernel_id"] == kern["kernel_id"]
     pin(hub, None)
