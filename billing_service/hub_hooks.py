@@ -207,8 +207,16 @@ def configure_hub(c, data_dir: str, catalog: str, roles: list[dict]) -> None:
         port = random_port()
         port_file.write_text(str(port))
     token = secret_file(data / "billing-api-token")
-    url = f"http://127.0.0.1:{port}"
+    # The service listens where the hub's API does, because every server must reach both: on
+    # loopback for local servers, on the host's address on the containers' network for the Docker
+    # spawner (configure_docker sets hub_ip and maybe hub_connect_ip before this runs). Servers
+    # use hub_connect_ip where one is set, as they do for the hub's API.
+    hub_ip = c.JupyterHub.hub_ip if "hub_ip" in c.JupyterHub else "127.0.0.1"
+    listen = hub_ip if hub_ip not in ("", "0.0.0.0", "::") else "127.0.0.1"
+    connect = (c.JupyterHub.hub_connect_ip if "hub_connect_ip" in c.JupyterHub else "") or listen
+    url = f"http://{listen}:{port}"
     prefix_url = f"{url}/services/billing/"
+    server_prefix_url = f"http://{connect}:{port}/services/billing/"
     min_minutes = os.environ.get("GPULAB_BILLING_MIN_MINUTES", "10")
     env = {
         "GPULAB_HUB_PID": str(os.getpid()),
@@ -256,7 +264,7 @@ def configure_hub(c, data_dir: str, catalog: str, roles: list[dict]) -> None:
     c.Spawner.pre_allocate_hook = hooks.before_start
     c.Spawner.post_stop_hook = hooks.after_stop
     server_env = dict(c.Spawner.environment) if "environment" in c.Spawner else {}
-    server_env["GPULAB_BILLING_URL"] = prefix_url
+    server_env["GPULAB_BILLING_URL"] = server_prefix_url
     for key in ("GPULAB_REPORTER_HEARTBEAT", "GPULAB_REPORTER_MAX_BACKOFF"):
         if os.environ.get(key):
             server_env[key] = os.environ[key]
