@@ -158,9 +158,17 @@ class Reporter:
     async def heartbeat_loop(self) -> None:
         while True:
             try:
+                kernels = await self.live_kernels()
+                # The app scan does not yield, so the heartbeat's time is when it looked.
                 now = time.time()
-                events, apps = self.app_events(now)
-                beat = self.event("heartbeat", kernels=await self.live_kernels(), t=now)
+                try:
+                    events, apps = self.app_events(now)
+                except Exception:  # never let app discovery stop the kernels' heartbeat
+                    self.log.exception(
+                        "gpulab_reporter: looking for jupyter-server-proxy apps failed"
+                    )
+                    events, apps = [], []
+                beat = self.event("heartbeat", kernels=kernels, t=now)
                 if apps:  # only when there are any: a billing service that predates apps agrees
                     beat["apps"] = apps
                 self.spool.put([*events, beat])
