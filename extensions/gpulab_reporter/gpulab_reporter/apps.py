@@ -69,17 +69,19 @@ def running_processes(web_app: Any) -> list[tuple[str, int]]:
     return sorted(found.values())
 
 
-def process_start_time(pid: int, now: float) -> float | None:
+def process_start_time(pid: int) -> float | None:
     """A process's start as Unix seconds, from Linux's /proc; None elsewhere or if it is gone.
 
-    Measured as ``now`` minus the process's age (uptime minus its start tick): exact to a clock
-    tick, where /proc/stat's boot time is whole seconds and drifts from the wall clock.
+    Measured as the wall clock minus the process's age (uptime minus its start tick), both read
+    at the same moment: exact to a clock tick (10 ms), where /proc/stat's boot time is whole
+    seconds and drifts from the wall clock.
     """
     try:
         with open(f"/proc/{pid}/stat") as f:
             ticks = int(f.read().rpartition(")")[2].split()[19])
         with open("/proc/uptime") as f:
             uptime = float(f.read().split()[0])
+        now = time.time()
         return now - max(0.0, uptime - ticks / os.sysconf("SC_CLK_TCK"))
     except (OSError, ValueError, IndexError):
         return None
@@ -98,7 +100,7 @@ class AppTracker:
         current = set(running_processes(self.web_app))
         started = []
         for name, pid in sorted(current - set(self.live)):
-            t = process_start_time(pid, now)
+            t = process_start_time(pid)
             # Where /proc cannot tell (or tells nonsense), the run starts when first seen.
             t = now if t is None or t > now else t
             run_id = f"{name[:64]}-{pid}-{uuid.uuid4().hex[:8]}"
