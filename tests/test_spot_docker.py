@@ -4,7 +4,7 @@ A Docker hub with a 3 s warning; the price is pinned above the bid through the a
 user would notice: their kernel's SIGUSR1 handler ran in the container (a kernel without one was
 left alone), their checkpoint command ran *in the container* (its hostname is the container's) as
 their user in their home with its log in ~/.gpulab/checkpoints, the record says so, and at the
-deadline the container is gone and the GPU is free.
+deadline the container is gone, the GPU free and the server's billing closed.
 """
 
 from __future__ import annotations
@@ -12,9 +12,11 @@ from __future__ import annotations
 import json
 import socket
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
+from billing.client import Billing
 from docker_helpers import cleanup, container_of, docker_hub
 from harness import Hub, wait_for
 
@@ -119,6 +121,16 @@ def test_container_server_gets_the_warning_checkpoint_and_stop(spot_dhub: Hub, d
     checkpoint = record["checkpoint"]
     assert checkpoint["state"] == "done" and checkpoint["exit_code"] == 0, checkpoint
     assert checkpoint["log"] == str(log) and checkpoint["command"] == command
+
+    # Billing closed the server at the deadline (the stop the market made).
+    def closed() -> dict | None:
+        servers = Billing(hub).usage(user)["servers"]
+        return servers[0] if servers and servers[0]["stopped"] else None
+
+    billed = wait_for(closed, timeout=30, interval=0.5, what="the stop in the statement")
+    assert billed["pricing"] == "spot"
+    billed_stop = datetime.fromisoformat(billed["stopped"].replace("Z", "+00:00")).timestamp()
+    assert record["deadline"] - 0.01 <= billed_stop <= record["stopped_at"] + 0.01
 
     # It ran in the container (its hostname is the container's, not this machine's), as the
     # server's user, in the home, with the server's and the preemption's environment.
