@@ -498,16 +498,17 @@ class GpuDockerSpawner(GpuSpawnerMixin, DockerSpawner):
         # The raw connection rather than exec_start's reader: the client's 60 s socket timeout
         # must not cut off a checkpoint command that writes nothing for longer.
         sock = client.exec_start(exec_id, socket=True)
+        # A unix socket arrives wrapped (SocketIO): timeouts and closing act on the socket inside.
+        raw = getattr(sock, "_sock", sock)
         try:
             if started is not None:
                 started()
-            for s in (sock, getattr(sock, "_sock", None)):
-                if hasattr(s, "settimeout"):
-                    s.settimeout(read_timeout)
+            raw.settimeout(read_timeout)
             frames = (demux_adaptor(*frame) for frame in frames_iter(sock, tty=False))
             out, err = consume_socket_output(frames, demux=True)
         finally:
             sock.close()
+            raw.close()
         for _ in range(50):  # the exit code lands a moment after the stream closes
             info = client.exec_inspect(exec_id)
             if not info.get("Running"):
