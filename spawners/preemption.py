@@ -30,14 +30,11 @@ from typing import Any
 from pydantic import BaseModel
 
 from gpulab.spawners.allocator import ENV_ALLOC, _pids, _process_env
-from gpulab.spawners.preemption_agent import (
-    CHECKPOINT_DIR,
-    catches,
-    checkpoint_name,
-    signal_opted_in,
-)
+from gpulab.spawners.preemption_agent import CHECKPOINT_DIR, checkpoint_name
 
-__all__ = ["catches", "signal_opted_in"]  # re-exported: the hub's side of the same rule
+# Re-exported: the hub applies the same rule to local servers.
+from gpulab.spawners.preemption_agent import catches as catches
+from gpulab.spawners.preemption_agent import signal_opted_in as signal_opted_in
 
 SIGUSR1_BIT = 1 << (signal.SIGUSR1 - 1)
 
