@@ -21,8 +21,10 @@ from typing import Any
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
+from gpulab.hub_config.catalog import Catalog
 from gpulab.spawners.gpu_spawner import SpawnError
-from gpulab.spawners.options import parse_options
+from gpulab.spawners.market_hub import SpotMarket
+from gpulab.spawners.options import ServerOptions, parse_options
 
 log = logging.getLogger("gpulab.billing.hooks")
 
@@ -33,6 +35,21 @@ class BillingUnavailable(RuntimeError):
 
 class BillingUnreachable(BillingUnavailable):
     """Nothing listens (yet): the service is starting or being restarted by the hub."""
+
+
+def hourly_price(opts: ServerOptions, catalog: Catalog) -> tuple[Decimal, str]:
+    """What one hour of the requested server costs now, and a label for messages: the spot price
+    in force for its GPU type times its GPUs for a spot server (that is what its first minutes are
+    billed at), else the catalog's on-demand (or no-GPU) price. Falls back to on-demand when the
+    hub runs no spot market (then spot time is rated at on-demand too)."""
+    if opts.pricing == "spot" and opts.gpu_type is not None and SpotMarket.initialized():
+        try:
+            price = SpotMarket.instance().current_price(opts.gpu)
+        except KeyError:  # a type the market does not trade
+            price = None
+        if price is not None:
+            return price * opts.gpus, "spot price "
+    return opts.price_per_hour(catalog), ""
 
 
 class BillingHooks:
@@ -89,7 +106,8 @@ class BillingHooks:
         catalog = spawner.pool.catalog
         opts = spawner.gpulab_options or parse_options(spawner.user_options, catalog)
         name = spawner.user.name
-        need = opts.price_per_hour(catalog) * Decimal(str(self.min_minutes)) / 60
+        per_hour, price_kind = hourly_price(opts, catalog)
+        need = per_hour * Decimal(str(self.min_minutes)) / 60
         try:
             info = await self._call_when_up("GET", f"api/v1/users/{name}/balance")
         except BillingUnavailable as e:
@@ -104,7 +122,7 @@ class BillingHooks:
             raise SpawnError(
                 402,
                 f"Your balance ({cur} {balance:.2f}) cannot pay for {self.min_minutes:g} minutes of "
-                f"{opts.label(catalog)} ({cur} {opts.price_per_hour(catalog)}/h, {cur} {need:.2f} "
+                f"{opts.label(catalog)} ({price_kind}{cur} {per_hour}/h, {cur} {need:.2f} "
                 f"for {self.min_minutes:g} minutes). Top up, or choose {catalog.no_gpu.display_name} "
                 f"({cur} {catalog.no_gpu.price_per_hour}/h).",
             )
@@ -189,8 +207,16 @@ def configure_hub(c, data_dir: str, catalog: str, roles: list[dict]) -> None:
         port = random_port()
         port_file.write_text(str(port))
     token = secret_file(data / "billing-api-token")
-    url = f"http://127.0.0.1:{port}"
+    # The service listens where the hub's API does, because every server must reach both: on
+    # loopback for local servers, on the host's address on the containers' network for the Docker
+    # spawner (configure_docker sets hub_ip and maybe hub_connect_ip before this runs). Servers
+    # use hub_connect_ip where one is set, as they do for the hub's API.
+    hub_ip = c.JupyterHub.hub_ip if "hub_ip" in c.JupyterHub else "127.0.0.1"
+    listen = hub_ip if hub_ip not in ("", "0.0.0.0", "::") else "127.0.0.1"
+    connect = (c.JupyterHub.hub_connect_ip if "hub_connect_ip" in c.JupyterHub else "") or listen
+    url = f"http://{listen}:{port}"
     prefix_url = f"{url}/services/billing/"
+    server_prefix_url = f"http://{connect}:{port}/services/billing/"
     min_minutes = os.environ.get("GPULAB_BILLING_MIN_MINUTES", "10")
     env = {
         "GPULAB_HUB_PID": str(os.getpid()),
@@ -238,7 +264,7 @@ def configure_hub(c, data_dir: str, catalog: str, roles: list[dict]) -> None:
     c.Spawner.pre_allocate_hook = hooks.before_start
     c.Spawner.post_stop_hook = hooks.after_stop
     server_env = dict(c.Spawner.environment) if "environment" in c.Spawner else {}
-    server_env["GPULAB_BILLING_URL"] = prefix_url
+    server_env["GPULAB_BILLING_URL"] = server_prefix_url
     for key in ("GPULAB_REPORTER_HEARTBEAT", "GPULAB_REPORTER_MAX_BACKOFF"):
         if os.environ.get(key):
             server_env[key] = os.environ[key]

@@ -1,5 +1,10 @@
 """Ingestion: store each event once, widen kernel spans, re-rate the server sessions they touch.
 
+Apps (web apps run by jupyter-server-proxy) are metered exactly like kernels: each run of an app
+has a span in the same table, keyed ``app:RUN`` (``schemas.APP_PREFIX``), so a server's billed
+time is the union of its kernels' *and* apps' spans, and a live app keeps the server busy for the
+idle culler just as a live kernel does.
+
 Everything derived here is a function of the *set* of accepted events, never of their order:
 
 - a kernel span is [earliest report, latest report] of that kernel (start, restart, heartbeat,
@@ -24,7 +29,14 @@ from sqlalchemy import Connection, Engine, select, tuple_, update
 from gpulab.billing_service import ledger
 from gpulab.billing_service.models import Event, KernelSpan, ServerSession
 from gpulab.billing_service.rating import PriceBook, merge
-from gpulab.billing_service.schemas import Heartbeat, KernelEvent, ServerStart, ServerStop
+from gpulab.billing_service.schemas import (
+    APP_PREFIX,
+    AppEvent,
+    Heartbeat,
+    KernelEvent,
+    ServerStart,
+    ServerStop,
+)
 from gpulab.billing_service.sql import insert_ignore, upsert_span_extend
 
 NEVER = 2**62
@@ -54,7 +66,7 @@ def ingest(
                 "server": ev.server,
                 "kind": ev.kind,
                 "t_us": ev.t_us,
-                "kernel_id": getattr(ev, "kernel", None),
+                "kernel_id": getattr(ev, "unit", None),
                 "body": ev.model_dump_json(),
                 "received_us": now_us,
             }
@@ -107,12 +119,14 @@ def _apply(conn: Connection, new: list, prices: PriceBook, trial_micro: int, now
             resession.add((ev.user, ev.server))
         elif isinstance(ev, ServerStop):
             resession.add((ev.user, ev.server))
-        elif isinstance(ev, KernelEvent):
-            see(ev, ev.kernel, ev.name)
+        elif isinstance(ev, KernelEvent | AppEvent):
+            see(ev, ev.unit, ev.name)
         elif isinstance(ev, Heartbeat):
             heartbeat.setdefault((ev.user, ev.server), []).append(ev.t_us)
             for kernel in ev.kernels:
                 see(ev, kernel)
+            for app in ev.apps:
+                see(ev, APP_PREFIX + app)
 
     if spans:
         upsert_span_extend(

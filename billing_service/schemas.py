@@ -4,7 +4,19 @@ Reporter events (from inside a user's server, with the server's own token)::
 
     {"id": "…", "kind": "kernel_start" | "kernel_restart" | "kernel_stop",
      "user": "alice", "server": "", "t": 1767225600.25, "kernel": "KERNEL-ID", "name": "python3"}
-    {"id": "…", "kind": "heartbeat", "user": "alice", "server": "", "t": …, "kernels": ["KERNEL-ID"]}
+    {"id": "…", "kind": "app_start" | "app_stop", "user": "alice", "server": "", "t": …,
+     "app": "sd-webui-4242-1a2b3c4d", "name": "sd-webui"}
+    {"id": "…", "kind": "heartbeat", "user": "alice", "server": "", "t": …, "kernels": ["KERNEL-ID"],
+     "apps": ["sd-webui-4242-1a2b3c4d"]}
+
+Apps are web apps run by jupyter-server-proxy (e.g. Stable Diffusion WebUI). They are metered as
+kernel-like units: ``app`` names one *run* of an app's process (a restarted process is a new run),
+so that, exactly like a kernel, a run's span is [earliest report, latest report] and a gap between
+two runs is never billed. ``apps`` is optional on a heartbeat, so reporters that predate apps still
+send valid events. Apps are separate kinds with their own id field (not kernels with a naming
+convention) so that the contract says what each id is and a kernel id can never be mistaken for
+an app; kernel ids may not start with ``app:``, the prefix under which the metering stores app
+runs next to kernels (see ``metering.APP_PREFIX``).
 
 Hub events (from the hub's spawner hooks, with a token holding ``admin:users``)::
 
@@ -20,9 +32,24 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+)
 
-REPORTER_KINDS = ("kernel_start", "kernel_restart", "kernel_stop", "heartbeat")
+REPORTER_KINDS = (
+    "kernel_start",
+    "kernel_restart",
+    "kernel_stop",
+    "app_start",
+    "app_stop",
+    "heartbeat",
+)
 HUB_KINDS = ("server_start", "server_stop")
 MAX_BATCH = 10_000
 # Events from further ahead than this (clock skew) are refused: they could extend a span forever.
@@ -30,6 +57,17 @@ MAX_FUTURE_S = 300
 
 Id = Annotated[str, Field(min_length=1, max_length=128)]
 Name = Annotated[str, Field(max_length=255)]
+# Spans of app runs are stored under this prefix, next to kernel spans (see the module doc).
+APP_PREFIX = "app:"
+
+
+def _not_app_id(value: str) -> str:
+    if value.startswith(APP_PREFIX):
+        raise ValueError(f"a kernel id may not start with {APP_PREFIX!r} (reserved for apps)")
+    return value
+
+
+KernelId = Annotated[Id, AfterValidator(_not_app_id)]
 
 
 class BatchError(ValueError):
@@ -64,13 +102,31 @@ class _Event(BaseModel):
 
 class KernelEvent(_Event):
     kind: Literal["kernel_start", "kernel_restart", "kernel_stop"]
-    kernel: Id
+    kernel: KernelId
     name: Name = ""
+
+    @property
+    def unit(self) -> str:
+        """The metered unit's key in the span table."""
+        return self.kernel
+
+
+class AppEvent(_Event):
+    """One run of a jupyter-server-proxy app started (first seen) or stopped (last seen)."""
+
+    kind: Literal["app_start", "app_stop"]
+    app: Id
+    name: Name = ""
+
+    @property
+    def unit(self) -> str:
+        return APP_PREFIX + self.app
 
 
 class Heartbeat(_Event):
     kind: Literal["heartbeat"]
-    kernels: list[Id] = Field(max_length=1000)
+    kernels: list[KernelId] = Field(max_length=1000)
+    apps: list[Id] = Field(default_factory=list, max_length=1000)
 
 
 class ServerStart(_Event):
@@ -86,7 +142,7 @@ class ServerStop(_Event):
 
 
 AnyEvent = Annotated[
-    KernelEvent | Heartbeat | ServerStart | ServerStop, Field(discriminator="kind")
+    KernelEvent | AppEvent | Heartbeat | ServerStart | ServerStop, Field(discriminator="kind")
 ]
 _ADAPTER = TypeAdapter(AnyEvent)
 KINDS = (*REPORTER_KINDS, *HUB_KINDS)
@@ -103,7 +159,7 @@ def _field_name(loc: tuple[Any, ...], index: int) -> str:
 
 def parse_batch(
     body: Any, now_s: float
-) -> list[KernelEvent | Heartbeat | ServerStart | ServerStop]:
+) -> list[KernelEvent | AppEvent | Heartbeat | ServerStart | ServerStop]:
     """Validate a whole batch; raise BatchError for the first bad field (nothing is stored then)."""
     if not isinstance(body, dict) or set(body) != {"events"}:
         raise BatchError("events", 'the body must be a JSON object {"events": [...]}')

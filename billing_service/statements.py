@@ -12,6 +12,7 @@ from sqlalchemy import Connection, func, select
 from gpulab.billing_service.metering import NEVER
 from gpulab.billing_service.models import MICRO, Account, KernelSpan, LedgerEntry, ServerSession
 from gpulab.billing_service.rating import PriceBook, format_money, from_micro, merge, round_div
+from gpulab.billing_service.schemas import APP_PREFIX
 
 DAY_US = 86_400 * MICRO
 
@@ -38,8 +39,9 @@ def mode_label(prices: PriceBook, gpu_type: str, gpus: int) -> str:
 def usage(
     conn: Connection, prices: PriceBook, user: str, from_us: int, to_us: int
 ) -> dict[str, Any]:
-    """Sessions of ``user`` overlapping [from, to): billed seconds and amount per server, and
-    kernel-seconds per kernel; plus billed seconds and charges per UTC day."""
+    """Sessions of ``user`` overlapping [from, to): billed seconds and amount per server,
+    kernel-seconds per kernel and app-seconds per app run; plus billed seconds and charges per
+    UTC day."""
     sessions = conn.execute(
         select(ServerSession)
         .where(
@@ -60,13 +62,25 @@ def usage(
 
     servers = []
     per_day: dict[str, dict[str, int]] = defaultdict(lambda: {"billed_us": 0, "charged_micro": 0})
-    total_kernel_us = total_billed_us = total_amount = 0
+    total_kernel_us = total_app_us = total_billed_us = total_amount = 0
     for s in sessions:
         hi = s.stopped_us if s.stopped_us is not None else NEVER
-        kernels = []
+        kernels, apps = [], []
         for k in by_session.get(s.id, []):
             a, b = max(k.first_us, s.started_us), min(k.last_us, hi)
             k_us = max(0, b - a)
+            if k.kernel_id.startswith(APP_PREFIX):
+                total_app_us += k_us
+                apps.append(
+                    {
+                        "app_id": k.kernel_id.removeprefix(APP_PREFIX),
+                        "name": k.name,
+                        "first_seen": iso(k.first_us),
+                        "last_seen": iso(k.last_us),
+                        "app_seconds": k_us / MICRO,
+                    }
+                )
+                continue
             total_kernel_us += k_us
             kernels.append(
                 {
@@ -103,6 +117,8 @@ def usage(
             "billed_seconds": s.billed_us / MICRO,
             "amount": money(s.charged_micro),
             "kernels": kernels,
+            "apps": apps,
+            "rates": rate_periods(prices, s, merge(clipped)),
         }
         if s.pricing == "spot":
             row["spot"] = spot_summary(prices, s, merge(clipped))
@@ -132,10 +148,35 @@ def usage(
         ],
         "total": {
             "kernel_seconds": total_kernel_us / MICRO,
+            "app_seconds": total_app_us / MICRO,
             "billed_seconds": total_billed_us / MICRO,
             "amount": money(total_amount),
         },
     }
+
+
+def rate_periods(prices: PriceBook, s, merged: list[tuple[int, int]]) -> list[dict[str, Any]]:
+    """The prices a session's billed time was rated at: one entry per run of billed time at one
+    price (a spot session gets one per spot price in force while it was billed; an on-demand or
+    no-GPU session one per billed interval). ``price_per_card_hour`` is per hour in no-GPU mode;
+    ``spot_price_recorded`` is False for spot time before any recorded spot price (rated at the
+    on-demand price, see ``rating``)."""
+    out: list[dict[str, Any]] = []
+    for start, end in merged:
+        for a, b, price in prices.segments(s.gpu_type, s.pricing, start, end):
+            recorded = price is not None
+            if price is None:
+                price = prices.price_at(s.gpu_type, "on-demand", a)
+            out.append(
+                {
+                    "from": iso(a),
+                    "to": iso(b),
+                    "price_per_card_hour": str(price),
+                    "billed_seconds": (b - a) / MICRO,
+                    **({"spot_price_recorded": recorded} if s.pricing == "spot" else {}),
+                }
+            )
+    return out
 
 
 def spot_summary(prices: PriceBook, s, merged: list[tuple[int, int]]) -> dict[str, Any]:

@@ -109,7 +109,9 @@ def catalog(tmp_path_factory, test_image: str, broken_image: str) -> Path:
 
 def docker_hub(data: Path, catalog: Path, *extra: str) -> Hub:
     cli = [GPULAB, "up", "--spawner", "docker", "--catalog", str(catalog)]
-    return Hub(data, simulate="A100-80G:2,RTX-4090:2", cli=cli, extra_args=extra)
+    # A 1 s reporter heartbeat, so that billing of a container's kernel is checked quickly.
+    env = {"GPULAB_REPORTER_HEARTBEAT": "1"}
+    return Hub(data, simulate="A100-80G:2,RTX-4090:2", cli=cli, extra_args=extra, env=env)
 
 
 def container_of(docker, hub: Hub, user: str):

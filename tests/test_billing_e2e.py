@@ -133,6 +133,86 @@ def test_real_kernels_are_billed_per_second_and_two_kernels_bill_the_union(
     assert csv[0].startswith("session,server,mode") and any(ka.id in line for line in csv)
 
 
+# A web app run by jupyter-server-proxy, as Stable Diffusion WebUI is in its image: given to one
+# user's server through their own ~/.jupyter config. It writes its pid (exec keeps it) so the test
+# can kill it like a crash would.
+APP_CONFIG = """
+import sys
+c.ServerProxy.servers = {{
+    "webapp": {{
+        "command": ["/bin/sh", "-c", 'echo $$ >> {pids}; exec "$0" -m http.server --bind 127.0.0.1 "$1"',
+                    sys.executable, "{{port}}"],
+        "timeout": 30,
+    }}
+}}
+"""
+
+
+def app_runs(usage: dict) -> dict[str, dict]:
+    return {a["app_id"]: a for s in usage["servers"] for a in s["apps"]}
+
+
+def ts(iso: str) -> float:
+    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+
+
+def test_web_app_is_metered_like_a_kernel(bhub, billing, buser) -> None:
+    """An app behind jupyter-server-proxy, no kernel: billed while it runs, idle-culling spares
+    it; killed, its run ends at the last heartbeat that listed it and the restart is a new run."""
+    home = bhub.data_dir / "users" / buser
+    pids = home / "webapp.pids"
+    (home / ".jupyter").mkdir(parents=True)
+    (home / ".jupyter" / "jupyter_server_config.py").write_text(APP_CONFIG.format(pids=pids))
+    bhub.spawn_ready(buser, {"gpu": "none"})
+    token = user_token(bhub, buser)
+    url = f"{bhub.url}/user/{buser}/webapp/"
+    t0 = time.time()
+    r = requests.get(url, headers={"Authorization": f"token {token}"}, timeout=60)
+    assert r.status_code == 200 and "Directory listing" in r.text, r.text[:500]
+    (pid,) = map(int, pids.read_text().split())
+    time.sleep(8)
+    t_kill = time.time()
+    os.kill(pid, signal.SIGKILL)
+    # jupyter-server-proxy (simpervisor) restarts a crashed app: a new process, a new run.
+    wait_for(lambda: len(pids.read_text().split()) == 2, 30, 0.2, "the app to be restarted")
+    time.sleep(10)
+    # Alive 18 s with no kernel: the 15 s idle timeout did not stop the server.
+    assert bhub.server(buser) is not None
+    assert requests.get(url, headers={"Authorization": f"token {token}"}, timeout=30).ok
+    t_stop = time.time()
+    bhub.stop_server(buser)
+
+    def stopped():
+        u = billing.usage(buser, token)
+        return u if u["servers"] and u["servers"][0]["stopped"] and len(app_runs(u)) == 2 else None
+
+    usage = wait_for(stopped, 30, 0.5, "the app runs and the server stop in the statement")
+    (server,) = usage["servers"]
+    assert server["kernels"] == [] and usage["total"]["kernel_seconds"] == 0
+    first, second = sorted(app_runs(usage).values(), key=lambda a: a["first_seen"])
+    assert first["name"] == second["name"] == "webapp"
+    assert str(pid) in first["app_id"] and first["app_id"] != second["app_id"]
+    # The first run: from its process start (during the request) to the last heartbeat that
+    # listed it, which is before the kill and at most one heartbeat interval before it.
+    assert t0 - 0.1 <= ts(first["first_seen"]) <= t0 + 5
+    assert t_kill - HB - 0.5 <= ts(first["last_seen"]) <= t_kill
+    assert abs(first["app_seconds"] - (t_kill - ts(first["first_seen"]))) <= HB + 0.5
+    # The second run: from the restart to (about) the server's stop.
+    assert t_kill <= ts(second["first_seen"]) <= t_kill + 5
+    assert t_stop - HB - 0.5 <= ts(second["last_seen"]) <= t_stop + 2
+    # Billed: the union of the runs (they do not overlap), rated at the no-GPU price.
+    assert server["billed_seconds"] == pytest.approx(
+        first["app_seconds"] + second["app_seconds"], abs=0.01
+    )
+    assert usage["total"]["app_seconds"] == pytest.approx(server["billed_seconds"], abs=0.01)
+    assert 15 < server["billed_seconds"] < t_stop - t0 + 1
+    assert abs(
+        Decimal(server["amount"]["exact"]) - Decimal(str(server["billed_seconds"])) * NO_GPU_PER_S
+    ) <= Decimal("0.000001")
+    page = billing.get("", token).text
+    assert "App-seconds" in page and f"app webapp {first['app_id']}" in page
+
+
 def test_billing_killed_while_kernels_run_loses_nothing(bhub, billing, buser) -> None:
     bhub.spawn_ready(buser, {"gpu": "none"})
     t0 = time.time()

@@ -184,4 +184,11 @@ def test_spot_session_charged_and_shown_at_spot_prices(market) -> None:
     spot = server["spot"]
     assert Decimal(spot["average_price_per_card_hour"]) == avg.quantize(Decimal("0.000001"))
     assert spot["price_changes"] == 2 and spot["seconds_without_spot_price"] == 0
+    # The rates applied, each with the billed seconds it priced: they add up to the amount.
+    assert [(r["price_per_card_hour"], r["billed_seconds"]) for r in server["rates"]] == [
+        ("0.35", 10.5),
+        ("0.60", 7.5),
+        ("0.42", 7),
+    ]
+    assert all(r["spot_price_recorded"] for r in server["rates"])
     engine.dispose()

@@ -8,6 +8,8 @@ computed here from what the APIs show: the price history (spot prices API) and t
 
 from __future__ import annotations
 
+import csv
+import io
 import time
 import uuid
 from datetime import datetime
@@ -123,4 +125,62 @@ def test_spot_server_is_billed_at_the_prices_in_force(spot_bhub: Hub) -> None:
     page = billing.get("", params={"user": user})
     assert page.status_code == 200, page.text
     assert f"spot: average {avg}/card-h, 2 price changes" in page.text
+
+    # The CSV export says the same: spot pricing, the average price and each spot price applied
+    # with the seconds it priced, which add up to the statement's amount.
+    r = billing.get("statement.csv", params={"user": user})
+    assert r.status_code == 200 and r.headers["Content-Type"].startswith("text/csv")
+    rows = list(csv.DictReader(io.StringIO(r.text)))
+    (server_row,) = [row for row in rows if row["row"] == "server"]
+    assert server_row["pricing"] == "spot" and server_row["mode"] == s["mode"]
+    assert Decimal(server_row["amount_CNY"]) == Decimal(s["amount"]["exact"])
+    assert Decimal(server_row["price_per_card_hour"]) == avg
+    rates = [row for row in rows if row["row"] == "rate"]
+    assert [Decimal(row["price_per_card_hour"]) for row in rates] == [
+        Decimal("0.35"),
+        Decimal("0.65"),
+        Decimal("0.45"),
+    ]
+    assert all(row["pricing"] == "spot" for row in rates)
+    assert sum(Decimal(row["billed_seconds"]) for row in rates) == Decimal(str(s["billed_seconds"]))
+    with localcontext() as ctx:
+        ctx.prec = 60
+        rated = sum(
+            Decimal(row["price_per_card_hour"]) * Decimal(row["billed_seconds"]) for row in rates
+        )
+        assert abs(rated / 3600 * 1_000_000 - amount) <= Decimal("0.5")
+    (kernel_row,) = [row for row in rows if row["row"] == "kernel"]
+    assert kernel_row["kernel_id"] == kern["kernel_id"]
     pin(hub, None)
+
+
+def test_start_check_uses_the_spot_price_for_a_spot_server(spot_bhub: Hub) -> None:
+    """1 minute (this hub's minimum) of an RTX 4090 costs 0.011333 on demand but 0.005833 at a
+    spot price of 0.35: a balance of 0.008 starts the spot server and not the on-demand one."""
+    hub, billing = spot_bhub, Billing(spot_bhub)
+    user = hub.create_user(f"sc{uuid.uuid4().hex[:6]}")
+    billing.credit(user, "-9.992")
+    pin(hub, "0.35")
+    try:
+        free = hub.free("rtx-4090")
+        r = hub.spawn(user, {"gpu": "rtx-4090"})
+        assert r.status_code == 402, r.text
+        assert "cannot pay for 1 minutes of RTX 4090 x1 (CNY 0.68/h" in r.json()["message"]
+        assert hub.server(user) is None and hub.free("rtx-4090") == free
+
+        spot = {"gpu": "rtx-4090", "pricing": "spot", "max_price": 1}
+        hub.spawn_ready(user, spot)
+        assert hub.free("rtx-4090") == free - 1
+        hub.stop_server(user)
+        wait_for(lambda: hub.free("rtx-4090") == free, 30, 0.2, "the GPU to return")
+
+        # Below even a minute at the spot price: refused, and the message quotes that price.
+        bal = Decimal(billing.balance(user)["balance"]["exact"])
+        billing.credit(user, str(Decimal("0.004") - bal))
+        r = hub.spawn(user, spot)
+        assert r.status_code == 402, r.text
+        message = r.json()["message"]
+        assert "1 minutes of RTX 4090 x1 (spot price CNY 0.35/h, CNY 0.01 for 1" in message
+        assert hub.server(user) is None and hub.free("rtx-4090") == free
+    finally:
+        pin(hub, None)

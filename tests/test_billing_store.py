@@ -14,12 +14,12 @@ from decimal import Decimal
 
 import pytest
 from billing.fixtures import pg_cluster, pg_url  # noqa: F401 (fixtures)
-from billing.scenario import heartbeat, kernel, server_start, server_stop, session_events
+from billing.scenario import app, heartbeat, kernel, server_start, server_stop, session_events
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import select
 
-from gpulab.billing_service import ledger
+from gpulab.billing_service import ledger, statements
 from gpulab.billing_service.db import make_engine, upgrade
 from gpulab.billing_service.metering import ingest
 from gpulab.billing_service.models import MICRO, Event, KernelSpan, ServerSession
@@ -111,6 +111,62 @@ def test_one_kernel_and_two_kernels_union(engine) -> None:
     assert charged == PRICES.cost_micro("a100-80g", 1, "on-demand", [(0, 40 * MICRO)]) == 23_333
     assert snap["balance"] == TRIAL - 23_333
     assert sorted(last - first for _, first, last, _ in snap["spans"]) == [30 * MICRO] * 2
+
+
+def test_apps_are_metered_like_kernels_and_bill_the_union(engine) -> None:
+    user = f"u{uuid.uuid4().hex[:8]}"
+    # A kernel 0-20 s; an app run 10-40 s (killed: no stop, last listed at +40), restarted as a
+    # new run at 45 s and last listed at 50 s. Billed: 0-40 and 45-50 = 45 s, not the sum.
+    events = [
+        server_start(user, T0),
+        kernel("kernel_start", user, "k-1", T0),
+        kernel("kernel_stop", user, "k-1", T0 + 20),
+        app("app_start", user, "sd-1", T0 + 10),
+        heartbeat(user, T0 + 20, ["k-1"], apps=["sd-1"]),
+        heartbeat(user, T0 + 30, [], apps=["sd-1"]),
+        heartbeat(user, T0 + 40, [], apps=["sd-1"]),
+        app("app_stop", user, "sd-1", T0 + 40),
+        app("app_start", user, "sd-2", T0 + 45),
+        heartbeat(user, T0 + 50, [], apps=["sd-2"]),
+        server_stop(user, T0 + 55),
+    ]
+    feed(engine, events)
+    snap = snapshot(engine, user)
+    ((_, _, _, billed, charged),) = snap["sessions"]
+    assert billed == 45 * MICRO
+    assert charged == PRICES.cost_micro("a100-80g", 1, "on-demand", [(0, 45 * MICRO)])
+    assert sorted(last - first for _, first, last, _ in snap["spans"]) == [
+        5 * MICRO,
+        20 * MICRO,
+        30 * MICRO,
+    ]
+    with engine.connect() as conn:
+        usage = statements.usage(conn, PRICES, user, 0, round((T0 + 3600) * MICRO))
+    (server,) = usage["servers"]
+    assert [k["kernel_id"] for k in server["kernels"]] == ["k-1"]
+    assert {a["app_id"]: a["app_seconds"] for a in server["apps"]} == {"sd-1": 30, "sd-2": 5}
+    assert {a["name"] for a in server["apps"]} == {"sd-webui"}
+    assert usage["total"] == {
+        "kernel_seconds": 20,
+        "app_seconds": 35,
+        "billed_seconds": 45,
+        "amount": statements.money(charged),
+    }
+
+
+def test_app_events_are_validated_and_old_heartbeats_stay_valid() -> None:
+    now = time.time()
+    old = heartbeat("u", T0, ["k"])  # no "apps": a reporter from before apps
+    assert "apps" not in old and parse_batch({"events": [old]}, now)[0].apps == []
+    with pytest.raises(BatchError) as e:
+        parse_batch({"events": [heartbeat("u", T0, ["app:sd-1"])]}, now)
+    assert e.value.field == "events[0].kernels[0]" and "reserved for apps" in str(e.value)
+    with pytest.raises(BatchError) as e:
+        parse_batch({"events": [{**app("app_start", "u", "sd-1", T0), "app": ""}]}, now)
+    assert e.value.field == "events[0].app"
+    with pytest.raises(BatchError) as e:
+        parse_batch({"events": [heartbeat("u", T0, [], apps="sd-1")]}, now)
+    assert e.value.field == "events[0].apps"
 
 
 def test_killed_server_is_billed_to_its_last_heartbeat(engine) -> None:

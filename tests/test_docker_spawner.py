@@ -11,12 +11,16 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
 import requests
+from billing.client import Billing, kernel_seconds
 from docker_helpers import (
     BROKEN_MESSAGE,
     GPULAB,
@@ -92,6 +96,41 @@ def test_gpu_server_runs_in_a_locked_down_container_with_its_gpu(dhub, duser, do
     # Catalog: a100-80g has 12 CPUs and 96G per card; /dev/shm is half the memory.
     assert host["CpuQuota"] == 12 * host["CpuPeriod"]
     assert host["Memory"] == 96 * 2**30 and host["ShmSize"] == 48 * 2**30
+
+
+def test_kernel_in_a_container_is_billed(dhub, duser) -> None:
+    """The image's reporter reaches the billing service from the containers' network (it listens
+    on the host's address there, as the hub's API does) and its kernel is billed per second."""
+    billing = Billing(dhub)
+    dhub.spawn_ready(duser, {"gpu": "rtx-4090"})
+    t0 = time.time()
+    k = dhub.kernel(duser)
+    t1 = time.time()
+    assert k.execute("import time; time.sleep(6); print('done')").strip() == "done"
+    t2 = time.time()
+    k.close()
+    t3 = time.time()
+
+    def settled():
+        usage = billing.usage(duser)
+        last = [ts(x["last_seen"]) for s in usage["servers"] for x in s["kernels"]]
+        return usage if last and max(last) >= t2 - 0.01 else None
+
+    usage = wait_for(settled, 30, 0.5, "the container's kernel stop in the statement")
+    alive = (t2 + t3) / 2 - (t0 + t1) / 2
+    assert abs(kernel_seconds(usage)[k.id] - alive) <= 1, (usage, alive)
+    (server,) = usage["servers"]
+    assert server["mode"] == "RTX 4090 x1" and server["billed_seconds"] == pytest.approx(
+        kernel_seconds(usage)[k.id]
+    )
+    per_s = Decimal("0.68") / 3600
+    amount = Decimal(server["amount"]["exact"])
+    assert abs(amount - Decimal(str(server["billed_seconds"])) * per_s) <= Decimal("0.000001")
+    assert Decimal(billing.balance(duser)["balance"]["exact"]) == Decimal(10) - amount
+
+
+def ts(iso: str) -> float:
+    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
 
 
 def test_no_gpu_server_has_no_gpu_and_cpu_limits(dhub, duser, docker) -> None:

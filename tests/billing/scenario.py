@@ -40,8 +40,22 @@ def kernel(kind: str, user: str, kid: str, t: float, server: str = ""):
     }
 
 
-def heartbeat(user: str, t: float, kernels: list[str], server: str = ""):
+def app(kind: str, user: str, run: str, t: float, name: str = "sd-webui", server: str = ""):
     return {
+        "id": eid(),
+        "kind": kind,
+        "user": user,
+        "server": server,
+        "t": t,
+        "app": run,
+        "name": name,
+    }
+
+
+def heartbeat(
+    user: str, t: float, kernels: list[str], server: str = "", apps: list[str] | None = None
+):
+    ev = {
         "id": eid(),
         "kind": "heartbeat",
         "user": user,
@@ -49,6 +63,9 @@ def heartbeat(user: str, t: float, kernels: list[str], server: str = ""):
         "t": t,
         "kernels": kernels,
     }
+    if apps is not None:  # reporters that predate apps send no "apps" at all
+        ev["apps"] = apps
+    return ev
 
 
 def session_events(

@@ -1,4 +1,4 @@
-"""The reporter itself: spool, heartbeat loop, sender loop with backoff."""
+"""The reporter itself: spool, heartbeat loop (kernels and apps), sender loop with backoff."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import time
 import uuid
 from pathlib import Path
 from typing import Any
+
+from gpulab_reporter.apps import AppTracker
 
 KERNEL_ACTIONS = "https://events.jupyter.org/jupyter_server/kernel_actions/v1"
 KINDS = {"start": "kernel_start", "restart": "kernel_restart", "shutdown": "kernel_stop"}
@@ -83,6 +85,9 @@ class Reporter:
         self.spool = Spool(Path(spool) / (self.server or "default"))
         self.wake = asyncio.Event()
         self.tasks: list[asyncio.Task] = []
+        self.apps = AppTracker(serverapp.web_app)
+        # run id -> time of the last heartbeat that listed the run
+        self.app_seen: dict[str, float] = {}
 
     @classmethod
     def attach(cls, serverapp) -> Reporter | None:
@@ -131,10 +136,42 @@ class Reporter:
                 continue
         return alive
 
+    def app_events(self, now: float) -> tuple[list[dict[str, Any]], list[str]]:
+        """app_start/app_stop events since the last scan, and the run ids alive now.
+
+        Nothing announces an app's exit, so (as for a kernel that dies) a stopped run is reported
+        as last seen at the last heartbeat that listed it: the bill may miss up to one interval of
+        it, never add time it did not run. A run starts at its process's start time.
+        """
+        started, stopped, live = self.apps.scan(now)
+        events = [
+            self.event("app_start", app=run.run_id, name=run.name, t=run.started) for run in started
+        ]
+        for run in stopped:
+            last = self.app_seen.pop(run.run_id, run.started)
+            events.append(self.event("app_stop", app=run.run_id, name=run.name, t=last))
+        ids = [run.run_id for run in live]
+        for run_id in ids:
+            self.app_seen[run_id] = now
+        return events, ids
+
     async def heartbeat_loop(self) -> None:
         while True:
             try:
-                self.spool.put([self.event("heartbeat", kernels=await self.live_kernels())])
+                kernels = await self.live_kernels()
+                # The app scan does not yield, so the heartbeat's time is when it looked.
+                now = time.time()
+                try:
+                    events, apps = self.app_events(now)
+                except Exception:  # never let app discovery stop the kernels' heartbeat
+                    self.log.exception(
+                        "gpulab_reporter: looking for jupyter-server-proxy apps failed"
+                    )
+                    events, apps = [], []
+                beat = self.event("heartbeat", kernels=kernels, t=now)
+                if apps:  # only when there are any: a billing service that predates apps agrees
+                    beat["apps"] = apps
+                self.spool.put([*events, beat])
                 self.wake.set()
             except Exception:
                 self.log.exception("gpulab_reporter: heartbeat failed")
