@@ -509,16 +509,26 @@ class GpuDockerSpawner(GpuSpawnerMixin, DockerSpawner):
         finally:
             sock.close()
             raw.close()
+        code = None
         for _ in range(50):  # the exit code lands a moment after the stream closes
-            info = client.exec_inspect(exec_id)
+            try:
+                info = client.exec_inspect(exec_id)
+            except docker.errors.NotFound:  # the container is gone already
+                break
+            code = info.get("ExitCode")
             if not info.get("Running"):
                 break
             time.sleep(0.02)
-        return info.get("ExitCode"), out or b"", err or b""
+        return code, out or b"", err or b""
 
     def _agent_failure(self, what: str, code: int | None, out: bytes, err: bytes) -> str:
         tail = (err or out).decode(errors="replace").strip()[-500:]
-        return f"{what} in container {self.container_name} failed (exit code {code}): {tail}"
+        if not tail and code in (None, 137, 143):
+            return f"{what} did not finish: the container {self.container_name} stopped first"
+        return (
+            f"{what} could not run in container {self.container_name} with "
+            f"{self.exec_python} (exit code {code}): {tail}"
+        )
 
     async def gpulab_signal_processes(self) -> tuple[list[int], list[int]]:
         """SIGUSR1 to the container's processes that catch it: (signalled, skipped) pids, as the
@@ -527,7 +537,7 @@ class GpuDockerSpawner(GpuSpawnerMixin, DockerSpawner):
             return [], []
         code, out, err = await asyncio.to_thread(self._exec_agent, ["signal"])
         if code != 0:
-            raise RuntimeError(self._agent_failure("Signalling", code, out, err))
+            raise RuntimeError(self._agent_failure("Signalling its processes", code, out, err))
         result = json.loads(out)
         return result["signalled"], result["skipped"]
 

@@ -142,6 +142,31 @@ def test_container_server_gets_the_warning_checkpoint_and_stop(spot_dhub: Hub, d
     assert text.rstrip().endswith("saved"), text
 
 
+def test_checkpoint_cut_off_at_the_deadline_is_recorded_as_failed(spot_dhub: Hub, docker) -> None:
+    hub, user = spot_dhub, spot_dhub.create_user()
+    command = "echo started; sleep 60"
+    r = hub.api("PUT", f"/gpulab/spot/settings/{user}", json={"checkpoint_command": command})
+    assert r.status_code == 200, r.text
+    hub.api("PUT", "/gpulab/spot/prices/rtx-4090", json={"price": "0.30"})
+    hub.spawn_ready(user, {"gpu": "rtx-4090", "pricing": "spot", "max_price": "0.40"})
+    hub.api("PUT", "/gpulab/spot/prices/rtx-4090", json={"price": "0.60"})
+
+    wait_for(lambda: hub.server(user) is None, timeout=WARNING + 15, what="the stop")
+
+    def finished() -> dict | None:
+        r = hub.api("GET", "/gpulab/spot/preemptions")
+        [record] = [p for p in r.json()["preemptions"] if p["user"] == user]
+        checkpoint = record["checkpoint"] or {}
+        return checkpoint if checkpoint.get("state") not in (None, "running") else None
+
+    checkpoint = wait_for(finished, timeout=10, what="the checkpoint's end on record")
+    assert checkpoint["state"] == "failed" and checkpoint["exit_code"] is None, checkpoint
+    assert "did not finish: the container" in checkpoint["error"], checkpoint
+    assert "stopped first" in checkpoint["error"], checkpoint
+    # What it wrote before the stop is kept in the home volume.
+    assert in_home(docker, user, checkpoint["log"]).read_text() == f"$ {command}\nstarted\n"
+
+
 def test_checkpoint_agent_kills_a_slow_command_in_the_image(docker, test_image: str) -> None:
     """The agent as `docker exec` runs it, on the image's own Python: a command past its limit is
     killed with its children, and the result says so."""
