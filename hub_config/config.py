@@ -168,7 +168,14 @@ def configure(c, settings: Settings | None = None) -> None:
     configure_hub(c, str(data), s.catalog, roles)
     c.JupyterHub.load_roles = roles
     c.SpotMarket.api_token = market_token
-    c.SpotMarket.hub_api_url = f"http://127.0.0.1:{s.hub_port}/hub/api"
+    # The market starts and stops servers through the hub's API: at the address it binds to
+    # (not loopback, which a hub bound to the Docker gateway does not listen on).
+    host = c.JupyterHub.hub_ip
+    if host in ("", "0.0.0.0", "::"):
+        host = "127.0.0.1"
+    elif ":" in host:
+        host = f"[{host}]"
+    c.SpotMarket.hub_api_url = f"http://{host}:{s.hub_port}/hub/api"
 
     # A server's own token may read the pool and restart its own server in another mode
     # (the JupyterLab toggle), besides JupyterHub's defaults.

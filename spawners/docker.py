@@ -20,19 +20,28 @@ import asyncio
 import ipaddress
 import json
 import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import docker
 from docker.types import Mount
+from docker.utils.socket import consume_socket_output, demux_adaptor, frames_iter
 from dockerspawner import DockerSpawner
 from jupyterhub.traitlets import ByteSpecification
 from traitlets import Bool, Float, Integer, Unicode, default, validate
 
+from gpulab.spawners import preemption_agent
 from gpulab.spawners.allocator import Allocation
 from gpulab.spawners.docker_images import ImageStatus, image_status
 from gpulab.spawners.gpu_spawner import GpuSpawnerMixin, SpawnError
 from gpulab.spawners.options import OptionsError, parse_options
 from gpulab.spawners.pool import GpuPool
+from gpulab.spawners.preemption import checkpoint_state
+from gpulab.spawners.preemption_agent import checkpoint_log
+
+# Sent to the container's Python with each `docker exec` (see preemption_agent's docstring).
+AGENT_SOURCE = Path(preemption_agent.__file__).read_text()
 
 LABEL_PREFIX = "org.gpulab."
 L_HUB = LABEL_PREFIX + "hub-id"
@@ -149,6 +158,14 @@ class GpuDockerSpawner(GpuSpawnerMixin, DockerSpawner):
         config=True,
         help="""gpulab's launcher in the image skips imports that only slow server start-up
         (jsonschema's rfc3987 grammar, used by no Jupyter event schema).""",
+    )
+
+    exec_python = Unicode(
+        "python3",
+        config=True,
+        help="""The image's Python (3.8 or newer; every server image has one) that runs
+        gpulab's preemption steps in the container with `docker exec`: SIGUSR1 to the
+        processes that catch it, and the user's checkpoint command.""",
     )
 
     image_status_ttl = Float(
@@ -455,6 +472,121 @@ class GpuDockerSpawner(GpuSpawnerMixin, DockerSpawner):
         if state.get("OOMKilled"):
             why += ", out of memory"
         return f"Server exited with {why} before it answered. Last log lines:\n{tail}"
+
+    # ---- preemption (spot) ----------------------------------------------------------------------
+
+    def _exec_agent(
+        self,
+        args: list[str],
+        environment: dict[str, str] | None = None,
+        read_timeout: float = 30,
+        started: Callable[[], None] | None = None,
+    ) -> tuple[int | None, bytes, bytes]:
+        """Run gpulab's preemption agent in the container as its user, in its home (blocking).
+
+        The source is sent with the command, so any image with a Python works unchanged. Returns
+        the agent's exit code, stdout and stderr."""
+        client = self.client
+        argv = [self.exec_python, "-c", AGENT_SOURCE, *args]
+        exec_id = client.exec_create(
+            self.object_id,
+            argv,
+            user=self.container_user,
+            workdir=self.home_mount,
+            environment=environment,
+        )["Id"]
+        # The raw connection rather than exec_start's reader: the client's 60 s socket timeout
+        # must not cut off a checkpoint command that writes nothing for longer.
+        sock = client.exec_start(exec_id, socket=True)
+        # A unix socket arrives wrapped (SocketIO): timeouts and closing act on the socket inside.
+        raw = getattr(sock, "_sock", sock)
+        try:
+            if started is not None:
+                started()
+            raw.settimeout(read_timeout)
+            frames = (demux_adaptor(*frame) for frame in frames_iter(sock, tty=False))
+            out, err = consume_socket_output(frames, demux=True)
+        finally:
+            sock.close()
+            raw.close()
+        code = None
+        for _ in range(50):  # the exit code lands a moment after the stream closes
+            try:
+                info = client.exec_inspect(exec_id)
+            except docker.errors.NotFound:  # the container is gone already
+                break
+            code = info.get("ExitCode")
+            if not info.get("Running"):
+                break
+            time.sleep(0.02)
+        return code, out or b"", err or b""
+
+    def _agent_failure(self, what: str, code: int | None, out: bytes, err: bytes) -> str:
+        tail = (err or out).decode(errors="replace").strip()[-500:]
+        if not tail and code in (None, 137, 143):
+            return f"{what} did not finish: the container {self.container_name} stopped first"
+        return (
+            f"{what} could not run in container {self.container_name} with "
+            f"{self.exec_python} (exit code {code}): {tail}"
+        )
+
+    async def gpulab_signal_processes(self) -> tuple[list[int], list[int]]:
+        """SIGUSR1 to the container's processes that catch it: (signalled, skipped) pids, as the
+        container sees them (what `ps` shows in the user's terminal)."""
+        if not self.object_id:
+            return [], []
+        code, out, err = await asyncio.to_thread(self._exec_agent, ["signal"])
+        if code != 0:
+            raise RuntimeError(self._agent_failure("Signalling its processes", code, out, err))
+        result = json.loads(out)
+        return result["signalled"], result["skipped"]
+
+    async def gpulab_run_checkpoint(
+        self,
+        command: str,
+        limit: float,
+        env: dict[str, str] | None = None,
+        on_start: Callable[[dict[str, Any]], None] | None = None,
+    ) -> dict[str, Any]:
+        """The user's checkpoint command, run in the container like a local server's.
+
+        As the server's user, in its home, with the server's environment plus ``env``; output
+        in ``~/.gpulab/checkpoints/<UTC time>.log`` in the home volume (the path the user sees in
+        JupyterLab); killed after ``limit`` seconds. ``on_start`` gets the running result."""
+        log = checkpoint_log(self.home_mount)
+        result: dict[str, Any] = {
+            "command": command,
+            "state": "running",
+            "log": log,
+            "started_at": time.time(),
+            "container": self.container_name,
+        }
+        if not self.object_id:
+            return {**result, "error": "server not running", "state": "failed"}
+        loop = asyncio.get_running_loop()
+
+        def started() -> None:
+            if on_start is not None:
+                loop.call_soon_threadsafe(on_start, dict(result))
+
+        spec = json.dumps({"command": command, "home": self.home_mount, "log": log, "limit": limit})
+        try:
+            # The agent kills the command at `limit`; the margin covers its start and report.
+            code, out, err = await asyncio.to_thread(
+                self._exec_agent, ["checkpoint", spec], env or {}, limit + 30, started
+            )
+        except (OSError, docker.errors.DockerException) as e:
+            code, out, err = None, b"", f"{type(e).__name__}: {e}".encode()
+        report = out.decode(errors="replace").strip().splitlines()
+        if code == 0 and report:
+            result.update(json.loads(report[-1]))
+        else:
+            # Stopped mid-run (the deadline came first), or no Python in the image.
+            result["exit_code"] = None
+            result["error"] = self._agent_failure("The checkpoint command", code, out, err)
+            result["finished_at"] = time.time()
+        result["state"] = checkpoint_state(result)
+        return result
 
     def clear_state(self) -> None:
         self._stored_alloc = None

@@ -706,8 +706,7 @@ class SpotMarket(SingletonConfigurable):
         """Signal, run the checkpoint command and send the webhook, concurrently."""
         checkpoint = None
         try:
-            pids = await asyncio.to_thread(server_processes, alloc.pid, alloc.alloc_id)
-            signalled, skipped = signal_opted_in(pids)
+            signalled, skipped = await self._signal(p, alloc)
             p = p.model_copy(update={"signalled_pids": signalled, "skipped_pids": skipped})
             self._update(p)
             settings = self.user_settings(p.user)
@@ -724,6 +723,20 @@ class SpotMarket(SingletonConfigurable):
                 sent.set()
         if checkpoint is not None:
             await checkpoint
+
+    async def _signal(self, p: Preemption, alloc: Any) -> tuple[list[int], list[int]]:
+        """SIGUSR1 to the server's opted-in processes: (signalled, skipped) pids."""
+        signaller = getattr(self._spawner(p.owner), "gpulab_signal_processes", None)
+        if signaller is None:
+            pids = await asyncio.to_thread(server_processes, alloc.pid, alloc.alloc_id)
+            return signal_opted_in(pids)
+        # A spawner whose servers live elsewhere (a container) signals them there; its pids are
+        # the ones the user sees there. A failure must not hold back the webhook or checkpoint.
+        try:
+            return await signaller()
+        except Exception:
+            self.log.exception("Signalling the processes of %s failed", p.owner)
+            return [], []
 
     def _update(self, p: Preemption) -> None:
         """Save a changed record unless a newer state (cancelled, stopped) was saved meanwhile."""
@@ -769,17 +782,26 @@ class SpotMarket(SingletonConfigurable):
         spawner = self._spawner(p.owner)
         runner = getattr(spawner, "gpulab_run_checkpoint", None)
         running = {"command": command, "state": "running", "started_at": time.time()}
+        preemption_env = {
+            "GPULAB_PREEMPTION_DEADLINE": str(p.deadline),
+            "GPULAB_PREEMPTION_REASON": p.reason,
+        }
         try:
             if runner is not None:
-                # A spawner whose servers live elsewhere (a container) runs it there.
+                # A spawner whose servers live elsewhere (a container) runs it there, with the
+                # server's environment plus `env`, and calls `on_start` once it runs.
                 self._checkpoint_progress(p.id, running)
-                result = await runner(command, self.checkpoint_timeout)
+                result = await runner(
+                    command,
+                    self.checkpoint_timeout,
+                    env=preemption_env,
+                    on_start=lambda r: self._checkpoint_progress(p.id, r),
+                )
             elif spawner is not None and getattr(spawner, "home_dir", None):
                 env = spawner.get_env()
                 if spawner.allocation is not None:
                     env.update(spawner.gpu_env(spawner.allocation))
-                env["GPULAB_PREEMPTION_DEADLINE"] = str(p.deadline)
-                env["GPULAB_PREEMPTION_REASON"] = p.reason
+                env.update(preemption_env)
                 result = await run_checkpoint(
                     command,
                     spawner.home_dir,

@@ -21,7 +21,6 @@ import asyncio
 import hashlib
 import hmac
 import json
-import os
 import signal
 import time
 from collections.abc import Callable
@@ -31,6 +30,11 @@ from typing import Any
 from pydantic import BaseModel
 
 from gpulab.spawners.allocator import ENV_ALLOC, _pids, _process_env
+from gpulab.spawners.preemption_agent import CHECKPOINT_DIR, checkpoint_name
+
+# Re-exported: the hub applies the same rule to local servers.
+from gpulab.spawners.preemption_agent import catches as catches
+from gpulab.spawners.preemption_agent import signal_opted_in as signal_opted_in
 
 SIGUSR1_BIT = 1 << (signal.SIGUSR1 - 1)
 
@@ -67,15 +71,8 @@ class Preemption(BaseModel):
 # ---- signals ---------------------------------------------------------------------------------
 
 
-def catches(pid: int, signum: int = signal.SIGUSR1) -> bool:
-    """Whether ``pid`` has a handler installed for ``signum`` (its SigCgt mask)."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("SigCgt:"):
-                return bool(int(line.split()[1], 16) & (1 << (signum - 1)))
-    except (OSError, ValueError):
-        pass
-    return False
+# The rule itself (SigCgt, never the default action) lives in the agent module, which also runs
+# inside containers: one rule for local servers and containers alike.
 
 
 def _parents() -> dict[int, int]:
@@ -108,21 +105,6 @@ def server_processes(root_pid: int | None, alloc_id: str) -> list[int]:
         if _process_env(pid).get(ENV_ALLOC) == alloc_id:
             found.add(pid)
     return sorted(p for p in found if Path(f"/proc/{p}").exists())
-
-
-def signal_opted_in(pids: list[int]) -> tuple[list[int], list[int]]:
-    """SIGUSR1 to each pid that catches it. Returns (signalled, skipped)."""
-    signalled, skipped = [], []
-    for pid in pids:
-        if not catches(pid):
-            skipped.append(pid)
-            continue
-        try:
-            os.kill(pid, signal.SIGUSR1)
-            signalled.append(pid)
-        except (ProcessLookupError, PermissionError):
-            skipped.append(pid)
-    return signalled, skipped
 
 
 # ---- webhook ---------------------------------------------------------------------------------
@@ -183,10 +165,9 @@ async def run_checkpoint(
 
     ``on_start`` is called with the running result (command, log path, pid) once the process
     exists, so the caller can show "running" while it runs."""
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    log_dir = Path(home) / ".gpulab" / "checkpoints"
+    log_dir = Path(home) / CHECKPOINT_DIR
     log_dir.mkdir(parents=True, exist_ok=True)
-    log_path = log_dir / f"{stamp}.log"
+    log_path = log_dir / checkpoint_name()
     result: dict[str, Any] = {
         "command": command,
         "state": "running",

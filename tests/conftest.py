@@ -11,6 +11,9 @@ from harness import CHROMIUM, CHROMIUM_ARGS, REPO, Hub
 
 REQUIRE_ALL = os.environ.get("GPULAB_REQUIRE_ALL") == "1"
 
+# Docker fixtures (docker, test_image, broken_image, catalog) for the modules that ask for them.
+pytest_plugins = ["docker_helpers"]
+
 
 def require(condition: bool, what: str) -> None:
     """Skip when a service is missing, except under CI (GPULAB_REQUIRE_ALL=1), where it fails."""
