@@ -135,7 +135,6 @@ def ext(tmp_path_factory, chp_installed, pg_cluster):  # noqa: F811 (fixture)
         base / "data",
         simulate="A100-80G:1,RTX-4090:1",
         env={
-            "GPULAB_BILLING_EXTERNAL_URL": "",  # set below, once billing's port is known
             "GPULAB_BILLING_API_TOKEN": token,
             "GPULAB_REPORTER_HEARTBEAT": str(HB),
             "GPULAB_REPORTER_MAX_BACKOFF": "2",
@@ -143,9 +142,10 @@ def ext(tmp_path_factory, chp_installed, pg_cluster):  # noqa: F811 (fixture)
         },
     )
     hub.data_dir.mkdir(parents=True)
-    billing = ExternalBilling(base, hub, db_url, token).start()
+    billing = ExternalBilling(base, hub, db_url, token)
     hub.extra_env["GPULAB_BILLING_EXTERNAL_URL"] = billing.url
     try:
+        billing.start()
         hub.start()
         client = Billing(hub)
         wait_for(lambda: billing.listening() and client.up(), 30, 0.2, "billing via the proxy")
