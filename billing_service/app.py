@@ -1,9 +1,11 @@
 """The billing service process: a JupyterHub service named ``billing``.
 
-Started by the hub (``python -m gpulab.billing_service``) with the standard service environment
-(``JUPYTERHUB_SERVICE_URL``, ``JUPYTERHUB_SERVICE_PREFIX``, ``JUPYTERHUB_API_TOKEN`` …). It migrates
-its database at start, then serves the ingestion API, the read APIs and the statement page, and
-runs the enforcement loop (zero balance, idle servers).
+Started by the hub (``python -m gpulab.billing_service``, a *managed* service) with the standard
+service environment (``JUPYTERHUB_SERVICE_URL``, ``JUPYTERHUB_SERVICE_PREFIX``,
+``JUPYTERHUB_API_TOKEN`` …), or run on its own (an *external* service, e.g. its docker-compose
+container) with the same variables set by the operator (see billing_service/README.md). It
+migrates its database at start, then serves the ingestion API, the read APIs and the statement
+page, and runs the enforcement loop (zero balance, idle servers).
 """
 
 from __future__ import annotations
@@ -37,6 +39,14 @@ from gpulab.billing_service.schemas import ServerStop
 from gpulab.hub_config.catalog import load_catalog
 
 TEMPLATES = Path(__file__).with_name("templates")
+# What the service cannot guess: where the hub's API is, its own token there, where it listens and
+# its OAuth client (for the statement page).
+REQUIRED_ENV = (
+    "JUPYTERHUB_API_URL",
+    "JUPYTERHUB_API_TOKEN",
+    "JUPYTERHUB_SERVICE_URL",
+    "JUPYTERHUB_CLIENT_ID",
+)
 
 
 class BillingService(Application):
@@ -79,13 +89,16 @@ class BillingService(Application):
     market_data_dir = Unicode(
         config=True,
         help="""The hub's data dir, whose spot/spot-prices.jsonl (the spot market's durable price
-        history) rates spot seconds; default: data_dir (the hub passes its own). It must be the
-        same file system as the hub's: billing reads the file, it never asks the hub.""",
+        history) rates spot seconds; default: $GPULAB_HUB_DATA_DIR, else data_dir (a hub that
+        starts the service passes its own). It must be the hub's file system (a read-only mount
+        is enough): billing reads the file, it never asks the hub.""",
     )
 
     @default("market_data_dir")
     def _default_market_data_dir(self) -> str:
-        return self.data_dir
+        # Run on its own (docker-compose), the service has a data dir of its own and sees the
+        # hub's through a read-only mount.
+        return os.environ.get("GPULAB_HUB_DATA_DIR") or self.data_dir
 
     trial_credit = Unicode(
         "",
@@ -167,6 +180,16 @@ class BillingService(Application):
 
     def initialize(self, argv: list[str] | None = None) -> None:
         self.parse_command_line(argv)
+        missing = [name for name in REQUIRED_ENV if not os.environ.get(name)]
+        if missing:
+            # A hub that starts the service sets them all; run on its own, the operator must
+            # (billing_service/README.md, "Running it on its own").
+            self.log.critical(
+                "missing environment: %s (JupyterHub's service variables; see "
+                "billing_service/README.md)",
+                ", ".join(missing),
+            )
+            self.exit(2)
         if self.config_file:
             self.load_config_file(self.config_file)
             self.parse_command_line(argv)  # the command line wins over the file
@@ -290,10 +313,16 @@ class BillingService(Application):
 
     async def _watch_parent(self, stop: asyncio.Event) -> None:
         """Exit when the hub that started us is gone (e.g. SIGKILLed): the restarted hub starts
-        a fresh service on the same port, and reporters retry meanwhile."""
+        a fresh service on the same port, and reporters retry meanwhile.
+
+        Only a service the hub started (it sets ``GPULAB_HUB_PID``) watches: an external one
+        (its own container, a systemd unit) outlives hub restarts and is stopped by its own
+        supervisor; its parent (e.g. tini, a shell) says nothing about the hub."""
+        if not os.environ.get("GPULAB_HUB_PID"):
+            return
         # The hub says who it is: a hub killed while we were still starting must not leave us
         # waiting for a parent we never had.
-        parent = int(os.environ.get("GPULAB_HUB_PID") or os.getppid())
+        parent = int(os.environ["GPULAB_HUB_PID"])
         while os.getppid() == parent:  # noqa: ASYNC110 (no event tells us the parent died)
             await asyncio.sleep(1)
         self.log.warning("the hub (pid %i) is gone; stopping", parent)

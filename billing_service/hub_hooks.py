@@ -178,12 +178,114 @@ class BillingHooks:
 def configure_hub(c, data_dir: str, catalog: str, roles: list[dict]) -> None:
     """Register the billing service, its role and the spawner hooks in a hub config ``c``.
 
+    Two modes. **Managed** (the default): the hub starts ``python -m gpulab.billing_service``
+    itself, with a port and token kept in the data dir. **External**: the service runs on its own
+    (its docker-compose container, a systemd unit) and the hub registers it by URL and token; the
+    hub's restarts and crashes do not touch it.
+
     Operator knobs (environment): ``GPULAB_BILLING=0`` turns billing off;
-    ``GPULAB_BILLING_PORT`` (default: a free port), ``GPULAB_BILLING_DB_URL`` (default: SQLite in
-    the data dir), ``GPULAB_BILLING_ARGS`` (extra ``--BillingService.x=y`` arguments),
     ``GPULAB_BILLING_MIN_MINUTES`` (default 10: minutes of the requested mode a start needs).
-    Reporter knobs passed to every server: ``GPULAB_REPORTER_HEARTBEAT`` (seconds, default 10).
+    Managed mode: ``GPULAB_BILLING_PORT`` (default: a free port), ``GPULAB_BILLING_DB_URL``
+    (default: SQLite in the data dir), ``GPULAB_BILLING_ARGS`` (extra ``--BillingService.x=y``
+    arguments). External mode: ``GPULAB_BILLING_EXTERNAL_URL`` (e.g. ``http://billing:10101``:
+    where the hub, the proxy and every server reach the service; no path, the service serves
+    under ``/services/billing/``) and ``GPULAB_BILLING_API_TOKEN`` (required with it: the
+    service's hub token, the same secret the service gets as ``JUPYTERHUB_API_TOKEN``).
+    Reporter knobs passed to every server: ``GPULAB_REPORTER_HEARTBEAT`` (seconds, default 10),
+    ``GPULAB_REPORTER_MAX_BACKOFF``.
     """
+    import os
+
+    if os.environ.get("GPULAB_BILLING", "1") == "0":
+        return
+    min_minutes = os.environ.get("GPULAB_BILLING_MIN_MINUTES", "10")
+    if os.environ.get("GPULAB_BILLING_EXTERNAL_URL"):
+        service, server_url = _external_service()
+    else:
+        service, server_url = _managed_service(c, data_dir, catalog, min_minutes)
+    service.update(
+        {
+            "name": "billing",
+            "display": True,
+            "oauth_no_confirm": True,
+            # Admins' OAuth tokens for the statement page carry admin:users (the admin view).
+            "oauth_client_allowed_scopes": ["admin:users"],
+        }
+    )
+    services = list(c.JupyterHub.services) if "services" in c.JupyterHub else []
+    services.append(service)
+    c.JupyterHub.services = services
+    from gpulab.hub_config.handlers import READ_POOL_SCOPE
+
+    roles.append(
+        {
+            "name": "gpulab-billing",
+            "description": "The billing service: stops or moves servers it cannot bill",
+            "scopes": ["admin:users", "admin:servers", READ_POOL_SCOPE],
+            "services": ["billing"],
+        }
+    )
+    for role in roles:
+        if role["name"] == "user":
+            role["scopes"] = [*role["scopes"], "access:services!service=billing"]
+
+    hooks = BillingHooks(
+        f"{service['url']}/services/billing/", service["api_token"], min_minutes=float(min_minutes)
+    )
+    c.Spawner.pre_allocate_hook = hooks.before_start
+    c.Spawner.post_stop_hook = hooks.after_stop
+    server_env = dict(c.Spawner.environment) if "environment" in c.Spawner else {}
+    server_env["GPULAB_BILLING_URL"] = server_url
+    for key in ("GPULAB_REPORTER_HEARTBEAT", "GPULAB_REPORTER_MAX_BACKOFF"):
+        if os.environ.get(key):
+            server_env[key] = os.environ[key]
+    # The usage reporter runs in every server the hub starts: its jupyter-config/ data file
+    # enables it. An installed wheel puts that file in PREFIX/etc/jupyter (always read); for the
+    # source checkout (``pip install -e``, which installs no data files) point Jupyter at it.
+    config_dir = _reporter_config_dir()
+    if config_dir is not None:
+        paths = [config_dir, *filter(None, [server_env.get("JUPYTER_CONFIG_PATH")])]
+        server_env["JUPYTER_CONFIG_PATH"] = os.pathsep.join(paths)
+    c.Spawner.environment = server_env
+
+
+# Managed-mode knobs that mean nothing to a service the hub does not start.
+_MANAGED_ONLY = ("GPULAB_BILLING_PORT", "GPULAB_BILLING_DB_URL", "GPULAB_BILLING_ARGS")
+
+
+def _external_service() -> tuple[dict[str, Any], str]:
+    """The service entry for a billing service the hub does not start, and the URL servers use."""
+    import os
+    from urllib.parse import urlparse
+
+    url = os.environ["GPULAB_BILLING_EXTERNAL_URL"].rstrip("/")
+    parsed = urlparse(url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname or parsed.path:
+        raise ValueError(
+            f"GPULAB_BILLING_EXTERNAL_URL: {url!r}; expected http(s)://HOST:PORT with no path "
+            "(the service serves under /services/billing/), e.g. http://billing:10101"
+        )
+    token = os.environ.get("GPULAB_BILLING_API_TOKEN", "")
+    if len(token) < 16:
+        raise ValueError(
+            "GPULAB_BILLING_API_TOKEN: required with GPULAB_BILLING_EXTERNAL_URL, at least 16 "
+            "characters (the billing service's hub token, shared with the service as "
+            "JUPYTERHUB_API_TOKEN; e.g. `openssl rand -hex 32`)"
+        )
+    for key in _MANAGED_ONLY:
+        if os.environ.get(key):
+            log.warning(
+                "%s is ignored with GPULAB_BILLING_EXTERNAL_URL: set it on the service", key
+            )
+    # Servers reach the service at the same address as the hub does (in docker-compose: its
+    # service name on the gpulab network, which user containers join).
+    return {"url": url, "api_token": token}, f"{url}/services/billing/"
+
+
+def _managed_service(
+    c, data_dir: str, catalog: str, min_minutes: str
+) -> tuple[dict[str, Any], str]:
+    """The service entry for a billing service the hub starts, and the URL servers use."""
     import os
     import shlex
     import sys
@@ -193,8 +295,6 @@ def configure_hub(c, data_dir: str, catalog: str, roles: list[dict]) -> None:
 
     from gpulab.hub_config.config import secret_file
 
-    if os.environ.get("GPULAB_BILLING", "1") == "0":
-        return
     # Port and token are kept in the data dir: after a hub restart (even a SIGKILL) the servers
     # still running keep reporting to the same URL, and the service keeps the same identity.
     data = Path(data_dir)
@@ -214,10 +314,6 @@ def configure_hub(c, data_dir: str, catalog: str, roles: list[dict]) -> None:
     hub_ip = c.JupyterHub.hub_ip if "hub_ip" in c.JupyterHub else "127.0.0.1"
     listen = hub_ip if hub_ip not in ("", "0.0.0.0", "::") else "127.0.0.1"
     connect = (c.JupyterHub.hub_connect_ip if "hub_connect_ip" in c.JupyterHub else "") or listen
-    url = f"http://{listen}:{port}"
-    prefix_url = f"{url}/services/billing/"
-    server_prefix_url = f"http://{connect}:{port}/services/billing/"
-    min_minutes = os.environ.get("GPULAB_BILLING_MIN_MINUTES", "10")
     env = {
         "GPULAB_HUB_PID": str(os.getpid()),
         "GPULAB_DATA_DIR": data_dir,
@@ -226,56 +322,18 @@ def configure_hub(c, data_dir: str, catalog: str, roles: list[dict]) -> None:
     }
     if os.environ.get("GPULAB_BILLING_DB_URL"):
         env["GPULAB_BILLING_DB_URL"] = os.environ["GPULAB_BILLING_DB_URL"]
-    services = list(c.JupyterHub.services) if "services" in c.JupyterHub else []
-    services.append(
-        {
-            "name": "billing",
-            "url": url,
-            "api_token": token,
-            "command": [
-                sys.executable,
-                "-m",
-                "gpulab.billing_service",
-                *shlex.split(os.environ.get("GPULAB_BILLING_ARGS", "")),
-            ],
-            "environment": env,
-            "display": True,
-            "oauth_no_confirm": True,
-            # Admins' OAuth tokens for the statement page carry admin:users (the admin view).
-            "oauth_client_allowed_scopes": ["admin:users"],
-        }
-    )
-    c.JupyterHub.services = services
-    from gpulab.hub_config.handlers import READ_POOL_SCOPE
-
-    roles.append(
-        {
-            "name": "gpulab-billing",
-            "description": "The billing service: stops or moves servers it cannot bill",
-            "scopes": ["admin:users", "admin:servers", READ_POOL_SCOPE],
-            "services": ["billing"],
-        }
-    )
-    for role in roles:
-        if role["name"] == "user":
-            role["scopes"] = [*role["scopes"], "access:services!service=billing"]
-
-    hooks = BillingHooks(prefix_url, token, min_minutes=float(min_minutes))
-    c.Spawner.pre_allocate_hook = hooks.before_start
-    c.Spawner.post_stop_hook = hooks.after_stop
-    server_env = dict(c.Spawner.environment) if "environment" in c.Spawner else {}
-    server_env["GPULAB_BILLING_URL"] = server_prefix_url
-    for key in ("GPULAB_REPORTER_HEARTBEAT", "GPULAB_REPORTER_MAX_BACKOFF"):
-        if os.environ.get(key):
-            server_env[key] = os.environ[key]
-    # The usage reporter runs in every server the hub starts: its jupyter-config/ data file
-    # enables it. An installed wheel puts that file in PREFIX/etc/jupyter (always read); for the
-    # source checkout (``pip install -e``, which installs no data files) point Jupyter at it.
-    config_dir = _reporter_config_dir()
-    if config_dir is not None:
-        paths = [config_dir, *filter(None, [server_env.get("JUPYTER_CONFIG_PATH")])]
-        server_env["JUPYTER_CONFIG_PATH"] = os.pathsep.join(paths)
-    c.Spawner.environment = server_env
+    service = {
+        "url": f"http://{listen}:{port}",
+        "api_token": token,
+        "command": [
+            sys.executable,
+            "-m",
+            "gpulab.billing_service",
+            *shlex.split(os.environ.get("GPULAB_BILLING_ARGS", "")),
+        ],
+        "environment": env,
+    }
+    return service, f"http://{connect}:{port}/services/billing/"
 
 
 def _reporter_config_dir() -> str | None:
