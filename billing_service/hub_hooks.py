@@ -16,6 +16,7 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
@@ -282,6 +283,31 @@ def _external_service() -> tuple[dict[str, Any], str]:
     return {"url": url, "api_token": token}, f"{url}/services/billing/"
 
 
+def _hub_ports(c) -> set[int]:
+    """The ports this hub's own processes will listen on (not bound yet while config loads)."""
+    from urllib.parse import urlparse
+
+    ports = set()
+    for section, key in (("JupyterHub", "port"), ("JupyterHub", "hub_port")):
+        if key in c[section]:
+            ports.add(int(c[section][key]))
+    if "api_url" in c.ConfigurableHTTPProxy:
+        port = urlparse(c.ConfigurableHTTPProxy.api_url).port
+        if port:
+            ports.add(port)
+    return ports
+
+
+def _free_port_besides(taken: set[int], pick: Callable[[], int]) -> int:
+    """A free port that is none of ``taken``: the hub's ports are chosen before anything binds
+    them, so a free port can be one the proxy is about to take (seen: billing on the proxy's
+    public port, every start refused)."""
+    while True:
+        port = pick()
+        if port not in taken:
+            return port
+
+
 def _managed_service(
     c, data_dir: str, catalog: str, min_minutes: str
 ) -> tuple[dict[str, Any], str]:
@@ -304,7 +330,7 @@ def _managed_service(
     elif port_file.exists():
         port = int(port_file.read_text())
     else:
-        port = random_port()
+        port = _free_port_besides(_hub_ports(c), random_port)
         port_file.write_text(str(port))
     token = secret_file(data / "billing-api-token")
     # The service listens where the hub's API does, because every server must reach both: on
