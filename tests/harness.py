@@ -322,6 +322,24 @@ class WebSession:
         return r.ok and "jupyterhub-hub-login" in self.http.cookies
 
 
+PASSWORD = "correct-horse-battery"
+
+
+def admin_web(hub: Hub) -> WebSession:
+    """The hub's admin, logged in through the form with the password generated on first start."""
+    web = WebSession(hub)
+    assert web.login("admin", (hub.data_dir / "admin-password").read_text().strip())
+    return web
+
+
+def approved_user(hub: Hub, prefix: str = "user", password: str = PASSWORD) -> str:
+    """A person who signed up on the hub's page and whom the admin approved; their name."""
+    name = f"{prefix}{uuid.uuid4().hex[:6]}"
+    assert WebSession(hub).signup(name, password).ok
+    assert admin_web(hub).get(f"/hub/authorize/{name}").ok
+    return name
+
+
 def browser_log_in(page, hub: Hub, name: str, password: str, timeout: float = 90_000) -> None:
     """Log in through the hub's own form in a Playwright page, as a person would."""
     page.goto(f"{hub.url}/hub/login")

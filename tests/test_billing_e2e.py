@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import requests
 from billing.client import Billing, kernel_seconds, user_token
-from harness import Hub, WebSession, wait_for
+from harness import PASSWORD, Hub, WebSession, approved_user, wait_for
 
 HB = 1.0
 # /proc start times are exact to a clock tick (10 ms) and /proc/uptime has 10 ms steps.
@@ -455,11 +455,7 @@ def test_admin_page_lists_users_revenue_and_pool(bhub, billing, buser) -> None:
 
 def test_new_user_signs_up_runs_a_gpu_notebook_and_reads_the_charge(bhub, billing) -> None:
     """The issue's acceptance path, through the hub's pages and the billing page's OAuth."""
-    name, password = f"new{uuid.uuid4().hex[:6]}", "correct-horse-battery"
-    assert WebSession(bhub).signup(name, password).ok
-    admin = WebSession(bhub)
-    assert admin.login("admin", (bhub.data_dir / "admin-password").read_text().strip())
-    assert admin.get(f"/hub/authorize/{name}").ok
+    name, password = approved_user(bhub, "new"), PASSWORD
     web = WebSession(bhub)
     assert web.login(name, password)
 

@@ -24,7 +24,7 @@ import requests
 import yaml
 from billing.client import Billing, kernel_seconds
 from billing.fixtures import pg_cluster, pg_url  # noqa: F401 (fixtures)
-from harness import REPO, Hub, WebSession, free_port, wait_for
+from harness import PASSWORD, REPO, Hub, WebSession, approved_user, free_port, wait_for
 from traitlets.config import Config
 
 HB = 1.0
@@ -173,11 +173,7 @@ def test_hub_registers_billing_without_starting_it(ext) -> None:
 def test_user_runs_a_kernel_and_reads_the_charge(ext) -> None:
     hub, billing, db_url = ext
     client = Billing(hub)
-    name, password = f"ext{uuid.uuid4().hex[:6]}", "correct-horse-battery"
-    assert WebSession(hub).signup(name, password).ok
-    admin = WebSession(hub)
-    assert admin.login("admin", (hub.data_dir / "admin-password").read_text().strip())
-    assert admin.get(f"/hub/authorize/{name}").ok
+    name, password = approved_user(hub, "ext"), PASSWORD
     web = WebSession(hub)
     assert web.login(name, password)
 

@@ -9,11 +9,10 @@ the Datasets panel. Screenshots land in artifacts/screenshots/.
 from __future__ import annotations
 
 import time
-import uuid
 from pathlib import Path
 
 import pytest
-from harness import REPO, Hub, WebSession, browser_log_in
+from harness import REPO, Hub, approved_user, browser_log_in
 
 SHOTS = REPO / "artifacts" / "screenshots"
 PASSWORD = "correct-horse-battery"
@@ -24,11 +23,7 @@ SLOW = 90_000
 @pytest.fixture
 def renter(hub: Hub):
     """A person who signed up on the hub and was approved by the admin."""
-    name = f"renter{uuid.uuid4().hex[:6]}"
-    assert WebSession(hub).signup(name, PASSWORD).ok
-    admin = WebSession(hub)
-    assert admin.login("admin", (hub.data_dir / "admin-password").read_text().strip())
-    assert admin.get(f"/hub/authorize/{name}").ok
+    name = approved_user(hub, "renter", PASSWORD)
     yield name
     if hub.server(name) is not None:
         hub.stop_server(name)

@@ -7,10 +7,8 @@ launcher on a plain /lab page, and none when the URL opens a notebook.
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
-from harness import Hub, WebSession, browser_log_in
+from harness import Hub, WebSession, approved_user, browser_log_in
 
 PASSWORD = "correct-horse-battery"
 SLOW = 90_000
@@ -19,11 +17,7 @@ NOTEBOOK_CARD = '.jp-LauncherCard[data-category="Notebook"]'
 
 @pytest.fixture
 def lab_user(hub: Hub):
-    name = f"lab{uuid.uuid4().hex[:6]}"
-    assert WebSession(hub).signup(name, PASSWORD).ok
-    admin = WebSession(hub)
-    assert admin.login("admin", (hub.data_dir / "admin-password").read_text().strip())
-    assert admin.get(f"/hub/authorize/{name}").ok
+    name = approved_user(hub, "lab", PASSWORD)
     assert WebSession(hub).login(name, PASSWORD)  # creates the hub user
     hub.spawn_ready(name, {"gpu": "none"})
     yield name

@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import importlib.util
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 import requests
 from conftest import require
-from harness import REPO, Hub, WebSession, browser_log_in, wait_for
+from harness import REPO, Hub, approved_user, browser_log_in, wait_for
 from jupyterlab_gpulab.spot import normalize_spot
 
 # Long enough that the page (which reads the spot status every 10 s) sees the warning with
@@ -222,12 +221,7 @@ def test_spot_status_is_unavailable_while_the_hub_is_down(hub: Hub, user: str) -
 
 def sign_up(hub: Hub) -> str:
     """A person who signed up on the hub and was approved by the admin."""
-    name = f"bidder{uuid.uuid4().hex[:6]}"
-    assert WebSession(hub).signup(name, PASSWORD).ok
-    admin = WebSession(hub)
-    assert admin.login("admin", (hub.data_dir / "admin-password").read_text().strip())
-    assert admin.get(f"/hub/authorize/{name}").ok
-    return name
+    return approved_user(hub, "bidder", PASSWORD)
 
 
 def status_text(page, part: str) -> str:

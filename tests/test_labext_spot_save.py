@@ -11,12 +11,11 @@ from __future__ import annotations
 import importlib.util
 import json
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 from conftest import require
-from harness import Hub, WebSession, browser_log_in, wait_for
+from harness import Hub, approved_user, browser_log_in, wait_for
 
 INTERVAL = 4
 PASSWORD = "correct-horse-battery"
@@ -77,11 +76,7 @@ def cell_source(path: Path) -> str:
 
 def test_spot_notebook_is_saved_periodically_but_not_on_demand(save_hub: Hub, browser) -> None:
     hub = save_hub
-    name = f"saver{uuid.uuid4().hex[:6]}"
-    assert WebSession(hub).signup(name, PASSWORD).ok
-    admin = WebSession(hub)
-    assert admin.login("admin", (hub.data_dir / "admin-password").read_text().strip())
-    assert admin.get(f"/hub/authorize/{name}").ok
+    name = approved_user(hub, "saver", PASSWORD)
     assert hub.api("PUT", "/gpulab/spot/prices/rtx-4090", json={"price": "0.40"}).ok
     home = hub.data_dir / "users" / name
     context = browser.new_context(viewport={"width": 1280, "height": 720})

@@ -12,7 +12,6 @@ import json
 import re
 import threading
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -20,7 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from harness import Hub, WebSession, browser_log_in, wait_for
+from harness import PASSWORD, Hub, WebSession, approved_user, browser_log_in, wait_for
 
 from gpulab.spawners.market_store import price_at
 
@@ -340,12 +339,7 @@ def test_prices_api_history_and_pinning_rules(hub: Hub) -> None:
 
 def test_spawn_form_shows_spot_prices_and_queues_a_waiting_bid(hub: Hub) -> None:
     pin(hub, "rtx-4090", "0.55")
-    password = (hub.data_dir / "admin-password").read_text().strip()
-    admin = WebSession(hub)
-    assert admin.login("admin", password)
-    name, secret = f"form{uuid.uuid4().hex[:6]}", "correct-horse-battery"
-    WebSession(hub).signup(name, secret)
-    admin.get(f"/hub/authorize/{name}")
+    name, secret = approved_user(hub, "form"), PASSWORD
     web = WebSession(hub)
     assert web.login(name, secret)
 
@@ -435,12 +429,7 @@ def test_a_spot_server_switches_to_no_gpu_but_not_onto_spot(hub: Hub) -> None:
 
 def test_queued_request_shows_in_the_spawn_form_and_cancels_there(hub: Hub, browser) -> None:
     pin(hub, "rtx-4090", "0.55")
-    password = (hub.data_dir / "admin-password").read_text().strip()
-    name, secret = f"queue{uuid.uuid4().hex[:6]}", "correct-horse-battery"
-    WebSession(hub).signup(name, secret)
-    admin = WebSession(hub)
-    assert admin.login("admin", password)
-    admin.get(f"/hub/authorize/{name}")
+    name, secret = approved_user(hub, "queue"), PASSWORD
     page = browser.new_page()
     try:
         browser_log_in(page, hub, name, secret)

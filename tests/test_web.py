@@ -5,14 +5,7 @@ from __future__ import annotations
 import re
 import uuid
 
-from harness import Hub, WebSession
-
-
-def admin_session(hub: Hub) -> WebSession:
-    password = (hub.data_dir / "admin-password").read_text().strip()
-    web = WebSession(hub)
-    assert web.login("admin", password)
-    return web
+from harness import Hub, WebSession, admin_web
 
 
 def test_admin_password_is_random_and_private(hub: Hub) -> None:
@@ -22,7 +15,7 @@ def test_admin_password_is_random_and_private(hub: Hub) -> None:
     assert path.stat().st_mode & 0o077 == 0
     assert not WebSession(hub).login("admin", "admin")
     assert not WebSession(hub).login("admin", "password")
-    assert admin_session(hub)
+    assert admin_web(hub)
 
 
 def test_sign_up_needs_admin_approval_then_logs_in(hub: Hub) -> None:
@@ -32,7 +25,7 @@ def test_sign_up_needs_admin_approval_then_logs_in(hub: Hub) -> None:
     assert r.ok and "sent to the admin" in r.text, r.text[-3000:]
     assert not web.login(name, password)
 
-    admin = admin_session(hub)
+    admin = admin_web(hub)
     r = admin.get(f"/hub/authorize/{name}")
     assert r.ok
     assert WebSession(hub).login(name, password)
@@ -41,7 +34,7 @@ def test_sign_up_needs_admin_approval_then_logs_in(hub: Hub) -> None:
 def test_spawn_form_shows_the_live_pool_and_starts_what_was_chosen(hub: Hub) -> None:
     name, password = f"renter{uuid.uuid4().hex[:6]}", "correct-horse-battery"
     WebSession(hub).signup(name, password)
-    admin_session(hub).get(f"/hub/authorize/{name}")
+    admin_web(hub).get(f"/hub/authorize/{name}")
     web = WebSession(hub)
     assert web.login(name, password)
 
