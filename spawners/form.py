@@ -19,12 +19,13 @@ from gpulab.spawners.options import DEFAULTS
 FORM_CSS = """
 <style>
 .gpulab-form fieldset { border: 1px solid #ddd; border-radius: 6px; padding: 8px 12px; margin: 10px 0; }
-.gpulab-form legend { font-weight: 600; padding: 0 6px; }
+.gpulab-form legend { font-weight: 600; font-size: 1.15rem; padding: 0 6px; width: auto; }
 .gpulab-form .choice { display: flex; align-items: baseline; gap: 8px; padding: 3px 0; }
 .gpulab-form .choice.full { color: #999; }
 .gpulab-form .meta { color: #666; font-size: 90%; }
 .gpulab-form .sim { background: #fff3cd; border-radius: 3px; padding: 0 4px; font-size: 85%; }
-.gpulab-form .free { font-variant-numeric: tabular-nums; }
+.gpulab-form .free { font-variant-numeric: tabular-nums; white-space: nowrap; }
+.gpulab-form .choice strong { white-space: nowrap; }
 .gpulab-form .gpulab-queued { border-color: #f0ad4e; background: #fffaf0; }
 </style>
 """
@@ -117,6 +118,15 @@ FORM_JS = """
   }
   pricing.forEach(function (el) { el.addEventListener("change", togglePrice); });
   togglePrice();
+  // Cards mean nothing in no-GPU mode (the hub ignores them there): grey the field out.
+  function toggleCards() {
+    var gpu = document.querySelector('input[name="gpu"]:checked');
+    document.querySelector('input[name="gpus"]').disabled = !!(gpu && gpu.value === "none");
+  }
+  document.querySelectorAll('input[name="gpu"]').forEach(function (el) {
+    el.addEventListener("change", toggleCards);
+  });
+  toggleCards();
 })();
 </script>
 """
@@ -131,12 +141,18 @@ async def render_form(spawner: Any) -> str:
     catalog = pool.catalog
     snap = await pool.snapshot()
     market = SpotMarket.instance(config=spawner.config)
-    last = {**DEFAULTS, **(spawner.user_options or {})}
-    cur = catalog.currency
-    parts = [FORM_CSS, '<div class="gpulab-form">']
     queued = next(
         (q for q in market.queue_json(spawner.user.name) if q["server"] == spawner.name), None
     )
+    # A queued request never became a spawn, so user_options still hold the server before it:
+    # the form shows the queued request's choices, else "Start" would quietly submit others.
+    last = {
+        **DEFAULTS,
+        **(spawner.user_options or {}),
+        **((queued or {}).get("options") or {}),
+    }
+    cur = catalog.currency
+    parts = [FORM_CSS, '<div class="gpulab-form">']
     if queued is not None:
         parts.append(_queued_panel(queued, market, cur, spawner.user.name, spawner.name))
 
@@ -162,8 +178,9 @@ async def render_form(spawner: Any) -> str:
     parts.append(
         '<label class="choice" data-gpu-row="none">'
         f'<input type="radio" name="gpu" value="none"{_checked(last["gpu"] == "none")}>'
-        f"<strong>{escape(no_gpu.display_name)} ({cur} {no_gpu.price_per_hour}/h)</strong>: "
-        f"{escape(no_gpu.description)}</label>"
+        f"<strong>{escape(no_gpu.display_name)}</strong>"
+        f'<span class="meta">{cur} {no_gpu.price_per_hour}/h &middot; '
+        f"{escape(no_gpu.description)}</span></label>"
     )
     gpus = last["gpus"] if last["gpu"] != "none" else 1
     parts.append(

@@ -434,7 +434,9 @@ def test_queued_request_shows_in_the_spawn_form_and_cancels_there(hub: Hub, brow
     try:
         browser_log_in(page, hub, name, secret)
         page.goto(f"{hub.url}/hub/spawn/{name}")
+        assert page.is_disabled('input[name="gpus"]')  # no-GPU mode (the default) has no cards
         page.check('input[name="gpu"][value="rtx-4090"]')
+        assert page.is_enabled('input[name="gpus"]')
         page.check('input[name="pricing"][value="spot"]')
         page.fill("#gpulab-max-price", "0.40")
         page.check('input[name="wait"]')
@@ -445,6 +447,12 @@ def test_queued_request_shows_in_the_spawn_form_and_cancels_there(hub: Hub, brow
         assert "Queued as q-" in text and "spot, max price CNY 0.40/card-hour" in text
         assert "Position 1 of 1" in text and "spot price now CNY 0.55/card-hour" in text
         assert page.locator(".spawn-error-msg").count() == 0
+        # The form below shows the queued request's choices, not the previous server's, so
+        # "Start" does not quietly turn the queued spot bid into something else.
+        assert page.is_checked('input[name="gpu"][value="rtx-4090"]')
+        assert page.is_checked('input[name="pricing"][value="spot"]')
+        assert page.input_value("#gpulab-max-price") == "0.40"
+        assert page.is_checked('input[name="wait"]')
         assert [q["user"] for q in hub.api("GET", "/gpulab/spot/queue").json()["queue"]] == [name]
 
         page.get_by_role("button", name="Cancel queued request").click()

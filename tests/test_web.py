@@ -46,7 +46,9 @@ def test_spawn_form_shows_the_live_pool_and_starts_what_was_chosen(hub: Hub) -> 
         in text.replace("&middot;", "·")
     )
     assert "RTX 4090 simulated 24 GB VRAM" in text
-    assert "No GPU (CNY 0.09/h) : write and debug code on the same disk" in text
+    assert "No GPU CNY 0.09/h · write and debug code on the same disk" in text.replace(
+        "&middot;", "·"
+    )
     assert "scikit-learn toy datasets" in text and "BSD-3-Clause" in text
 
     try:
