@@ -280,8 +280,9 @@ class QueueAwareSpawnHandler(FastSpawnHandler):
             except Exception:
                 options = None  # JupyterHub's own handling reports it
             if options is not None and queue_instead_of_spawn(spawner, options) is not None:
-                form = await spawner.get_options_form()
-                self.finish(await self._render_form(for_user=user, spawner_options_form=form))
+                # 303 to the form (which shows the queued request): answering the POST with the
+                # page itself made a reload post the form again and queue a second request.
+                self.redirect(self.request.path, status=303)
                 return
         await super()._post(user_name, server_name, display_name)
 

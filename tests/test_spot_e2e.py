@@ -361,6 +361,7 @@ def test_spawn_form_shows_spot_prices_and_queues_a_waiting_bid(hub: Hub) -> None
     )
     page = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", r.text))
     assert r.status_code == 200 and "Your queued request" in page, page
+    assert [h.status_code for h in r.history] == [303]  # post, redirect, get: reload-safe
     assert "Queued as q-" in page and "Position 1 of 1 in the RTX 4090 queue" in page
     assert "spot price now CNY 0.55 /card-hour" in page and "max price CNY 0.40" in page
     assert "spawn-error-msg" not in r.text and "Spawn failed" not in page
@@ -453,14 +454,19 @@ def test_queued_request_shows_in_the_spawn_form_and_cancels_there(hub: Hub, brow
         assert page.is_checked('input[name="pricing"][value="spot"]')
         assert page.input_value("#gpulab-max-price") == "0.40"
         assert page.is_checked('input[name="wait"]')
-        assert [q["user"] for q in hub.api("GET", "/gpulab/spot/queue").json()["queue"]] == [name]
+        queue = hub.api("GET", "/gpulab/spot/queue").json()["queue"]
+        assert [q["user"] for q in queue] == [name]
+        # The form came back by a redirect, so reloading it does not post (and queue) again.
+        page.reload()
+        page.locator("#gpulab-queued").wait_for()
+        assert hub.api("GET", "/gpulab/spot/queue").json()["queue"] == queue
 
         page.get_by_role("button", name="Cancel queued request").click()
         page.locator("#gpulab-queue-state", has_text="Cancelled: request q-").wait_for(
             timeout=10_000
         )
         assert hub.api("GET", "/gpulab/spot/queue").json()["queue"] == []
-        page.goto(f"{hub.url}/hub/spawn/{name}")  # (a reload would post the form again)
+        page.reload()
         page.locator('input[name="gpu"]').first.wait_for()
         assert page.locator("#gpulab-queued").count() == 0
         pin(hub, "rtx-4090", "0.30")
