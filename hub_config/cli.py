@@ -31,15 +31,28 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpulab", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="start the platform (JupyterHub + GPU spawner + SQLite)")
-    up.add_argument("--ip", default=os.environ.get("GPULAB_IP", "127.0.0.1"))
-    up.add_argument("--port", type=_port, default=int(os.environ.get("GPULAB_PORT", "8000")))
     up.add_argument(
-        "--hub-port", type=_port, default=int(os.environ.get("GPULAB_HUB_PORT", "8081"))
+        "--ip",
+        default=os.environ.get("GPULAB_IP", "127.0.0.1"),
+        help="address browsers connect to (default 127.0.0.1; 0.0.0.0 for every interface)",
+    )
+    up.add_argument(
+        "--port",
+        type=_port,
+        default=int(os.environ.get("GPULAB_PORT", "8000")),
+        help="port browsers connect to: the proxy's public port (default 8000)",
+    )
+    up.add_argument(
+        "--hub-port",
+        type=_port,
+        default=int(os.environ.get("GPULAB_HUB_PORT", "8081")),
+        help="the hub's own port, behind the proxy (default 8081)",
     )
     up.add_argument(
         "--proxy-api-port",
         type=_port,
         default=int(os.environ.get("GPULAB_PROXY_API_PORT", "8001")),
+        help="configurable-http-proxy's REST API port on 127.0.0.1 (default 8001)",
     )
     up.add_argument(
         "--data-dir",

@@ -6,6 +6,8 @@ import subprocess
 
 from harness import VENV_BIN
 
+from gpulab.hub_config.cli import build_parser
+
 
 def gpulab(*args: str, cwd) -> subprocess.CompletedProcess:
     return subprocess.run(
@@ -27,3 +29,15 @@ def test_bad_catalog_is_refused_with_the_key(tmp_path) -> None:
     assert r.returncode == 2
     assert "no_gpu: required key is missing" in r.stderr
     assert "gpu_types: required key is missing" in r.stderr
+
+
+def test_every_up_option_says_what_it_is_for(tmp_path) -> None:
+    r = gpulab("up", "--help", cwd=tmp_path)
+    assert r.returncode == 0
+    text = " ".join(r.stdout.split())
+    assert "--port PORT port browsers connect to: the proxy's public port (default 8000)" in text
+    assert "--hub-port HUB_PORT the hub's own port, behind the proxy (default 8081)" in text
+    assert "--proxy-api-port PROXY_API_PORT configurable-http-proxy's REST API port" in text
+    # argparse leaves an option without help as its bare name: every option must say more.
+    up = build_parser()._subparsers._group_actions[0].choices["up"]
+    assert [a.dest for a in up._actions if not a.help] == []
