@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import time
 from datetime import UTC, date, datetime
 from decimal import Decimal, InvalidOperation
@@ -266,6 +267,7 @@ class StatementPage(BaseHandler):
             overview=overview,
             entries=entries[-50:],
             prefix=self.billing.prefix,
+            hub_home=os.environ.get("JUPYTERHUB_BASE_URL", "/").rstrip("/") + "/hub/home",
             from_arg=self.get_argument("from", ""),
             to_arg=self.get_argument("to", ""),
             xsrf=self._xsrf_value() if overview is not None else "",

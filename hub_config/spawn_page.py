@@ -38,9 +38,13 @@ class FastSpawnHandler(SpawnHandler):
         if spawn.done():
             error = spawn.exception()
             if error is not None:
-                self.log.error("Error starting server %s: %s", spawner._log_name, error)
                 if isinstance(error, web.HTTPError):
+                    # A refusal (bad option, no free card, balance) is the user's answer, not a
+                    # hub fault: no error line for it here.
+                    log = self.log.warning if error.status_code < 500 else self.log.error
+                    log("Not starting %s: %s", spawner._log_name, error)
                     raise error
+                self.log.error("Error starting server %s: %s", spawner._log_name, error)
                 raise web.HTTPError(500, f"Unhandled error starting server {spawner._log_name}")
             if spawner.ready:
                 default = url_path_join(user.server_url(server_name), "")

@@ -516,7 +516,8 @@ class SpotMarket(SingletonConfigurable):
         raise MarketAnswer(
             409,
             "Spot server not started: " + "; ".join(problems) + f". Current spot price: {price} "
-            f'{cur}/card-hour. Raise max_price, or add "wait": true to queue the request.',
+            f"{cur}/card-hour. Raise the max price, or queue the request (the form's queue "
+            'option; "wait": true in the API).',
         )
 
     def _note_bid(self, owner: str, options: Any) -> None:

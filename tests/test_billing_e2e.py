@@ -464,6 +464,12 @@ def test_new_user_signs_up_runs_a_gpu_notebook_and_reads_the_charge(bhub, billin
     assert any("/hub/api/oauth2/authorize" in h.url for h in page.history)
     assert f'Billing statement: <span id="user">{name}</span>' in page.text
     assert "CNY 10.00" in page.text and "Admin: all users" not in page.text
+    # A new user's page: the trial credit in the ledger in cents, an empty period said so, and
+    # the way back to the hub.
+    ledger = page.text.split('id="ledger"')[1]
+    assert re.search(r'class="num" title="exact: 10">10\.00<', ledger), ledger[:800]
+    assert "No usage in this period yet." in page.text
+    assert '<a href="/hub/home">' in page.text
     assert web.get("/services/billing/?user=admin").status_code == 403
 
     bhub.spawn_ready(name, {"gpu": "a100-80g"})

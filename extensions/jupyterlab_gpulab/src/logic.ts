@@ -110,7 +110,10 @@ export function formatDuration(seconds: number | null | undefined): string {
   return `${Math.floor(hours / 24)}d ${hours % 24}h`;
 }
 
-/** Cost of this session at `nowMs`, from the price and the server's start time. */
+/**
+ * Most this session can have cost at `nowMs`: the price since the server started. Billing charges
+ * only the seconds in which a kernel or app runs, so the bill is at most this.
+ */
 export function sessionCost(status: IStatus, nowMs: number): number | null {
   if (status.price_per_hour === null) {
     return null;
@@ -134,7 +137,7 @@ export function statusParts(
   nowMs: number
 ): IStatusParts {
   const price = formatRate(status.price_per_hour, status.currency);
-  const cost = `session ${formatMoney(sessionCost(status, nowMs), status.currency, true)}`;
+  const cost = `session ≤ ${formatMoney(sessionCost(status, nowMs), status.currency, true)}`;
   let balanceText = 'balance …';
   if (balance && !balance.available) {
     balanceText = 'balance unavailable';
@@ -148,7 +151,8 @@ export function statusParts(
   const title = [
     `Mode: ${status.mode}${status.simulated ? ' — the GPUs are simulated' : ''}`,
     `Price: ${price} (${status.pricing})`,
-    `This session so far: ${formatMoney(sessionCost(status, nowMs), status.currency, true)}`,
+    `This session so far: at most ${formatMoney(sessionCost(status, nowMs), status.currency, true)} ` +
+      '(billed only for the seconds in which a kernel or app runs)',
     balance && !balance.available
       ? `Balance unavailable: ${balance.reason || 'billing not reachable'}`
       : balanceText.replace(/^balance/, 'Balance:')

@@ -85,7 +85,7 @@ describe('status bar', () => {
     );
     expect(parts.mode).toBe('A100-80G x1 (simulated)');
     expect(parts.price).toBe('CNY 2.10/h');
-    expect(parts.cost).toBe('session CNY 0.0350');
+    expect(parts.cost).toBe('session ≤ CNY 0.0350');
     expect(parts.balance).toBe('balance CNY 9.50 (4h 30m left)');
     expect(parts.title).toContain('simulated');
   });
