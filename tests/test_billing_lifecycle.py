@@ -19,6 +19,7 @@ def test_billing_exits_when_the_hub_that_started_it_is_gone(tmp_path) -> None:
         "JUPYTERHUB_API_TOKEN": "t" * 32,
         "JUPYTERHUB_API_URL": "http://127.0.0.1:9/hub/api",
         "JUPYTERHUB_SERVICE_PREFIX": "/services/billing/",
+        "JUPYTERHUB_CLIENT_ID": "service-billing",
     }
     proc = subprocess.Popen(
         [sys.executable, "-m", "gpulab.billing_service"],
