@@ -35,7 +35,7 @@ inputs_hash() {
   {
     cat "$0"
     echo "$PACKAGES $IMAGE_PYTHON"
-    cat "$ROOT/spawners/launcher.py"
+    cat "$ROOT/spawners/launcher.py" "$HERE/finish-venv.sh"
     for d in $EXT_DIRS; do
       (cd "$d" && git ls-files -co --exclude-standard -z . 2>/dev/null | sort -z | xargs -0 sha256sum)
     done
@@ -60,7 +60,7 @@ fi
 log "building $TAG (cache miss)"
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
-mkdir -p "$WORK/wheels" "$WORK/gpulab/spawners"
+mkdir -p "$WORK/wheels" "$WORK/gpulab"
 # shellcheck disable=SC2086  # word splitting of the package list is intended
 $PIP download -q --disable-pip-version-check --only-binary=:all: \
   --python-version "$IMAGE_PYTHON" -d "$WORK/wheels" $PACKAGES
@@ -69,17 +69,9 @@ for d in $EXT_DIRS; do
 done
 EXT_WHEELS=""
 for d in $EXT_DIRS; do EXT_WHEELS="$EXT_WHEELS $(basename "$d")"; done
-# The launcher skips a slow import at server start (see spawners/launcher.py); it is stdlib-only,
-# so it is copied alone rather than installing gpulab and its hub-side dependencies.
-cp "$ROOT/spawners/launcher.py" "$WORK/gpulab/spawners/launcher.py"
-: > "$WORK/gpulab/spawners/__init__.py"
+# The launcher and the bytecode: the same last step as every image's (images/finish-venv.sh).
+cp "$ROOT/spawners/launcher.py" "$HERE/finish-venv.sh" "$WORK/gpulab/"
 
-SITE=/opt/venv/lib/python3.11/site-packages
-# Bytecode checked by hash, not by source mtime: the root file system goes through a tar stream
-# that does not keep the mtimes pip's .pyc files were stamped with, so every import in every
-# container start found its bytecode stale and compiled from source again (the user cannot
-# write the cache). Measured in a container: `import jupyterhub.singleuser, jupyterlab` 2.3 s
-# before, 0.8 s after.
 # libstdc++6: pyzmq needs it and the essential variant lacks it. passwd: useradd.
 mmdebstrap --quiet --variant=essential --include=python3-venv,passwd,libstdc++6,ca-certificates \
   --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/locale/*' \
@@ -87,10 +79,10 @@ mmdebstrap --quiet --variant=essential --include=python3-venv,passwd,libstdc++6,
   --customize-hook="cp -r '$WORK/wheels' \"\$1/tmp/wheels\"" \
   --customize-hook='chroot "$1" python3 -m venv /opt/venv' \
   --customize-hook="chroot \"\$1\" /opt/venv/bin/pip install -q --no-cache-dir --no-index --find-links=/tmp/wheels $PACKAGES $EXT_WHEELS" \
-  --customize-hook="cp -r '$WORK/gpulab' \"\$1$SITE/gpulab\"" \
-  --customize-hook="chroot \"\$1\" /opt/venv/bin/python -m compileall -q -f -j0 --invalidation-mode unchecked-hash $SITE" \
+  --customize-hook="cp -r '$WORK/gpulab' \"\$1/tmp/gpulab\"" \
+  --customize-hook='chroot "$1" sh /tmp/gpulab/finish-venv.sh /tmp/gpulab/launcher.py' \
   --customize-hook='chroot "$1" useradd -m -u 1000 -s /bin/bash jovyan' \
-  --customize-hook='rm -rf "$1/tmp/wheels" "$1"/var/cache/apt/* "$1"/var/lib/apt/lists/*' \
+  --customize-hook='rm -rf "$1/tmp/wheels" "$1/tmp/gpulab" "$1"/var/cache/apt/* "$1"/var/lib/apt/lists/*' \
   bookworm - http://deb.debian.org/debian \
 | docker import \
   -c 'ENV PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
