@@ -237,16 +237,23 @@ def queue_instead_of_spawn(spawner: Any, raw_options: Any) -> dict[str, Any] | N
     return None
 
 
+def _idle_spawner(user: Any, server_name: str) -> Any:
+    """The user's spawner for ``server_name`` when it exists and runs nothing, else None."""
+    if user is None:
+        return None
+    spawner = user.spawners.get(server_name)
+    if spawner is None and not server_name:
+        spawner = user.spawner
+    return spawner if spawner is not None and not spawner.active else None
+
+
 class QueueAwareServerAPIHandler(UserServerAPIHandler):
     """``POST /hub/api/users/USER/server``: a queued request answers 202 with its queue entry."""
 
     @needs_scope("start:servers")
     async def post(self, user_name: str, server_name: str = "") -> None:
-        user = self.find_user(user_name)
-        spawner = user.spawners.get(server_name) if user is not None else None
-        if spawner is None and user is not None and not server_name:
-            spawner = user.spawner
-        if spawner is not None and not spawner.active:
+        spawner = _idle_spawner(self.find_user(user_name), server_name)
+        if spawner is not None:
             body = self.get_server_json_body() or {}
             entry = queue_instead_of_spawn(spawner, body.get("user_options"))
             if entry is not None:
@@ -267,10 +274,8 @@ class QueueAwareSpawnHandler(FastSpawnHandler):
         user = self.current_user
         if user_name != user.name:
             user = self.find_user(user_name)
-        spawner = user.spawners.get(server_name) if user is not None else None
-        if spawner is None and user is not None and not server_name:
-            spawner = user.spawner
-        if spawner is not None and not spawner.active:
+        spawner = _idle_spawner(user, server_name)
+        if spawner is not None:
             form_options = {
                 key: [b.decode("utf8") for b in values]
                 for key, values in self.request.body_arguments.items()
