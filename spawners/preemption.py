@@ -21,6 +21,7 @@ import asyncio
 import hashlib
 import hmac
 import json
+import os
 import signal
 import time
 from collections.abc import Callable
@@ -30,10 +31,10 @@ from typing import Any
 from pydantic import BaseModel
 
 from gpulab.spawners.allocator import ENV_ALLOC, _pids, _process_env
-from gpulab.spawners.preemption_agent import CHECKPOINT_DIR, checkpoint_name
 
 # Re-exported: the hub applies the same rule to local servers.
 from gpulab.spawners.preemption_agent import catches as catches
+from gpulab.spawners.preemption_agent import checkpoint_log
 from gpulab.spawners.preemption_agent import signal_opted_in as signal_opted_in
 
 SIGUSR1_BIT = 1 << (signal.SIGUSR1 - 1)
@@ -165,17 +166,17 @@ async def run_checkpoint(
 
     ``on_start`` is called with the running result (command, log path, pid) once the process
     exists, so the caller can show "running" while it runs."""
-    log_dir = Path(home) / CHECKPOINT_DIR
-    log_dir.mkdir(parents=True, exist_ok=True)
-    log_path = log_dir / checkpoint_name()
+    log_path = Path(checkpoint_log(home))
+    log_path.parent.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {
         "command": command,
         "state": "running",
         "log": str(log_path),
         "started_at": time.time(),
     }
-    log_path.write_bytes(f"$ {command}\n".encode())
-    with log_path.open("ab") as log:  # a local file: the write is not worth a thread
+    # A local file: these writes are not worth a thread.
+    log_path.write_bytes(f"$ {command}\n".encode())  # noqa: ASYNC240
+    with log_path.open("ab") as log:  # noqa: ASYNC230
         proc = await asyncio.create_subprocess_exec(
             "/bin/bash",
             "-c",
@@ -192,7 +193,12 @@ async def run_checkpoint(
         try:
             result["exit_code"] = await asyncio.wait_for(proc.wait(), limit)
         except TimeoutError:
-            proc.kill()
+            # The whole group, as in a container (preemption_agent): the command's children
+            # must not outlive its time either.
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
             await proc.wait()
             result["exit_code"] = None
             result["error"] = f"timed out after {limit:.0f}s"

@@ -269,3 +269,33 @@ def test_signature_and_sigcgt() -> None:
         plain.kill()
         proc.wait()
         plain.wait()
+
+
+def test_local_checkpoint_is_killed_with_its_children_at_the_limit(tmp_path) -> None:
+    """A checkpoint command that outlives its limit is stopped, children included, and says so."""
+    import asyncio
+
+    from gpulab.spawners.preemption import run_checkpoint
+
+    pid_file = tmp_path / "child.pid"
+    started: list[dict] = []
+    result = asyncio.run(
+        run_checkpoint(
+            f"sleep 60 & echo $! > {pid_file}; echo saving; wait",
+            str(tmp_path),
+            {"PATH": os.environ["PATH"]},
+            limit=1,
+            on_start=started.append,
+        )
+    )
+    assert started and started[0]["state"] == "running" and started[0]["pid"] > 0
+    assert result["exit_code"] is None and result["error"] == "timed out after 1s"
+    assert result["state"] == "failed"
+    assert "saving" in open(result["log"]).read()
+    child = int(pid_file.read_text())
+    try:
+        os.kill(child, 0)
+        alive = open(f"/proc/{child}/stat").read().split()[2] != "Z"
+    except ProcessLookupError:
+        alive = False
+    assert not alive, "the command's child outlived the checkpoint's limit"
