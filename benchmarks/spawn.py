@@ -161,7 +161,7 @@ def import_time(trimmed: bool, repeat: int = 3) -> float:
     code = (
         "import sys;"
         + (
-            "from gpulab.spawners.launcher import _SkipImports;sys.meta_path.insert(0,_SkipImports());"
+            "from gpulab.spawners.inside.launcher import _SkipImports;sys.meta_path.insert(0,_SkipImports());"
             if trimmed
             else ""
         )

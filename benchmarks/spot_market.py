@@ -1,7 +1,7 @@
 """Replay a day of arrivals through the spot market, then time one tick of a very large market.
 
 Both parts run the hub's own pure functions (``spot_price``, ``utilization``, ``decide`` and the
-``TypeBook`` order book from ``gpulab.spawners.market``); only the clock and the servers are
+``TypeBook`` order book from ``gpulab.spawners.market.core``); only the clock and the servers are
 simulated here.
 
     .venv/bin/python benchmarks/spot_market.py                 # a day on 64 GPUs, then the stress tick
@@ -28,7 +28,7 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 
 from gpulab.hub_config.catalog import load_catalog
-from gpulab.spawners.market import Order, Schedule, TypeBook, decide, spot_price, utilization
+from gpulab.spawners.market.core import Order, Schedule, TypeBook, decide, spot_price, utilization
 
 TICK = 10.0  # simulated seconds between ticks (the hub's upper bound)
 

@@ -23,7 +23,7 @@ from decimal import ROUND_HALF_EVEN, Decimal
 
 from gpulab.billing_service.models import MICRO
 from gpulab.hub_config.catalog import Catalog, GpuType
-from gpulab.spawners.market_store import PriceHistory, history_for
+from gpulab.hub_config.catalog.price_history import PriceHistory, history_for
 
 US_PER_HOUR = 3600 * MICRO
 

@@ -1,9 +1,8 @@
 """Log-in for gpulab: NativeAuthenticator (sign-up in the browser) plus a bootstrapped admin.
 
-On first start ``gpulab up`` writes a random admin password to the data dir; this authenticator
-creates the admin account with it, so there is never a fixed default password. It also mounts
-gpulab's hub-side JSON API (the pool and catalog), which must live in the hub process where the
-allocator is.
+On first start the hub writes a random admin password to the data dir; this authenticator creates
+the admin account with it, so there is never a fixed default password. Its ``get_handlers`` is
+where JupyterHub lets gpulab in: it hands over to :func:`gpulab.hub_config.plugin.attach`.
 """
 
 from __future__ import annotations
@@ -16,25 +15,20 @@ from tornado.escape import url_escape
 from tornado.httputil import url_concat
 from traitlets import Unicode
 
-from gpulab.hub_config.handlers import extra_handlers
-from gpulab.spawners.pool import GpuPool
+from gpulab.hub_config import plugin
 
 
 class GpulabHubMixin:
-    """Hooks gpulab into the hub process through its authenticator, the one plugin JupyterHub
-    asks for handlers at start-up: mounts the JSON API and starts the GPU pool right away, so
-    NVML problems show at start and orphans of a crash are swept even before anyone spawns.
+    """Lets gpulab into the hub through its authenticator, the one part JupyterHub asks for
+    routes (mounted ahead of its own) at start-up, handing it the app: see
+    :mod:`gpulab.hub_config.plugin`. Starting there means NVML problems show at start and orphans
+    of a crash are swept even before anyone spawns.
 
     Mix it into any authenticator class to use that authenticator with gpulab.
     """
 
     def get_handlers(self, app) -> list:
-        pool = GpuPool.instance(config=app.config)
-        pool.start_reconciling()
-        prestart = getattr(app.spawner_class, "prestart", None)
-        if prestart is not None:
-            prestart(pool, app.config)
-        return [*super().get_handlers(app), *extra_handlers()]
+        return [*super().get_handlers(app), *plugin.attach(app)]
 
 
 class _NoStats:

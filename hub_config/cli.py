@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import secrets
 import sys
 from pathlib import Path
 
 from gpulab.hub_config.catalog import CatalogError, load_catalog
+from gpulab.hub_config.data_dir import admin_password
 from gpulab.hub_config.images_cli import add_images_parser, cmd_images
-from gpulab.spawners.inventory import GpuInventory, SimulateSpecError, parse_simulate_spec
+from gpulab.spawners.node.inventory import GpuInventory, SimulateSpecError, parse_simulate_spec
 
 CONFIG_FILE = Path(__file__).with_name("jupyterhub_config.py")
 DEMO_POOL = "RTX-4090:4,A100-80G:2,H100-80G:1"
@@ -98,17 +98,6 @@ def resolve_simulation(spec: str, catalog_path: str) -> str:
         spec = DEMO_POOL
     parse_simulate_spec(spec, catalog)
     return spec
-
-
-def admin_password(data_dir: Path) -> tuple[str, bool]:
-    path = data_dir / "admin-password"
-    if path.exists():
-        return path.read_text().strip(), False
-    password = secrets.token_urlsafe(15)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(password + "\n")
-    return password, True
 
 
 def cmd_up(args: argparse.Namespace) -> int:

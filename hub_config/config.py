@@ -8,13 +8,12 @@ call ``configure(c)`` too and override anything after it.
 from __future__ import annotations
 
 import os
-import secrets
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpulab.hub_config.handlers import CUSTOM_SCOPES, READ_POOL_SCOPE
-from gpulab.hub_config.spot_handlers import SET_PRICE_SCOPE, SETTINGS_SCOPE, SPOT_SCOPES
+from gpulab.hub_config.data_dir import admin_password, secret_file
+from gpulab.hub_config.plugin import configure_plugin
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -80,17 +79,6 @@ def find_proxy_command() -> list[str]:
     )
 
 
-def secret_file(path: Path) -> str:
-    """A random token kept in ``path`` (mode 0600), created on first use."""
-    try:
-        return path.read_text().strip()
-    except FileNotFoundError:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(secrets.token_hex(32))
-        return path.read_text().strip()
-
-
 def configure(c, settings: Settings | None = None) -> None:
     """Fill a JupyterHub config object ``c`` for a gpulab node."""
     s = settings or Settings.from_env()
@@ -122,52 +110,15 @@ def configure(c, settings: Settings | None = None) -> None:
     c.GpuPool.catalog_path = s.catalog
     c.GpuInventory.simulate_gpus = s.simulate_gpus
 
-    c.JupyterHub.authenticator_class = "gpulab.hub_config.auth.GpulabAuthenticator"
     c.Authenticator.admin_users = {s.admin_name}
     # NativeAuthenticator keeps its own approval flag per account; every approved account may log in.
     c.Authenticator.allow_all = True
     c.NativeAuthenticator.open_signup = s.open_signup
     c.NativeAuthenticator.minimum_password_length = 8
+    # A hand-written config calling configure(c) on a fresh data dir gets its password here too.
+    admin_password(data)
     c.GpulabAuthenticator.admin_password_file = str(data / "admin-password")
 
-    c.JupyterHub.custom_scopes = {**CUSTOM_SCOPES, **SPOT_SCOPES}
-    # Spot settings hold the webhook's HMAC secret: each user for themself (log-in session and
-    # the tokens they create), never a server's own token (see Spawner.server_token_scopes).
-    roles = [{"name": "user", "scopes": ["self", READ_POOL_SCOPE, f"{SETTINGS_SCOPE}!user"]}]
-    services = []
-    if s.admin_token:
-        services.append({"name": "gpulab-admin", "api_token": s.admin_token})
-        roles.append({"name": "admin", "services": ["gpulab-admin"]})
-        roles.append(
-            {"name": "gpulab-service", "scopes": [READ_POOL_SCOPE], "services": ["gpulab-admin"]}
-        )
-    # Pinning spot prices is an operator's act: admins (and the admin service) hold the scope;
-    # they also read and set any user's spot settings.
-    roles.append(
-        {
-            "name": "gpulab-market-admin",
-            "scopes": [SET_PRICE_SCOPE, SETTINGS_SCOPE, READ_POOL_SCOPE],
-            "users": [s.admin_name],
-            "services": ["gpulab-admin"] if s.admin_token else [],
-        }
-    )
-    # The spot market starts queued servers and stops reclaimed ones through the REST API.
-    market_token = secret_file(data / "spot-market-token")
-    services.append({"name": "gpulab-market", "api_token": market_token})
-    roles.append(
-        {
-            "name": "gpulab-market",
-            "scopes": ["admin:servers", "read:users", READ_POOL_SCOPE],
-            "services": ["gpulab-market"],
-        }
-    )
-    c.JupyterHub.services = services
-    # The billing service (issue 4): a managed service plus the spawner hooks that report to it.
-    from gpulab.billing_service.hub_hooks import configure_hub
-
-    configure_hub(c, str(data), s.catalog, roles)
-    c.JupyterHub.load_roles = roles
-    c.SpotMarket.api_token = market_token
     # The market starts and stops servers through the hub's API: at the address it binds to
     # (not loopback, which a hub bound to the Docker gateway does not listen on).
     host = c.JupyterHub.hub_ip
@@ -175,18 +126,15 @@ def configure(c, settings: Settings | None = None) -> None:
         host = "127.0.0.1"
     elif ":" in host:
         host = f"[{host}]"
-    c.SpotMarket.hub_api_url = f"http://{host}:{s.hub_port}/hub/api"
-
-    # A server's own token may read the pool and restart its own server in another mode
-    # (the JupyterLab toggle), besides JupyterHub's defaults.
-    c.Spawner.server_token_scopes = [
-        "access:servers!server",
-        "users:activity!user",
-        "read:users:name!user",
-        "read:servers!user",
-        "servers!user",
-        READ_POOL_SCOPE,
-    ]
+    configure_plugin(
+        c,
+        data_dir=str(data),
+        catalog=s.catalog,
+        admin_name=s.admin_name,
+        admin_token=s.admin_token,
+        market_token=secret_file(data / "spot-market-token"),
+        hub_api_url=f"http://{host}:{s.hub_port}/hub/api",
+    )
     c.Spawner.start_timeout = 60
     c.Spawner.http_timeout = 30
 

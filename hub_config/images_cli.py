@@ -115,7 +115,7 @@ def build_image(catalog: Catalog, slug: str) -> None:
 
 
 def cmd_images(args: argparse.Namespace) -> int:
-    from gpulab.spawners.docker_images import catalog_image_status
+    from gpulab.spawners.docker.images import catalog_image_status
 
     try:
         catalog = load_catalog(args.catalog or None)

@@ -35,7 +35,7 @@ inputs_hash() {
   {
     cat "$0"
     echo "$PACKAGES $IMAGE_PYTHON"
-    cat "$ROOT/spawners/launcher.py" "$HERE/finish-venv.sh"
+    cat "$ROOT/spawners/inside/launcher.py" "$HERE/finish-venv.sh"
     for d in $EXT_DIRS; do
       (cd "$d" && git ls-files -co --exclude-standard -z . 2>/dev/null | sort -z | xargs -0 sha256sum)
     done
@@ -70,7 +70,7 @@ done
 EXT_WHEELS=""
 for d in $EXT_DIRS; do EXT_WHEELS="$EXT_WHEELS $(basename "$d")"; done
 # The launcher and the bytecode: the same last step as every image's (images/finish-venv.sh).
-cp "$ROOT/spawners/launcher.py" "$HERE/finish-venv.sh" "$WORK/gpulab/"
+cp "$ROOT/spawners/inside/launcher.py" "$HERE/finish-venv.sh" "$WORK/gpulab/"
 
 # libstdc++6: pyzmq needs it and the essential variant lacks it. passwd: useradd.
 mmdebstrap --quiet --variant=essential --include=python3-venv,passwd,libstdc++6,ca-certificates \
@@ -88,7 +88,7 @@ mmdebstrap --quiet --variant=essential --include=python3-venv,passwd,libstdc++6,
   -c 'ENV PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
   -c 'ENV LANG=C.UTF-8' -c 'ENV SHELL=/bin/bash' -c 'USER jovyan' -c 'WORKDIR /home/jovyan' \
   -c 'EXPOSE 8888' \
-  -c 'CMD ["python", "-m", "gpulab.spawners.launcher"]' \
+  -c 'CMD ["python", "-m", "gpulab.spawners.inside.launcher"]' \
   -c 'LABEL org.opencontainers.image.title="gpulab test single-user image"' \
   -c "LABEL org.gpulab.preloads.libraries=\"$PACKAGES\"" \
   -c 'LABEL org.gpulab.preloads.models="" org.gpulab.preloads.datasets=""' \

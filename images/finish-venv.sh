@@ -3,7 +3,7 @@
 # root inside the image: put gpulab's launcher into the venv, then compile all of the venv's
 # bytecode so that it stays valid in every container.
 #
-# The launcher (spawners/launcher.py, stdlib only) links ~/datasets to the read-only mounts and
+# The launcher (spawners/inside/launcher.py, stdlib only) links ~/datasets to the read-only mounts and
 # skips an import that costs a second of every server start; it is copied alone rather than
 # installing gpulab and its hub-side dependencies.
 #
@@ -16,7 +16,8 @@
 set -eu
 venv=${GPULAB_VENV:-/opt/venv}
 site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
-mkdir -p "$site/gpulab/spawners"
-cp "$1" "$site/gpulab/spawners/launcher.py"
+mkdir -p "$site/gpulab/spawners/inside"
+cp "$1" "$site/gpulab/spawners/inside/launcher.py"
 : > "$site/gpulab/spawners/__init__.py"
+: > "$site/gpulab/spawners/inside/__init__.py"
 "$venv/bin/python" -m compileall -q -f -j0 --invalidation-mode unchecked-hash "$site"

@@ -12,8 +12,8 @@ import time
 import pytest
 
 from gpulab.hub_config.catalog import load_catalog
-from gpulab.spawners.allocator import GpuAllocator, NoCapacity
-from gpulab.spawners.inventory import parse_simulate_spec, simulated_devices
+from gpulab.spawners.node.allocator import GpuAllocator, NoCapacity
+from gpulab.spawners.node.inventory import parse_simulate_spec, simulated_devices
 
 CATALOG = load_catalog()
 
@@ -151,7 +151,7 @@ def test_reservation_holds_cards_until_used_or_expired(tmp_path) -> None:
 
 
 def test_unmatched_nvml_cards_are_never_offered(tmp_path) -> None:
-    from gpulab.spawners.inventory import GpuDevice
+    from gpulab.spawners.node.inventory import GpuDevice
 
     odd = GpuDevice(0, "GPU-real-1", "NVIDIA H200", 141 * 1024, None, False)
     a = GpuAllocator([odd, *devices("RTX-4090:1")], tmp_path / "ledger.json")

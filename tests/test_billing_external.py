@@ -287,17 +287,17 @@ def test_killing_the_hub_leaves_billing_running(ext) -> None:
 
 
 def test_hub_refuses_external_billing_without_a_valid_url_and_token(monkeypatch) -> None:
-    from gpulab.billing_service.hub_hooks import configure_hub
+    from gpulab.hub_config.billing_hooks import configure_billing
 
     monkeypatch.setenv("GPULAB_BILLING_EXTERNAL_URL", "http://billing:10101")
     monkeypatch.delenv("GPULAB_BILLING_API_TOKEN", raising=False)
     c = Config()
     with pytest.raises(ValueError, match="GPULAB_BILLING_API_TOKEN: required"):
-        configure_hub(c, "/nonexistent", "", [{"name": "user", "scopes": []}])
+        configure_billing(c, "/nonexistent", "", [{"name": "user", "scopes": []}])
     monkeypatch.setenv("GPULAB_BILLING_API_TOKEN", "x" * 32)
     monkeypatch.setenv("GPULAB_BILLING_EXTERNAL_URL", "http://billing:10101/services/billing/")
     with pytest.raises(ValueError, match=r"GPULAB_BILLING_EXTERNAL_URL: .*no path"):
-        configure_hub(c, "/nonexistent", "", [{"name": "user", "scopes": []}])
+        configure_billing(c, "/nonexistent", "", [{"name": "user", "scopes": []}])
     assert "services" not in c.JupyterHub and "pre_allocate_hook" not in c.Spawner
 
 

@@ -10,7 +10,7 @@ import pytest
 from harness import Hub
 
 from gpulab.hub_config.catalog import DEFAULT_CATALOG, load_catalog
-from gpulab.spawners.inventory import GpuInventory
+from gpulab.spawners.node.inventory import GpuInventory
 
 pytestmark = pytest.mark.gpu
 

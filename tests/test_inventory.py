@@ -8,7 +8,7 @@ import pynvml
 import pytest
 
 from gpulab.hub_config.catalog import load_catalog
-from gpulab.spawners.inventory import GpuInventory, SimulateSpecError, parse_simulate_spec
+from gpulab.spawners.node.inventory import GpuInventory, SimulateSpecError, parse_simulate_spec
 
 CATALOG = load_catalog()
 

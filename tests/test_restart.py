@@ -11,8 +11,8 @@ import time
 from harness import Hub, wait_for
 
 from gpulab.hub_config.catalog import load_catalog
-from gpulab.spawners.inventory import parse_simulate_spec, simulated_devices
 from gpulab.spawners.local import pid_alive
+from gpulab.spawners.node.inventory import parse_simulate_spec, simulated_devices
 
 
 def pool_holders(hub: Hub) -> dict[str, str]:

@@ -14,7 +14,8 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from gpulab.hub_config.catalog import load_catalog
-from gpulab.spawners.market import (
+from gpulab.hub_config.catalog.price_history import PriceHistory, price_at
+from gpulab.spawners.market.core import (
     REASON_ON_DEMAND,
     REASON_PRICE,
     REASON_WINDOW,
@@ -25,9 +26,8 @@ from gpulab.spawners.market import (
     spot_price,
     utilization,
 )
-from gpulab.spawners.market_store import PriceHistory, price_at
+from gpulab.spawners.market.preemption import catches, sign
 from gpulab.spawners.options import OptionsError, options_from_form, parse_options
-from gpulab.spawners.preemption import catches, sign
 
 CATALOG = load_catalog()
 A100 = CATALOG.gpu_types["a100-80g"]
@@ -215,7 +215,7 @@ def test_price_change_is_on_disk_before_record_returns(tmp_path) -> None:
     """A writer SIGKILLed right after recording: the price is in the file."""
     code = (
         "import os, signal, sys; from decimal import Decimal;"
-        "from gpulab.spawners.market_store import PriceHistory;"
+        "from gpulab.hub_config.catalog.price_history import PriceHistory;"
         f"h = PriceHistory({str(tmp_path / 'p.jsonl')!r});"
         "h.record('rtx-4090', 1000.0, Decimal('0.42'));"
         "os.kill(os.getpid(), signal.SIGKILL)"
@@ -275,7 +275,7 @@ def test_local_checkpoint_is_killed_with_its_children_at_the_limit(tmp_path) -> 
     """A checkpoint command that outlives its limit is stopped, children included, and says so."""
     import asyncio
 
-    from gpulab.spawners.preemption import run_checkpoint
+    from gpulab.spawners.market.preemption import run_checkpoint
 
     pid_file = tmp_path / "child.pid"
     started: list[dict] = []

@@ -7,7 +7,7 @@ from decimal import Decimal
 
 from harness import Hub, wait_for
 
-from gpulab.spawners.market_store import price_at
+from gpulab.hub_config.catalog.price_history import price_at
 
 WARNING = 12
 

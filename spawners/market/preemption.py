@@ -30,12 +30,11 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from gpulab.spawners.allocator import ENV_ALLOC, _pids, _process_env
-
 # Re-exported: the hub applies the same rule to local servers.
-from gpulab.spawners.preemption_agent import catches as catches
-from gpulab.spawners.preemption_agent import checkpoint_log
-from gpulab.spawners.preemption_agent import signal_opted_in as signal_opted_in
+from gpulab.spawners.inside.agent import catches as catches
+from gpulab.spawners.inside.agent import checkpoint_log
+from gpulab.spawners.inside.agent import signal_opted_in as signal_opted_in
+from gpulab.spawners.node.allocator import ENV_ALLOC, _pids, _process_env
 
 SIGUSR1_BIT = 1 << (signal.SIGUSR1 - 1)
 

@@ -12,14 +12,14 @@ import random
 import secrets
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from traitlets import Float, Instance, Unicode, default
 from traitlets.config import SingletonConfigurable
 
 from gpulab.hub_config.catalog import Catalog, load_catalog
-from gpulab.spawners.allocator import GpuAllocator
-from gpulab.spawners.inventory import GpuInventory
+from gpulab.spawners.node.allocator import GpuAllocator
+from gpulab.spawners.node.inventory import GpuInventory
 
 
 class GpuPool(SingletonConfigurable):
@@ -44,11 +44,6 @@ class GpuPool(SingletonConfigurable):
         help="""Seconds between checks for orphaned allocations (a random jitter of up to 10%
         is added so that many hubs don't sweep in lockstep).""",
     )
-
-    # Extra sweeps run after each orphan sweep, registered by spawner modules on import, e.g.
-    # removing containers whose allocation is gone (the process sweep can't see containers when
-    # the hub itself runs in one).
-    reapers: ClassVar[dict[str, Callable[[GpuPool], Awaitable[None]]]] = {}
 
     catalog = Instance(Catalog)
     inventory = Instance(GpuInventory)
@@ -90,27 +85,39 @@ class GpuPool(SingletonConfigurable):
 
     # ---- orphan sweep ------------------------------------------------------------------------
 
-    def start_reconciling(self) -> None:
-        """Start the periodic orphan sweep (idempotent; needs a running event loop)."""
+    def start_reconciling(
+        self,
+        after: Awaitable[Any] | None = None,
+        node_sweep: Callable[[GpuPool], Awaitable[None]] | None = None,
+    ) -> None:
+        """Start the periodic orphan sweep (idempotent; needs a running event loop).
+
+        ``after``: the first sweep waits for it (the hub's spawners restored, so that unclaimed
+        records really are orphans). ``node_sweep``: the spawner class's own sweep, run after each
+        orphan sweep (e.g. removing containers whose allocation is gone).
+        """
         if self._reconcile_task is None:
-            self._reconcile_task = asyncio.get_running_loop().create_task(self._reconcile_loop())
-            # The spot market's tick runs with the pool (imported here: it builds on the pool).
-            from gpulab.spawners.market_hub import SpotMarket
+            self._reconcile_task = asyncio.get_running_loop().create_task(
+                self._reconcile_loop(after, node_sweep)
+            )
 
-            SpotMarket.instance(config=self.config, pool=self).start()
-
-    async def _reconcile_loop(self) -> None:
-        await _hub_started()
+    async def _reconcile_loop(
+        self,
+        after: Awaitable[Any] | None,
+        node_sweep: Callable[[GpuPool], Awaitable[None]] | None,
+    ) -> None:
+        if after is not None:
+            await after
         while True:
             try:
                 self.allocator.sweep_orphans(self.hub_id)
             except Exception:
                 self.log.exception("Orphan sweep failed")
-            for name, reap in list(self.reapers.items()):
+            if node_sweep is not None:
                 try:
-                    await reap(self)
+                    await node_sweep(self)
                 except Exception:
-                    self.log.exception("Reaper %s failed", name)
+                    self.log.exception("The spawner's node sweep failed")
             await asyncio.sleep(self.reconcile_interval * (1 + random.uniform(0, 0.1)))
 
     # ---- JSON views --------------------------------------------------------------------------
@@ -167,18 +174,3 @@ class GpuPool(SingletonConfigurable):
                 "error": self.inventory.nvml_error,
             },
         }
-
-
-async def _hub_started() -> None:
-    """Wait until JupyterHub has restored its spawners (so unclaimed records really are orphans)."""
-    try:
-        from jupyterhub.app import JupyterHub
-
-        if JupyterHub.initialized():
-            started = getattr(JupyterHub.instance(), "_start_future", None)
-            if started is not None:
-                await asyncio.shield(started)
-                return
-    except Exception:
-        pass
-    await asyncio.sleep(10)

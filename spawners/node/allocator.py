@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from gpulab.spawners.inventory import GpuDevice
+from gpulab.spawners.node.inventory import GpuDevice
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""gpulab's JSON API on the hub: the live GPU pool and the catalog.
+"""The pool, catalog and switch API.
 
 - ``GET /hub/api/gpulab/pool``: per GPU type free/total and prices; each card with its state.
 - ``GET /hub/api/gpulab/catalog``: GPU types, images, datasets, no-GPU mode, currency.
@@ -14,33 +14,16 @@ from __future__ import annotations
 import asyncio
 import json
 
-from jupyterhub.apihandlers.base import APIHandler
-from jupyterhub.scopes import define_custom_scopes, needs_scope
+from jupyterhub.scopes import needs_scope
 from tornado import web
 
-from gpulab.spawners.allocator import NoCapacity, owner_key
+from gpulab.hub_config.api.base import GpulabAPIHandler
+from gpulab.hub_config.scopes import READ_POOL_SCOPE
+from gpulab.spawners.node.allocator import NoCapacity, owner_key
 from gpulab.spawners.options import OptionsError, parse_options
-from gpulab.spawners.pool import GpuPool
-
-READ_POOL_SCOPE = "custom:gpulab:read-pool"
-
-CUSTOM_SCOPES = {
-    READ_POOL_SCOPE: {
-        "description": "Read the GPU pool (free cards, prices) and the platform catalog.",
-    },
-}
-# Defined here as well as through JupyterHub.custom_scopes: needs_scope() checks the name when
-# the handlers below are declared, before the hub reads its config. Same definition, no conflict.
-define_custom_scopes(CUSTOM_SCOPES)
 
 
-class _GpulabAPIHandler(APIHandler):
-    @property
-    def pool(self) -> GpuPool:
-        return GpuPool.instance(config=self.settings["config"])
-
-
-class PoolAPIHandler(_GpulabAPIHandler):
+class PoolAPIHandler(GpulabAPIHandler):
     @needs_scope(READ_POOL_SCOPE)
     async def get(self) -> None:
         viewer = (
@@ -50,13 +33,13 @@ class PoolAPIHandler(_GpulabAPIHandler):
         self.write(json.dumps(snap))
 
 
-class CatalogAPIHandler(_GpulabAPIHandler):
+class CatalogAPIHandler(GpulabAPIHandler):
     @needs_scope(READ_POOL_SCOPE)
     def get(self) -> None:
         self.write(json.dumps(self.pool.catalog.public()))
 
 
-class SwitchAPIHandler(_GpulabAPIHandler):
+class SwitchAPIHandler(GpulabAPIHandler):
     """Move a running server to other options (e.g. GPU <-> no-GPU) without losing its home.
 
     Everything that can fail is checked before the old server stops: the options are validated
@@ -116,15 +99,8 @@ class SwitchAPIHandler(_GpulabAPIHandler):
             self.log.exception("Switching %s's server failed", user.name)
 
 
-def extra_handlers() -> list[tuple[str, type]]:
-    # The spot market's API lives in its own module (imported here: it builds on this one).
-    from gpulab.hub_config.spawn_page import spawn_page_handlers
-    from gpulab.hub_config.spot_handlers import QueueAwareSpawnHandler, spot_handlers
-
-    return [
-        (r"/api/gpulab/pool", PoolAPIHandler),
-        (r"/api/gpulab/catalog", CatalogAPIHandler),
-        (r"/api/gpulab/users/([^/]+)/switch", SwitchAPIHandler),
-        *spot_handlers(),
-        *spawn_page_handlers(QueueAwareSpawnHandler),
-    ]
+ROUTES = [
+    (r"/api/gpulab/pool", PoolAPIHandler),
+    (r"/api/gpulab/catalog", CatalogAPIHandler),
+    (r"/api/gpulab/users/([^/]+)/switch", SwitchAPIHandler),
+]

@@ -31,14 +31,15 @@ from dockerspawner import DockerSpawner
 from jupyterhub.traitlets import ByteSpecification
 from traitlets import Bool, Float, Integer, Unicode, default, validate
 
-from gpulab.spawners import preemption_agent
-from gpulab.spawners.allocator import Allocation
-from gpulab.spawners.docker_images import ImageStatus, image_status
-from gpulab.spawners.gpu_spawner import GpuSpawnerMixin, SpawnError
+from gpulab.spawners.docker.images import image_status
+from gpulab.spawners.images import ImageStatus
+from gpulab.spawners.inside import agent as preemption_agent
+from gpulab.spawners.inside.agent import checkpoint_log
+from gpulab.spawners.market.preemption import checkpoint_state
+from gpulab.spawners.mixin import GpuSpawnerMixin, SpawnError
+from gpulab.spawners.node.allocator import Allocation
+from gpulab.spawners.node.pool import GpuPool
 from gpulab.spawners.options import OptionsError, parse_options
-from gpulab.spawners.pool import GpuPool
-from gpulab.spawners.preemption import checkpoint_state
-from gpulab.spawners.preemption_agent import checkpoint_log
 
 # Sent to the container's Python with each `docker exec` (see preemption_agent's docstring).
 AGENT_SOURCE = Path(preemption_agent.__file__).read_text()
@@ -588,6 +589,10 @@ class GpuDockerSpawner(GpuSpawnerMixin, DockerSpawner):
         result["state"] = checkpoint_state(result)
         return result
 
+    @classmethod
+    async def sweep_node(cls, pool: GpuPool) -> None:
+        await reap_containers(pool)
+
     def clear_state(self) -> None:
         self._stored_alloc = None
         super().clear_state()
@@ -699,7 +704,7 @@ class GpuDockerSpawner(GpuSpawnerMixin, DockerSpawner):
 async def reap_containers(pool: GpuPool) -> None:
     """Remove this hub's containers whose allocation no server holds any more.
 
-    Runs after each orphan sweep of the pool (from hub start on, see GpuPool.reapers): a
+    Runs after each orphan sweep of the pool (from hub start on: :meth:`GpuDockerSpawner.sweep_node`): a
     container of a spawn the hub died in the middle of, of a failed spawn, or of a record swept
     as orphaned must not keep running, or keep a GPU busy, with nobody tracking or billing it.
     """
@@ -723,9 +728,6 @@ async def reap_containers(pool: GpuPool) -> None:
             await asyncio.to_thread(client.remove_container, c["Id"], force=True)
         except docker.errors.APIError as e:
             pool.log.warning("Could not remove container %s: %s", c["Id"][:12], e)
-
-
-GpuPool.reapers["docker"] = reap_containers
 
 
 def _docker_reason(e: Exception) -> str:

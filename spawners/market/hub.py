@@ -25,6 +25,7 @@ import random
 import secrets
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from datetime import datetime
 from decimal import Decimal, InvalidOperation
@@ -35,8 +36,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from traitlets import Bool, Float, Instance, List, Unicode, default, validate
 from traitlets.config import SingletonConfigurable
 
-from gpulab.spawners.allocator import RESERVED, NoCapacity
-from gpulab.spawners.market import (
+from gpulab.hub_config.catalog.price_history import history_for, market_dir
+from gpulab.spawners.market.core import (
     Order,
     Schedule,
     TypeBook,
@@ -44,16 +45,7 @@ from gpulab.spawners.market import (
     spot_price,
     utilization,
 )
-from gpulab.spawners.market_store import (
-    append_jsonl,
-    history_for,
-    market_dir,
-    read_json,
-    read_jsonl,
-    write_json_atomic,
-)
-from gpulab.spawners.pool import GpuPool, _hub_started
-from gpulab.spawners.preemption import (
+from gpulab.spawners.market.preemption import (
     Preemption,
     checkpoint_state,
     run_checkpoint,
@@ -61,6 +53,14 @@ from gpulab.spawners.preemption import (
     server_processes,
     signal_opted_in,
 )
+from gpulab.spawners.market.store import (
+    append_jsonl,
+    read_json,
+    read_jsonl,
+    write_json_atomic,
+)
+from gpulab.spawners.node.allocator import RESERVED, NoCapacity
+from gpulab.spawners.node.pool import GpuPool
 
 
 class MarketAnswer(Exception):
@@ -211,6 +211,9 @@ class SpotMarket(SingletonConfigurable):
         # Preemption id -> set once its warning webhook went out (or there was none to send).
         self._warnings: dict[str, asyncio.Event] = {}
         self._spawners: dict[str, Any] = {}
+        # owner -> the hub's spawner of that server, or None; set by the hub's plugin (the market
+        # sees only spawners that asked it for admission until then).
+        self.find_spawner: Callable[[str], Any] = lambda owner: None
         self._task: asyncio.Task | None = None
         self.last_tick_seconds: float | None = None
         self._load()
@@ -349,13 +352,15 @@ class SpotMarket(SingletonConfigurable):
 
     # ---- the loop ----------------------------------------------------------------------------
 
-    def start(self) -> None:
-        """Start the periodic tick (idempotent; needs a running event loop)."""
+    def start(self, after: Awaitable[Any] | None = None) -> None:
+        """Start the periodic tick (idempotent; needs a running event loop). The first tick waits
+        for ``after`` (the hub answering on its API, so that restored servers are known)."""
         if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._loop())
+            self._task = asyncio.get_running_loop().create_task(self._loop(after))
 
-    async def _loop(self) -> None:
-        await _hub_started()
+    async def _loop(self, after: Awaitable[Any] | None) -> None:
+        if after is not None:
+            await after
         for p in list(self.preemptions.values()):
             if p.status == "warning":
                 self._schedule_deadline(p)
@@ -637,10 +642,6 @@ class SpotMarket(SingletonConfigurable):
         from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 
         base = self.hub_api_url
-        if not base:
-            from jupyterhub.app import JupyterHub
-
-            base = JupyterHub.instance().hub.api_url
         try:
             resp = await AsyncHTTPClient().fetch(
                 base.rstrip("/") + path,
@@ -662,10 +663,7 @@ class SpotMarket(SingletonConfigurable):
         if spawner is not None:
             return spawner
         try:
-            from jupyterhub.app import JupyterHub
-
-            name, _, server = owner.partition("/")
-            return JupyterHub.instance().users[name].spawners.get(server)
+            return self.find_spawner(owner)
         except Exception:
             return None
 

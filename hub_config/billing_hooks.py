@@ -1,4 +1,5 @@
-"""The hub's side of billing, run inside the hub process.
+"""The hub's side of billing, run inside the hub process (the billing service itself is
+:mod:`gpulab.billing_service`, a separate process that the hub reaches only over HTTP).
 
 - ``before_start`` (the spawner's ``pre_allocate_hook``): refuse a start, with a clear message,
   when the balance cannot pay ``min_minutes`` of the requested mode; then report ``server_start``
@@ -23,8 +24,10 @@ from typing import Any
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 from gpulab.hub_config.catalog import Catalog
-from gpulab.spawners.gpu_spawner import SpawnError
-from gpulab.spawners.market_hub import SpotMarket
+from gpulab.hub_config.data_dir import secret_file
+from gpulab.hub_config.scopes import READ_POOL_SCOPE, grant
+from gpulab.spawners.market.hub import SpotMarket
+from gpulab.spawners.mixin import SpawnError
 from gpulab.spawners.options import ServerOptions, parse_options
 
 log = logging.getLogger("gpulab.billing.hooks")
@@ -112,7 +115,7 @@ class BillingHooks:
         try:
             info = await self._call_when_up("GET", f"api/v1/users/{name}/balance")
         except BillingUnavailable as e:
-            log.error("Refusing start of %s: %s", spawner._log_name, e)
+            log.error("Refusing start of %s: %s", spawner.owner, e)
             raise SpawnError(
                 503,
                 "Billing is unavailable right now, so the server cannot start; try again in a minute.",
@@ -158,7 +161,7 @@ class BillingHooks:
             await self._call("POST", "api/v1/events", {"events": [event]})
         except BillingUnavailable as e:
             # Keep trying in the background (same event id: applied once); stopping must not wait.
-            log.warning("server_stop of %s not delivered yet: %s", spawner._log_name, e)
+            log.warning("server_stop of %s not delivered yet: %s", spawner.owner, e)
             task = asyncio.ensure_future(self._retry(event))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -176,7 +179,7 @@ class BillingHooks:
         log.error("gave up delivering %s", event)
 
 
-def configure_hub(c, data_dir: str, catalog: str, roles: list[dict]) -> None:
+def configure_billing(c, data_dir: str, catalog: str, roles: list[dict]) -> None:
     """Register the billing service, its role and the spawner hooks in a hub config ``c``.
 
     Two modes. **Managed** (the default): the hub starts ``python -m gpulab.billing_service``
@@ -216,8 +219,6 @@ def configure_hub(c, data_dir: str, catalog: str, roles: list[dict]) -> None:
     services = list(c.JupyterHub.services) if "services" in c.JupyterHub else []
     services.append(service)
     c.JupyterHub.services = services
-    from gpulab.hub_config.handlers import READ_POOL_SCOPE
-
     roles.append(
         {
             "name": "gpulab-billing",
@@ -226,9 +227,7 @@ def configure_hub(c, data_dir: str, catalog: str, roles: list[dict]) -> None:
             "services": ["billing"],
         }
     )
-    for role in roles:
-        if role["name"] == "user":
-            role["scopes"] = [*role["scopes"], "access:services!service=billing"]
+    grant(roles, "user", "access:services!service=billing")
 
     hooks = BillingHooks(
         f"{service['url']}/services/billing/", service["api_token"], min_minutes=float(min_minutes)
@@ -318,8 +317,6 @@ def _managed_service(
     from pathlib import Path
 
     from jupyterhub.utils import random_port
-
-    from gpulab.hub_config.config import secret_file
 
     # Port and token are kept in the data dir: after a hub restart (even a SIGKILL) the servers
     # still running keep reporting to the same URL, and the service keeps the same identity.

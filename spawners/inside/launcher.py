@@ -1,6 +1,6 @@
 """Entry point of a local single-user server: mount datasets read-only, then run JupyterHub's server.
 
-Runs as ``python -m gpulab.spawners.launcher [server args]`` in the server's own process, before any
+Runs as ``python -m gpulab.spawners.inside.launcher [server args]`` in the server's own process, before any
 thread exists, which is what ``unshare(CLONE_NEWNS)`` needs. Datasets arrive in the environment:
 
 - ``GPULAB_DATASET_MOUNTS``: JSON list of ``[source_dir, target_dir]``;

@@ -41,7 +41,7 @@ def _libc() -> ctypes.CDLL:
 
 def preload() -> list[str]:
     """Import the server stack and every enabled jupyter_server extension."""
-    from gpulab.spawners.launcher import install_import_trimming
+    from gpulab.spawners.inside.launcher import install_import_trimming
 
     if os.environ.get("GPULAB_TRIM_IMPORTS", "1") == "1":
         install_import_trimming()
@@ -107,7 +107,7 @@ def _run_child(request: dict, listener: socket.socket, conn: socket.socket) -> N
         os.environ.update(request["env"])
         sys.argv = ["jupyterhub-singleuser", *request["argv"]]
 
-        from gpulab.spawners.launcher import prepare_datasets
+        from gpulab.spawners.inside.launcher import prepare_datasets
 
         prepare_datasets(dict(os.environ))
         from jupyterhub.singleuser import main
@@ -218,7 +218,7 @@ class ForkServerClient:
                 [
                     sys.executable,
                     "-m",
-                    "gpulab.spawners.forkserver",
+                    "gpulab.spawners.local.forkserver",
                     "--socket",
                     self.socket_path,
                     "--parent-pid",

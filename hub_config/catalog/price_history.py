@@ -1,4 +1,4 @@
-"""Durable market records: the spot price history and small JSON state files.
+"""The spot price history: every price change per GPU type, shared by the market and billing.
 
 The price history is an append-only JSON-lines file, one line per price change::
 
@@ -6,7 +6,9 @@ The price history is an append-only JSON-lines file, one line per price change::
 
 Each line is written and fsynced before the new price takes effect, so after a SIGKILL the file
 still says which price was in force at every second (a torn last line is skipped on reading).
-Billing reads it through :func:`price_at`.
+The hub's spot market writes it; billing reads it (through :class:`PriceHistory` or
+:func:`price_at`) to rate each spot second. It sits with the catalog because both processes use
+it and neither owns the other.
 """
 
 from __future__ import annotations
@@ -137,44 +139,3 @@ def price_at(gpu_type: str, t: float, data_dir: str | os.PathLike | None = None)
     if price is None:
         raise LookupError(f"no spot price recorded for {gpu_type} at or before t={t}")
     return price
-
-
-def write_json_atomic(path: Path, data: Any, mode: int = 0o600) -> None:
-    """Replace ``path`` with ``data`` so that a crash leaves either the old or the new file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def read_json(path: Path, default: Any) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (FileNotFoundError, ValueError):
-        return default
-
-
-def append_jsonl(path: Path, record: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "ab") as f:
-        f.write((json.dumps(record) + "\n").encode())
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    out = []
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        return out
-    for line in raw.splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue
-    return out

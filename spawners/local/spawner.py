@@ -19,15 +19,16 @@ import sys
 import time
 from collections import deque
 from pathlib import Path
+from typing import Any
 
 from jupyterhub.spawner import LocalProcessSpawner
 from jupyterhub.utils import random_port
 from traitlets import Bool, Float, Integer, List, Unicode, default, validate
 
-from gpulab.spawners.docker_images import ImageStatus
-from gpulab.spawners.forkserver import ForkServerClient
-from gpulab.spawners.gpu_spawner import GpuSpawnerMixin, SpawnError
-from gpulab.spawners.pool import GpuPool
+from gpulab.spawners.images import ImageStatus
+from gpulab.spawners.local.forkserver import ForkServerClient
+from gpulab.spawners.mixin import GpuSpawnerMixin, SpawnError
+from gpulab.spawners.node.pool import GpuPool
 
 _FORKSERVERS: dict[str, ForkServerClient] = {}
 
@@ -126,7 +127,7 @@ class GpuLocalSpawner(GpuSpawnerMixin, LocalProcessSpawner):
     )
 
     @classmethod
-    def prestart(cls, pool: GpuPool, config) -> None:
+    def prepare_node(cls, pool: GpuPool, config: Any) -> None:
         """Called at hub start: warm the fork server so the first spawn is fast too."""
         settings = {**config.get("LocalProcessSpawner", {}), **config.get(cls.__name__, {})}
         if settings.get("use_forkserver", True) and "cmd" not in settings:
@@ -144,7 +145,7 @@ class GpuLocalSpawner(GpuSpawnerMixin, LocalProcessSpawner):
 
     @default("cmd")
     def _default_cmd(self) -> list[str]:
-        return [sys.executable, "-m", "gpulab.spawners.launcher"]
+        return [sys.executable, "-m", "gpulab.spawners.inside.launcher"]
 
     @default("env_keep")
     def _default_env_keep(self) -> list[str]:

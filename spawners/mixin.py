@@ -15,10 +15,10 @@ from tornado import web
 from traitlets import Any as AnyTrait
 from traitlets import Float, HasTraits, default
 
-from gpulab.spawners.allocator import ENV_ALLOC, ENV_HUB, Allocation, NoCapacity, owner_key
-from gpulab.spawners.market_hub import MarketAnswer, SpotMarket
+from gpulab.spawners.market.hub import MarketAnswer, SpotMarket
+from gpulab.spawners.node.allocator import ENV_ALLOC, ENV_HUB, Allocation, NoCapacity, owner_key
+from gpulab.spawners.node.pool import GpuPool
 from gpulab.spawners.options import OptionsError, ServerOptions, options_from_form, parse_options
-from gpulab.spawners.pool import GpuPool
 
 
 class SpawnError(web.HTTPError):
@@ -59,9 +59,18 @@ class GpuSpawnerMixin(HasTraits):
 
     @property
     def pool(self) -> GpuPool:
-        pool = GpuPool.instance(config=self.config)
-        pool.start_reconciling()
-        return pool
+        return GpuPool.instance(config=self.config)
+
+    # ---- node hooks, called by the hub's plugin ------------------------------------------------
+
+    @classmethod
+    def prepare_node(cls, pool: GpuPool, config: Any) -> None:
+        """Called once at hub start, before any spawn (e.g. warm a fork server). Default: none."""
+
+    @classmethod
+    async def sweep_node(cls, pool: GpuPool) -> None:
+        """Called after each orphan sweep of the pool: remove what this spawner class left running
+        for allocations no server holds any more (e.g. containers). Default: nothing to do."""
 
     # ---- options -----------------------------------------------------------------------------
 

@@ -6,7 +6,7 @@ is what the hub runs.
 
 Prices are :class:`~decimal.Decimal` per card-hour, quantised to the catalog's cent.
 
-Billing's seam: :func:`price_at` (re-exported from ``market_store``) answers the spot price in
+Billing's seam: :func:`price_at` (from the catalog's ``price_history``) answers the spot price in
 force for a GPU type at any second, from the durable history.
 """
 
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, time
 from decimal import ROUND_HALF_UP, Decimal
 
-from gpulab.spawners.market_store import price_at
+from gpulab.hub_config.catalog.price_history import price_at
 
 __all__ = ["Decisions", "Order", "Schedule", "TypeBook", "decide", "price_at", "spot_price"]
 

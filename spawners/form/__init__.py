@@ -13,7 +13,7 @@ import time
 from html import escape
 from typing import Any
 
-from gpulab.spawners.market_hub import SpotMarket
+from gpulab.spawners.market.hub import SpotMarket
 from gpulab.spawners.options import DEFAULTS
 
 FORM_CSS = """

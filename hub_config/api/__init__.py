@@ -1,0 +1,8 @@
+"""gpulab's own JSON API under ``/hub/api/gpulab/``: thin handlers over the pool and the market.
+
+Scopes are checked with JupyterHub's RBAC (:mod:`gpulab.hub_config.scopes`).
+"""
+
+from gpulab.hub_config.api import pool, spot
+
+ROUTES = [*pool.ROUTES, *spot.ROUTES]

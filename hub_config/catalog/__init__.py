@@ -1,0 +1,34 @@
+"""The platform catalog, the floor every other part of gpulab stands on.
+
+- :mod:`.models`: GPU types, prices, images and datasets as typed models, loaded from TOML.
+- :mod:`.price_history`: the spot price in force at every second, written by the hub's market
+  and read by billing.
+
+Nothing here imports anything else of gpulab.
+"""
+
+from gpulab.hub_config.catalog.models import (
+    DEFAULT_CATALOG,
+    Catalog,
+    CatalogError,
+    Dataset,
+    GpuType,
+    Image,
+    NoGpuMode,
+    load_catalog,
+    parse_catalog,
+    slugify,
+)
+
+__all__ = [
+    "DEFAULT_CATALOG",
+    "Catalog",
+    "CatalogError",
+    "Dataset",
+    "GpuType",
+    "Image",
+    "NoGpuMode",
+    "load_catalog",
+    "parse_catalog",
+    "slugify",
+]

@@ -1,0 +1,52 @@
+"""Queued requests are not spawns: the market is asked before JupyterHub's spawn begins.
+
+Shared by the two overrides that start servers (the spawn form and the REST API).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpulab.spawners.market.hub import MarketAnswer, SpotMarket
+from gpulab.spawners.options import OptionsError, parse_options
+
+
+def queue_instead_of_spawn(spawner: Any, raw_options: Any) -> dict[str, Any] | None:
+    """Ask the market before a spawn begins. When it queues the request, return the queue entry
+    (the caller answers "queued" and starts nothing); otherwise None: the spawn goes ahead, and
+    the spawner asks the market again (a refusal, bad options and every start come from there).
+    """
+    pool = getattr(spawner, "pool", None)
+    if pool is None or not hasattr(spawner, "owner"):
+        return None  # not a gpulab spawner
+    try:
+        options = parse_options(raw_options or {}, pool.catalog)
+    except OptionsError:
+        return None
+    market = SpotMarket.instance(config=spawner.config)
+    try:
+        market.admit(spawner, options)
+    except MarketAnswer as e:
+        if e.status != 202:
+            return None
+        entry = next(
+            (q for q in market.queue_json() if f"{q['user']}/{q['server']}" == spawner.owner),
+            None,
+        )
+        if entry is not None:
+            entry["message"] = e.message
+            market.log.info(
+                "Queued %s for %s (no spawn started): %s", entry["id"], spawner.owner, e.message
+            )
+        return entry
+    return None
+
+
+def idle_spawner(user: Any, server_name: str) -> Any:
+    """The user's spawner for ``server_name`` when it exists and runs nothing, else None."""
+    if user is None:
+        return None
+    spawner = user.spawners.get(server_name)
+    if spawner is None and not server_name:
+        spawner = user.spawner
+    return spawner if spawner is not None and not spawner.active else None

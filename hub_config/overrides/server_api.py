@@ -1,0 +1,35 @@
+"""``POST /hub/api/users/USER/server[s/NAME]``: JupyterHub's ``UserServerAPIHandler``, except
+that a request the spot market queues answers 202 with its queue entry and starts nothing
+(JupyterHub would begin a spawn that then fails). Everything else is JupyterHub's own handling.
+"""
+
+from __future__ import annotations
+
+import json
+
+from jupyterhub.apihandlers.users import UserServerAPIHandler
+from jupyterhub.scopes import needs_scope
+
+from gpulab.hub_config.overrides.queue import idle_spawner, queue_instead_of_spawn
+
+
+class ServerAPIHandler(UserServerAPIHandler):
+    @needs_scope("start:servers")
+    async def post(self, user_name: str, server_name: str = "") -> None:
+        spawner = idle_spawner(self.find_user(user_name), server_name)
+        if spawner is not None:
+            body = self.get_server_json_body() or {}
+            entry = queue_instead_of_spawn(spawner, body.get("user_options"))
+            if entry is not None:
+                self.set_status(202)
+                self.finish(
+                    json.dumps({"status": 202, "message": entry["message"], "queued": entry})
+                )
+                return
+        await super().post(user_name, server_name)
+
+
+ROUTES = [
+    (r"/api/users/([^/]+)/server", ServerAPIHandler),
+    (r"/api/users/([^/]+)/servers/([^/]*)", ServerAPIHandler),
+]

@@ -1,0 +1,109 @@
+"""The one place that wires gpulab into a JupyterHub process.
+
+Two moments:
+
+- **config time**, :func:`configure_plugin` (called by ``configure(c)``): the authenticator that
+  lets gpulab mount its routes, the scopes and roles, the spot market's service token, billing's
+  service and spawner hooks.
+- **hub start**, :func:`attach` (called by the authenticator's ``get_handlers``: JupyterHub asks
+  only its authenticator for routes mounted *ahead* of its own, and hands it the app): the GPU pool
+  and its orphan sweep, the spawner class's node hooks, the spot market's loop, and the routes of
+  :mod:`.api` (gpulab's JSON API) and :mod:`.overrides` (JupyterHub pages gpulab changes).
+
+Sweeps and the market wait until the hub answers on its own REST API: JupyterHub restores its
+spawners before it listens (``init_spawners_timeout = -1``, set here), so from then on an
+allocation that no spawner claimed really is an orphan.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from tornado.httpclient import AsyncHTTPClient
+
+from gpulab.hub_config import api, overrides
+from gpulab.hub_config.billing_hooks import configure_billing
+from gpulab.hub_config.scopes import (
+    CUSTOM_SCOPES,
+    MARKET_SERVICE,
+    SERVER_TOKEN_SCOPES,
+    base_roles,
+)
+from gpulab.spawners.market.hub import SpotMarket
+from gpulab.spawners.node.pool import GpuPool
+
+AUTHENTICATOR = "gpulab.hub_config.auth.GpulabAuthenticator"
+
+
+def configure_plugin(
+    c: Any,
+    *,
+    data_dir: str,
+    catalog: str,
+    admin_name: str,
+    admin_token: str,
+    market_token: str,
+    hub_api_url: str,
+) -> None:
+    """Everything gpulab adds to a hub config ``c``, after the JupyterHub basics are set."""
+    c.JupyterHub.authenticator_class = AUTHENTICATOR
+    # Restored spawners must have claimed their GPUs before the orphan sweep runs (see attach).
+    c.JupyterHub.init_spawners_timeout = -1
+    c.JupyterHub.custom_scopes = dict(CUSTOM_SCOPES)
+    roles = base_roles(admin_name, admin_service=bool(admin_token))
+    services: list[dict[str, Any]] = []
+    if admin_token:
+        services.append({"name": "gpulab-admin", "api_token": admin_token})
+    services.append({"name": MARKET_SERVICE, "api_token": market_token})
+    c.JupyterHub.services = services
+    configure_billing(c, data_dir, catalog, roles)
+    c.JupyterHub.load_roles = roles
+    c.SpotMarket.api_token = market_token
+    c.SpotMarket.hub_api_url = hub_api_url
+    c.Spawner.server_token_scopes = list(SERVER_TOKEN_SCOPES)
+
+
+def routes() -> list[tuple[str, type]]:
+    """gpulab's routes, to be mounted ahead of JupyterHub's own."""
+    return [*api.ROUTES, *overrides.ROUTES]
+
+
+def attach(app: Any) -> list[tuple[str, type]]:
+    """Start gpulab's parts of the hub ``app`` (idempotent) and return its routes."""
+    pool = GpuPool.instance(config=app.config)
+    if not getattr(pool, "_attached", False):
+        pool._attached = True
+        spawner_class = app.spawner_class
+        spawner_class.prepare_node(pool, app.config)
+        ready = asyncio.ensure_future(_hub_answers(app))
+        pool.start_reconciling(after=ready, node_sweep=spawner_class.sweep_node)
+        market = SpotMarket.instance(config=app.config, pool=pool)
+        if not market.hub_api_url:
+            market.hub_api_url = app.hub.api_url
+        market.find_spawner = lambda owner: _find_spawner(app, owner)
+        market.start(after=ready)
+    return routes()
+
+
+def _find_spawner(app: Any, owner: str) -> Any:
+    name, _, server = owner.partition("/")
+    user = app.users.get(name) if hasattr(app.users, "get") else None
+    if user is None:
+        try:
+            user = app.users[name]
+        except KeyError:
+            return None
+    return user.spawners.get(server)
+
+
+async def _hub_answers(app: Any, interval: float = 0.2) -> None:
+    """Wait until the hub's REST API answers (JupyterHub listens only once it has started)."""
+    client = AsyncHTTPClient()
+    url = app.hub.api_url.rstrip("/") + "/"
+    while True:
+        try:
+            await client.fetch(url, request_timeout=5, raise_error=False)
+            return
+        except Exception:
+            await asyncio.sleep(interval)

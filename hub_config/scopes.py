@@ -1,0 +1,87 @@
+"""gpulab's custom scopes and the roles that hold them, assembled in one place.
+
+Handlers check these with JupyterHub's RBAC (``needs_scope``); nothing in gpulab checks an admin
+flag by hand. :func:`base_roles` is what ``configure(c)`` loads; billing adds its own role through
+:mod:`gpulab.hub_config.billing_hooks`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jupyterhub.scopes import define_custom_scopes
+
+READ_POOL_SCOPE = "custom:gpulab:read-pool"
+SET_PRICE_SCOPE = "custom:gpulab:set-spot-price"
+SETTINGS_SCOPE = "custom:gpulab:spot-settings"
+
+CUSTOM_SCOPES: dict[str, dict[str, str]] = {
+    READ_POOL_SCOPE: {
+        "description": "Read the GPU pool (free cards, prices) and the platform catalog.",
+    },
+    SET_PRICE_SCOPE: {"description": "Pin or unpin the spot price of a GPU type."},
+    SETTINGS_SCOPE: {
+        "description": "Read and change spot settings: the preemption webhook (with its HMAC "
+        "secret) and the checkpoint command."
+    },
+}
+# Defined at import as well as through JupyterHub.custom_scopes: needs_scope() checks the name
+# when the handlers are declared, before the hub reads its config. Same definition, no conflict.
+define_custom_scopes(CUSTOM_SCOPES)
+
+# What a server's own token may do besides JupyterHub's defaults: read the pool and restart its
+# own server in another mode (the JupyterLab toggle). It does not hold SETTINGS_SCOPE, so code in
+# a notebook can neither read the webhook's signing secret nor redirect the webhook.
+SERVER_TOKEN_SCOPES = [
+    "access:servers!server",
+    "users:activity!user",
+    "read:users:name!user",
+    "read:servers!user",
+    "servers!user",
+    READ_POOL_SCOPE,
+]
+
+MARKET_SERVICE = "gpulab-market"
+ADMIN_SERVICE = "gpulab-admin"
+
+
+def base_roles(admin_name: str, *, admin_service: bool) -> list[dict[str, Any]]:
+    """The roles of a gpulab hub (before billing adds its own)."""
+    # Spot settings hold the webhook's HMAC secret: each user for themself (log-in session and
+    # the tokens they create), never a server's own token (see SERVER_TOKEN_SCOPES).
+    roles: list[dict[str, Any]] = [
+        {"name": "user", "scopes": ["self", READ_POOL_SCOPE, f"{SETTINGS_SCOPE}!user"]}
+    ]
+    if admin_service:
+        roles.append({"name": "admin", "services": [ADMIN_SERVICE]})
+        roles.append(
+            {"name": "gpulab-service", "scopes": [READ_POOL_SCOPE], "services": [ADMIN_SERVICE]}
+        )
+    # Pinning spot prices is an operator's act: admins (and the admin service) hold the scope;
+    # they also read and set any user's spot settings.
+    roles.append(
+        {
+            "name": "gpulab-market-admin",
+            "scopes": [SET_PRICE_SCOPE, SETTINGS_SCOPE, READ_POOL_SCOPE],
+            "users": [admin_name],
+            "services": [ADMIN_SERVICE] if admin_service else [],
+        }
+    )
+    # The spot market starts queued servers and stops reclaimed ones through the REST API.
+    roles.append(
+        {
+            "name": MARKET_SERVICE,
+            "scopes": ["admin:servers", "read:users", READ_POOL_SCOPE],
+            "services": [MARKET_SERVICE],
+        }
+    )
+    return roles
+
+
+def grant(roles: list[dict[str, Any]], role_name: str, *scopes: str) -> None:
+    """Add ``scopes`` to the role named ``role_name`` (which must exist)."""
+    for role in roles:
+        if role["name"] == role_name:
+            role["scopes"] = [*role.get("scopes", []), *scopes]
+            return
+    raise KeyError(f"no role {role_name!r}")
