@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, func
 from sqlalchemy.dialects import postgresql, sqlite
 
 
@@ -18,13 +18,9 @@ def upsert_span_extend(conn: Connection, model, rows: list[dict]):
     stmt = dialect.insert(model)
     ex = stmt.excluded
     if conn.dialect.name == "postgresql":
-        from sqlalchemy import func
-
         first = func.least(model.first_us, ex.first_us)
         last = func.greatest(model.last_us, ex.last_us)
     else:
-        from sqlalchemy import func
-
         # SQLite's two-argument min()/max() are scalar functions.
         first = func.min(model.first_us, ex.first_us)
         last = func.max(model.last_us, ex.last_us)

@@ -13,14 +13,21 @@ Both call the billing service directly with the service's own token (which holds
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import logging
+import os
+import shlex
+import sys
 import time
 import uuid
 from collections.abc import Callable
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
+from jupyterhub.utils import random_port
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 from gpulab.hub_config.catalog import Catalog
@@ -198,7 +205,6 @@ def configure_billing(c, data_dir: str, catalog: str, roles: list[dict]) -> None
     Reporter knobs passed to every server: ``GPULAB_REPORTER_HEARTBEAT`` (seconds, default 10),
     ``GPULAB_REPORTER_MAX_BACKOFF``.
     """
-    import os
 
     if os.environ.get("GPULAB_BILLING", "1") == "0":
         return
@@ -255,8 +261,6 @@ _MANAGED_ONLY = ("GPULAB_BILLING_PORT", "GPULAB_BILLING_DB_URL", "GPULAB_BILLING
 
 def _external_service() -> tuple[dict[str, Any], str]:
     """The service entry for a billing service the hub does not start, and the URL servers use."""
-    import os
-    from urllib.parse import urlparse
 
     url = os.environ["GPULAB_BILLING_EXTERNAL_URL"].rstrip("/")
     parsed = urlparse(url)
@@ -284,7 +288,6 @@ def _external_service() -> tuple[dict[str, Any], str]:
 
 def _hub_ports(c) -> set[int]:
     """The ports this hub's own processes will listen on (not bound yet while config loads)."""
-    from urllib.parse import urlparse
 
     ports = set()
     for section, key in (("JupyterHub", "port"), ("JupyterHub", "hub_port")):
@@ -311,12 +314,6 @@ def _managed_service(
     c, data_dir: str, catalog: str, min_minutes: str
 ) -> tuple[dict[str, Any], str]:
     """The service entry for a billing service the hub starts, and the URL servers use."""
-    import os
-    import shlex
-    import sys
-    from pathlib import Path
-
-    from jupyterhub.utils import random_port
 
     # Port and token are kept in the data dir: after a hub restart (even a SIGKILL) the servers
     # still running keep reporting to the same URL, and the service keeps the same identity.
@@ -360,8 +357,6 @@ def _managed_service(
 
 
 def _reporter_config_dir() -> str | None:
-    import importlib.util
-    from pathlib import Path
 
     spec = importlib.util.find_spec("gpulab_reporter")
     if spec is None or spec.origin is None:

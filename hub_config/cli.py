@@ -134,6 +134,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     )
     sys.stdout.flush()
 
+    # JupyterHub's app is heavy to import: only `gpulab up` needs it.
     from jupyterhub.app import main as jupyterhub_main
 
     jupyterhub_main(["-f", str(CONFIG_FILE), *args.jupyterhub_args])

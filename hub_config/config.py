@@ -141,6 +141,7 @@ def configure(c, settings: Settings | None = None) -> None:
 
 def configure_docker(c, s: Settings) -> None:
     """Run every server in a container (``gpulab-docker``); the hub must be reachable from them."""
+    # dockerspawner and the Docker SDK are needed only by a Docker node.
     from gpulab.spawners.docker import network_gateway
 
     c.JupyterHub.spawner_class = "gpulab-docker"

@@ -45,6 +45,7 @@ def add_images_parser(sub) -> None:
 
 
 def _client():
+    # The Docker SDK only for `gpulab images`: a local-spawner node may not have an engine.
     import docker
 
     try:
@@ -115,6 +116,7 @@ def build_image(catalog: Catalog, slug: str) -> None:
 
 
 def cmd_images(args: argparse.Namespace) -> int:
+    # Imported here with the Docker SDK it needs (see _client).
     from gpulab.spawners.docker.images import catalog_image_status
 
     try:
