@@ -1,0 +1,104 @@
+"""Each user's own Unix account for local servers, when the hub runs as root.
+
+The JupyterHub ecosystem's convention (The Littlest JupyterHub) is one system account per hub
+user, named ``jupyter-NAME``. Kernels then run as that account, so they cannot read the hub's
+secrets (files 0600 and ``/proc/PID/environ`` of root's processes), another user's home (0700) or
+signal another user's processes. Accounts are made once, on a user's first spawn.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pwd
+import re
+import subprocess
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+PREFIX = "jupyter-"
+# useradd's limit on Debian (and the one shown by `ps`/`ls` without truncation).
+MAX_LEN = 32
+_UNSAFE = re.compile(r"[^a-z0-9_-]")
+
+_lock = threading.Lock()
+
+
+class AccountError(RuntimeError):
+    """The account could not be made or found; the message says why."""
+
+
+@dataclass(frozen=True)
+class Account:
+    name: str
+    uid: int
+    gid: int
+    home: str
+
+
+def account_name(username: str, prefix: str = PREFIX) -> str:
+    """``jupyter-alice``; unsafe characters and over-long names get a short hash so that two
+    hub users never share an account (``Ann`` and ``ann`` differ: the hash is of the original)."""
+    safe = _UNSAFE.sub("-", username.lower())
+    name = prefix + safe
+    if safe != username or len(name) > MAX_LEN:
+        digest = hashlib.sha256(username.encode()).hexdigest()[:8]
+        name = f"{name[: MAX_LEN - 9]}-{digest}"
+    return name
+
+
+def lookup(name: str) -> Account | None:
+    try:
+        pw = pwd.getpwnam(name)
+    except KeyError:
+        return None
+    return Account(name=pw.pw_name, uid=pw.pw_uid, gid=pw.pw_gid, home=pw.pw_dir)
+
+
+def ensure_account(name: str, home: str | os.PathLike) -> Account:
+    """The account ``name`` with ``home``, created if missing (blocking: run it in a thread).
+
+    The home directory itself is made by the caller (it lives under the hub's data dir, which
+    useradd must not populate from /etc/skel).
+    """
+    with _lock:
+        found = lookup(name)
+        if found is not None:
+            return found
+        cmd = [
+            "useradd",
+            "--system",
+            "--no-create-home",
+            "--home-dir",
+            str(home),
+            "--shell",
+            "/bin/bash",
+            "--user-group",
+            "--comment",
+            "gpulab user",
+            name,
+        ]
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.SubprocessError) as e:
+            raise AccountError(f"could not run useradd for {name}: {e}") from None
+        found = lookup(name)
+        if found is None:
+            raise AccountError(
+                f"useradd {name} failed ({out.returncode}): {out.stderr.strip() or out.stdout}"
+            )
+        return found
+
+
+def prepare_home(home: Path, account: Account) -> None:
+    """The home exists, belongs to the account and is private (0700)."""
+    home.mkdir(parents=True, exist_ok=True)
+    st = home.stat()
+    if (st.st_uid, st.st_gid) != (account.uid, account.gid):
+        # A home made before isolation (or by a restore) still holds root's files: hand all
+        # of it over once, so the user can keep working on their files.
+        for root, dirs, files in os.walk(home):
+            for entry in [root, *(os.path.join(root, n) for n in dirs + files)]:
+                os.lchown(entry, account.uid, account.gid)
+    home.chmod(0o700)
