@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from gpulab.hub_config.catalog import CatalogError, load_catalog
-from gpulab.hub_config.data_dir import admin_password
+from gpulab.hub_config.data_dir import admin_password, make_private_data_dir
 from gpulab.hub_config.images_cli import add_images_parser, cmd_images
 from gpulab.spawners.node.inventory import GpuInventory, SimulateSpecError, parse_simulate_spec
 
@@ -107,7 +107,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     except (CatalogError, SimulateSpecError) as e:
         print(f"gpulab: {e}", file=sys.stderr)
         return 2
-    data_dir.mkdir(parents=True, exist_ok=True)
+    make_private_data_dir(data_dir)
     password, new = admin_password(data_dir)
     os.environ.update(
         GPULAB_DATA_DIR=str(data_dir),

@@ -12,7 +12,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpulab.hub_config.data_dir import admin_password, secret_file
+from gpulab.hub_config.data_dir import admin_password, make_private_data_dir, secret_file
 from gpulab.hub_config.plugin import configure_plugin
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -83,7 +83,7 @@ def configure(c, settings: Settings | None = None) -> None:
     """Fill a JupyterHub config object ``c`` for a gpulab node."""
     s = settings or Settings.from_env()
     data = s.data_dir
-    data.mkdir(parents=True, exist_ok=True)
+    make_private_data_dir(data)
 
     c.JupyterHub.ip = s.ip
     c.JupyterHub.port = s.port

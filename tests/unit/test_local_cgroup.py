@@ -63,7 +63,9 @@ def test_a_detached_grandchild_stays_in_the_group_and_dies_with_it(group) -> Non
     assert group.pids() == []
     assert proc.wait(timeout=10) == -9
     for pid in members:
-        assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
+        assert (
+            not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
+        )
 
 
 def test_the_pids_limit_stops_a_fork_bomb(group) -> None:
