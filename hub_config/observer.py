@@ -1,0 +1,213 @@
+"""The hub watches every server itself: observed activity for billing, JupyterHub's activity
+record, and GPUs that nobody uses going back to the pool.
+
+Every ``interval`` seconds (jittered) each running gpulab server is asked for its processes
+other than the single-user server itself (``GpuSpawnerMixin.observe``: its cgroup, its
+container, NVML's processes on its cards). From those samples:
+
+- **billing** gets ``activity`` spans (a hub-only event kind), so a server is billed for what it
+  was seen doing whatever its own reporter says or doesn't say;
+- **JupyterHub's ``last_activity``** moves while a server is active (through the REST API, at
+  most every ``activity_update_interval``), so jupyterhub-idle-culler and the admin page see the
+  truth: a kernel busy in a silent loop is activity, a forged heartbeat is not;
+- **idle GPUs go back**: a GPU server with no observed activity for ``gpu_idle_timeout`` is moved
+  to no-GPU mode through the switch endpoint (same home), and a no-GPU server idle for
+  ``idle_timeout`` is stopped. The user is told why (:mod:`.notices`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import quote
+
+from traitlets import Float, Integer
+from traitlets.config import LoggingConfigurable
+
+from gpulab.hub_config.notices import Notices
+from gpulab.spawners.activity import ActivityTracker, Span
+
+# (method, path under the hub API, JSON body) -> (status, text)
+HubAPI = Callable[[str, str, Any], Awaitable[tuple[int, str]]]
+# a batch of billing events -> delivered (or queued for retry)
+Report = Callable[[list[dict[str, Any]]], Awaitable[None]]
+
+
+class ActivityObserver(LoggingConfigurable):
+    """Samples every running server's processes; see the module docstring."""
+
+    interval = Float(
+        2.0,
+        config=True,
+        help="""Seconds between samples of each server's processes (a random jitter of up to
+        10% is added). Observed spans end at the last sample that saw a process, so billing never
+        charges more than was seen; shorter intervals miss less of very short processes.""",
+    )
+
+    activity_update_interval = Float(
+        30.0,
+        config=True,
+        help="""At most this often (seconds) an active server's JupyterHub last_activity is
+        moved to now (what jupyterhub-idle-culler and the admin page read).""",
+    )
+
+    gpu_idle_timeout = Float(
+        600.0,
+        config=True,
+        help="""A GPU server with no observed activity (no process besides the server itself,
+        no GPU process) for this many seconds is moved to no-GPU mode, giving its cards back.
+        0 turns this off.""",
+    )
+
+    idle_timeout = Float(
+        900.0,
+        config=True,
+        help="""A no-GPU server with no observed activity for this many seconds is stopped.
+        0 turns this off.""",
+    )
+
+    max_concurrent = Integer(
+        16,
+        config=True,
+        help="How many servers are sampled at the same time (each sample may be a Docker call).",
+    )
+
+    def __init__(self, *, hub_api: HubAPI, report: Report, notices: Notices, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.hub_api = hub_api
+        self.report = report
+        self.notices = notices
+        self.trackers: dict[str, ActivityTracker] = {}  # owner -> its current session's tracker
+        self._activity_sent: dict[str, float] = {}
+        self._acting: set[str] = set()
+        self._task: asyncio.Task | None = None
+
+    def start(self, spawners: Callable[[], list[Any]], after: Awaitable[Any] | None) -> None:
+        """Start sampling (idempotent). ``spawners`` lists the hub's running gpulab spawners."""
+        if self._task is None:
+            self._task = asyncio.ensure_future(self._loop(spawners, after))
+
+    async def _loop(self, spawners: Callable[[], list[Any]], after: Awaitable[Any] | None) -> None:
+        if after is not None:
+            await after
+        while True:
+            try:
+                await self.tick(spawners())
+            except Exception:
+                self.log.exception("Activity observation failed")
+            await asyncio.sleep(self.interval * (1 + random.uniform(0, 0.1)))
+
+    async def tick(self, running: list[Any]) -> None:
+        """One round over the running servers (also called directly by tests)."""
+        gate = asyncio.Semaphore(self.max_concurrent)
+        events: list[dict[str, Any]] = []
+
+        async def one(spawner: Any) -> None:
+            async with gate:
+                events.extend(await self._observe(spawner))
+
+        seen = {s.owner for s in running}
+        await asyncio.gather(*(one(s) for s in running))
+        for owner in list(self.trackers):
+            if owner not in seen:
+                events.extend(self._end(owner))
+        if events:
+            await self.report(events)
+
+    def session_ended(self, spawner: Any) -> list[dict[str, Any]]:
+        """The server stopped: its open span closes at the last sample (events to report)."""
+        return self._end(spawner.owner)
+
+    def _end(self, owner: str) -> list[dict[str, Any]]:
+        tracker = self.trackers.pop(owner, None)
+        self._activity_sent.pop(owner, None)
+        span = tracker.close() if tracker is not None else None
+        user, _, server = owner.partition("/")
+        return [span.to_event(user, server)] if span is not None else []
+
+    async def _observe(self, spawner: Any) -> list[dict[str, Any]]:
+        alloc = spawner.allocation
+        if alloc is None:
+            return []
+        owner = spawner.owner
+        tracker = self.trackers.get(owner)
+        if tracker is None or tracker.session != alloc.alloc_id:
+            ended = self._end(owner) if tracker is not None else []
+            tracker = self.trackers[owner] = ActivityTracker(
+                session=alloc.alloc_id, session_start=_started(spawner)
+            )
+        else:
+            ended = []
+        obs = await spawner.observe()
+        if obs is None:
+            return ended
+        span: Span | None = tracker.update(obs)
+        user, _, server = owner.partition("/")
+        events = [*ended, *([span.to_event(user, server)] if span is not None else [])]
+        if obs.active:
+            await self._note_activity(owner, obs.t)
+        elif owner not in self._acting:
+            await self._maybe_reclaim(spawner, tracker, obs.t)
+        return events
+
+    async def _note_activity(self, owner: str, t: float) -> None:
+        if t - self._activity_sent.get(owner, 0.0) < self.activity_update_interval:
+            return
+        self._activity_sent[owner] = t
+        user, _, server = owner.partition("/")
+        stamp = datetime.fromtimestamp(t, UTC).isoformat().replace("+00:00", "Z")
+        body = {"last_activity": stamp, "servers": {server: {"last_activity": stamp}}}
+        code, text = await self.hub_api("POST", f"/users/{quote(user)}/activity", body)
+        if code >= 300:
+            self.log.warning("Could not record activity of %s: %s %s", owner, code, text[:200])
+
+    async def _maybe_reclaim(self, spawner: Any, tracker: ActivityTracker, now: float) -> None:
+        idle = tracker.idle_for(now)
+        gpu = spawner.allocation.gpu_type is not None
+        limit = self.gpu_idle_timeout if gpu else self.idle_timeout
+        if limit <= 0 or idle < limit:
+            return
+        owner = spawner.owner
+        self._acting.add(owner)
+        task = asyncio.ensure_future(self._reclaim(owner, gpu, idle))
+        task.add_done_callback(lambda _: self._acting.discard(owner))
+
+    async def _reclaim(self, owner: str, gpu: bool, idle: float) -> None:
+        user, _, server = owner.partition("/")
+        minutes = f"{idle / 60:.0f} minutes"
+        if gpu:
+            message = (
+                f"No activity on your GPU server for {minutes}: it was moved to no-GPU mode, "
+                "same home, so its cards go back to the pool. Switch back to a GPU when you need one."
+            )
+            path = f"/gpulab/users/{quote(user)}/switch"
+            code, text = await self.hub_api("POST", path, {"gpu": "none"})
+            kind = "gpu-idle"
+        else:
+            message = f"No activity on your server for {minutes}: it was stopped."
+            path = (
+                f"/users/{quote(user)}/servers/{quote(server)}"
+                if server
+                else f"/users/{quote(user)}/server"
+            )
+            code, text = await self.hub_api("DELETE", path, None)
+            kind = "idle-stop"
+        if code >= 300:
+            self.log.warning("Could not reclaim idle %s (%s): %s %s", owner, kind, code, text[:200])
+            return
+        self.log.info("Reclaimed idle %s after %.0fs: %s", owner, idle, kind)
+        self.notices.add(user, kind, message, at=time.time())
+
+
+def _started(spawner: Any) -> float:
+    orm = getattr(spawner, "orm_spawner", None)
+    started = getattr(orm, "started", None)
+    if started is not None:
+        if started.tzinfo is None:
+            started = started.replace(tzinfo=UTC)
+        return started.timestamp()
+    return time.time()
