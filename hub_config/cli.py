@@ -74,6 +74,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="let new sign-ups log in without admin approval",
     )
     up.add_argument(
+        "--unsafe-signup-without-isolation",
+        action="store_true",
+        default=os.environ.get("GPULAB_UNSAFE_SIGNUP_WITHOUT_ISOLATION") == "1",
+        help="allow sign-up even though this hub does not run as root, so every local server "
+        "runs as this one Unix user: each user could read and change every other user's "
+        "files, kernels and tokens, and the hub's own secrets (off by default)",
+    )
+    up.add_argument(
         "--spawner",
         choices=("local", "docker"),
         default=os.environ.get("GPULAB_SPAWNER", "local"),
@@ -118,6 +126,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         GPULAB_SIMULATE_GPUS=simulate,
         GPULAB_CATALOG=args.catalog,
         GPULAB_OPEN_SIGNUP="1" if args.open_signup else "0",
+        GPULAB_UNSAFE_SIGNUP_WITHOUT_ISOLATION="1" if args.unsafe_signup_without_isolation else "0",
         GPULAB_SPAWNER=args.spawner,
     )
     host = "127.0.0.1" if args.ip in ("", "0.0.0.0") else args.ip
@@ -128,10 +137,17 @@ def cmd_up(args: argparse.Namespace) -> int:
         )
     else:
         print(f"gpulab: log in as 'admin'; the password is in {data_dir}/admin-password")
-    print(
-        "gpulab: new users sign up at /hub/signup; "
-        + ("sign-up is open." if args.open_signup else "the admin approves them at /hub/authorize.")
-    )
+    if args.spawner == "local" and os.geteuid() != 0 and not args.unsafe_signup_without_isolation:
+        pass  # configure() says why sign-up is closed
+    else:
+        print(
+            "gpulab: new users sign up at /hub/signup; "
+            + (
+                "sign-up is open."
+                if args.open_signup
+                else "the admin approves them at /hub/authorize."
+            )
+        )
     sys.stdout.flush()
 
     # JupyterHub's app is heavy to import: only `gpulab up` needs it.

@@ -32,6 +32,8 @@ class Settings:
     admin_name: str = "admin"
     admin_token: str = ""
     open_signup: bool = False
+    # Sign-up on a hub whose local servers all run as its one Unix user (not root).
+    unsafe_signup_without_isolation: bool = False
     db_url: str = ""
     # Which spawner runs the servers: "local" (processes, the embedded default) or "docker".
     spawner: str = "local"
@@ -58,6 +60,8 @@ class Settings:
             admin_name=env.get("GPULAB_ADMIN_USER", "admin"),
             admin_token=env.get("GPULAB_ADMIN_TOKEN", ""),
             open_signup=env.get("GPULAB_OPEN_SIGNUP", "0") == "1",
+            unsafe_signup_without_isolation=env.get("GPULAB_UNSAFE_SIGNUP_WITHOUT_ISOLATION", "0")
+            == "1",
             db_url=env.get("GPULAB_DB_URL", ""),
             spawner=env.get("GPULAB_SPAWNER", "local"),
             docker_network=env.get("GPULAB_DOCKER_NETWORK", "bridge"),
@@ -114,6 +118,22 @@ def configure(c, settings: Settings | None = None) -> None:
     # NativeAuthenticator keeps its own approval flag per account; every approved account may log in.
     c.Authenticator.allow_all = True
     c.NativeAuthenticator.open_signup = s.open_signup
+    if s.spawner == "local" and os.geteuid() != 0:
+        # Without root there are no per-user accounts or cgroups: every server runs as the hub's
+        # own user. Fine for one person on a laptop; not for strangers signing up.
+        if s.unsafe_signup_without_isolation:
+            print(
+                "gpulab: WARNING: not running as root, so every user's server runs as this one "
+                "Unix user and users are NOT isolated from each other or from the hub's secrets; "
+                "sign-up is open anyway (--unsafe-signup-without-isolation)."
+            )
+        else:
+            c.NativeAuthenticator.enable_signup = False
+            print(
+                "gpulab: not running as root: every server runs as this Unix user, so users are "
+                "not isolated from each other; sign-up is closed (run as root for per-user "
+                "accounts, or pass --unsafe-signup-without-isolation to open it anyway)."
+            )
     c.NativeAuthenticator.minimum_password_length = 8
     # A hand-written config calling configure(c) on a fresh data dir gets its password here too.
     admin_password(data)
