@@ -1,9 +1,10 @@
-// The visible parts: the status-bar item, the Datasets panel and the GPU panel.
+// The visible parts: the status-bar item, the Datasets panel, the GPU panel and the body of the
+// "Switch to GPU..." dialog.
 import { LabIcon } from '@jupyterlab/ui-components';
 import { Message } from '@lumino/messaging';
 import { Widget } from '@lumino/widgets';
 
-import { IBalance, ICatalog, IStatus, isNoGpu, statusParts } from './logic';
+import { IBalance, ICatalog, IGpuChoice, IStatus, isNoGpu, statusParts } from './logic';
 import { formatCountdown, ISpotStatus, spotPriceText, spotTitle } from './spot';
 
 function el<K extends keyof HTMLElementTagNameMap>(
@@ -264,4 +265,57 @@ function bar(label: string, percent: number, text: string): HTMLElement {
   track.appendChild(fill);
   row.append(el('span', 'jp-gpulab-bar-label', label), track, el('span', 'jp-gpulab-bar-text', text));
   return row;
+}
+
+/** The body of the "Switch to GPU..." dialog: GPU type (with free cards and price) and count. */
+export class GpuChooser extends Widget {
+  private type = document.createElement('select');
+  private count = document.createElement('select');
+
+  constructor(
+    private choices: IGpuChoice[],
+    private maxGpus: number
+  ) {
+    super();
+    this.addClass('jp-gpulab-chooser');
+    const typeLabel = document.createElement('label');
+    typeLabel.textContent = 'GPU type';
+    for (const c of choices) {
+      const option = document.createElement('option');
+      option.value = c.slug;
+      option.textContent = c.label;
+      option.disabled = c.disabled;
+      this.type.appendChild(option);
+    }
+    const first = choices.find(c => !c.disabled);
+    if (first) {
+      this.type.value = first.slug;
+    }
+    this.type.className = 'jp-gpulab-choose-type';
+    const countLabel = document.createElement('label');
+    countLabel.textContent = 'Cards';
+    this.count.className = 'jp-gpulab-choose-count';
+    this.type.addEventListener('change', () => this.fillCounts());
+    typeLabel.appendChild(this.type);
+    countLabel.appendChild(this.count);
+    this.node.append(typeLabel, countLabel);
+    this.fillCounts();
+  }
+
+  private fillCounts(): void {
+    const choice = this.choices.find(c => c.slug === this.type.value);
+    this.count.replaceChildren();
+    const n = Math.max(1, Math.min(choice ? choice.free : 1, this.maxGpus));
+    for (let i = 1; i <= n; i++) {
+      const option = document.createElement('option');
+      option.value = String(i);
+      option.textContent = String(i);
+      this.count.appendChild(option);
+    }
+  }
+
+  getValue(): { choice: IGpuChoice; gpus: number } | null {
+    const choice = this.choices.find(c => c.slug === this.type.value);
+    return choice ? { choice, gpus: Number(this.count.value || 1) } : null;
+  }
 }
