@@ -128,6 +128,17 @@ class Dataset(_Model):
         return Path(self.source)
 
 
+class ServerLimits(_Model):
+    """Limits every server gets whatever its mode (CPUs and memory come with the mode)."""
+
+    pids: int = Field(
+        1024, ge=32, description="Most processes and threads a server may run at once."
+    )
+    open_files: int = Field(
+        4096, ge=64, description="Most files one process of a server may hold open (nofile)."
+    )
+
+
 class Catalog(_Model):
     currency: str = Field(pattern=r"^[A-Z]{3}$")
     trial_credit: Money
@@ -136,6 +147,7 @@ class Catalog(_Model):
     gpu_types: dict[str, GpuType]
     images: dict[str, Image]
     datasets: dict[str, Dataset] = Field(default_factory=dict)
+    limits: ServerLimits = Field(default_factory=ServerLimits)
 
     @model_validator(mode="before")
     @classmethod
