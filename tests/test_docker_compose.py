@@ -121,7 +121,7 @@ def test_compose_runs_billing_as_an_external_service() -> None:
 def test_compose_refuses_to_run_without_secrets() -> None:
     out = compose("config", "-q", env={})
     assert out.returncode != 0
-    assert "POSTGRES_PASSWORD" in out.stderr or "CONFIGPROXY_AUTH_TOKEN" in out.stderr
+    assert any(name in out.stderr for name in SECRETS), out.stderr
     # Every secret on its own, billing's token included.
     for missing in SECRETS:
         out = compose("config", "-q", env={k: v for k, v in SECRETS.items() if k != missing})
