@@ -11,6 +11,7 @@ binds, which is what keeps a tenant out."""
 from __future__ import annotations
 
 import json
+import socket
 import time
 import uuid
 from urllib.parse import urlparse
@@ -83,7 +84,7 @@ def listeners(cfg: dict) -> dict[str, list[str]]:
     }  # fmt: skip
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def layout(docker, test_image: str):
     """The compose file's networks and services as stand-ins; everything removed afterwards,
     whatever happened."""
@@ -112,12 +113,20 @@ def layout(docker, test_image: str):
             # As compose does: every network gets the service name as an alias, plus its own.
             aliases = {key: [svc, *extra] for key, extra in attach.items()}
             api = docker.api
+            # Its published ports too, on loopback and a free host port (this machine's 8000 may
+            # be taken): Docker publishes through a non-internal network only, so this shows
+            # that the public port still works with the proxy also on the internal network.
+            published = [published_target(p) for p in cfg["services"][svc].get("ports", [])]
             created = api.create_container(
                 test_image,
                 ["python", "-c", LISTEN, *binds],
                 name=f"{run}-{svc}",
                 labels=labels,
-                host_config=api.create_host_config(network_mode=nets[first]),
+                ports=published,
+                host_config=api.create_host_config(
+                    network_mode=nets[first],
+                    port_bindings={port: ("127.0.0.1", None) for port in published},
+                ),
                 networking_config=api.create_networking_config(
                     {nets[first]: api.create_endpoint_config(aliases=aliases[first])}
                 ),
@@ -142,6 +151,18 @@ def layout(docker, test_image: str):
             c.remove(force=True)
         for n in docker.networks.list(filters={"label": f"{LABEL}={run}"}):
             n.remove()
+
+
+def published_target(port) -> int:
+    """The container port of a `ports` entry of `docker-compose config` (long or short form)."""
+    if isinstance(port, dict):
+        return int(port["target"])
+    return int(str(port).rsplit(":", 1)[-1].split("/")[0])
+
+
+def host_port(container, port: int) -> int:
+    container.reload()
+    return int(container.attrs["NetworkSettings"]["Ports"][f"{port}/tcp"][0]["HostPort"])
 
 
 def ip_on(container, network: str) -> str:
@@ -214,3 +235,17 @@ def test_a_user_container_reaches_the_hub_and_the_proxy_only(docker, test_image,
     assert "open" not in refused.values(), found
     # The internal names don't even resolve there.
     assert {found[t] for t in inside.values()} == {"no such name"}, found
+
+
+def test_published_ports_reach_the_service_from_the_host(layout) -> None:
+    """The proxy's public port, published as compose publishes it, answers on the host although
+    the proxy is on the internal network too."""
+    cfg, _, containers, _ = layout
+    published = {
+        svc: [published_target(p) for p in spec.get("ports", [])]
+        for svc, spec in cfg["services"].items()
+    }
+    assert {svc for svc, ports in published.items() if ports} == {"proxy"}, published
+    for svc, ports in published.items():
+        for port in ports:
+            socket.create_connection(("127.0.0.1", host_port(containers[svc], port)), 5).close()
