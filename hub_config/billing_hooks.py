@@ -199,9 +199,13 @@ def configure_billing(c, data_dir: str, catalog: str, roles: list[dict]) -> None
     Managed mode: ``GPULAB_BILLING_PORT`` (default: a free port), ``GPULAB_BILLING_DB_URL``
     (default: SQLite in the data dir), ``GPULAB_BILLING_ARGS`` (extra ``--BillingService.x=y``
     arguments). External mode: ``GPULAB_BILLING_EXTERNAL_URL`` (e.g. ``http://billing:10101``:
-    where the hub, the proxy and every server reach the service; no path, the service serves
-    under ``/services/billing/``) and ``GPULAB_BILLING_API_TOKEN`` (required with it: the
-    service's hub token, the same secret the service gets as ``JUPYTERHUB_API_TOKEN``).
+    where the hub and the proxy (and by default every server) reach the service; no path, the
+    service serves under ``/services/billing/``) and ``GPULAB_BILLING_API_TOKEN`` (required with
+    it: the service's hub token, the same secret the service gets as ``JUPYTERHUB_API_TOKEN``).
+    Either mode: ``GPULAB_BILLING_SERVER_URL`` (e.g. ``http://proxy:8000/services/billing/``):
+    where servers reach the service, when that is not where the hub does (docker-compose: the
+    proxy's public route, because user containers can't reach billing's own port); default: the
+    service's own address under ``/services/billing/``.
     Reporter knobs passed to every server: ``GPULAB_REPORTER_HEARTBEAT`` (seconds, default 10),
     ``GPULAB_REPORTER_MAX_BACKOFF``.
     """
@@ -209,10 +213,13 @@ def configure_billing(c, data_dir: str, catalog: str, roles: list[dict]) -> None
     if os.environ.get("GPULAB_BILLING", "1") == "0":
         return
     min_minutes = os.environ.get("GPULAB_BILLING_MIN_MINUTES", "10")
+    # Checked before anything is registered, as the external mode's settings are.
+    server_url_setting = _server_url_setting()
     if os.environ.get("GPULAB_BILLING_EXTERNAL_URL"):
         service, server_url = _external_service()
     else:
         service, server_url = _managed_service(c, data_dir, catalog, min_minutes)
+    server_url = server_url_setting or server_url
     service.update(
         {
             "name": "billing",
@@ -259,6 +266,24 @@ def configure_billing(c, data_dir: str, catalog: str, roles: list[dict]) -> None
 _MANAGED_ONLY = ("GPULAB_BILLING_PORT", "GPULAB_BILLING_DB_URL", "GPULAB_BILLING_ARGS")
 
 
+def _server_url_setting() -> str:
+    """``GPULAB_BILLING_SERVER_URL``, checked: where servers reach billing, or "" for the
+    default (the service's own address). A path is allowed, and expected: the proxy's route is
+    ``/services/billing/`` under the hub's base URL."""
+
+    url = os.environ.get("GPULAB_BILLING_SERVER_URL", "").strip()
+    if not url:
+        return ""
+    parsed = urlparse(url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise ValueError(
+            f"GPULAB_BILLING_SERVER_URL: {url!r}; expected the http(s) URL servers reach the "
+            "billing service at, e.g. http://proxy:8000/services/billing/"
+        )
+    # Servers append api/v1/... to it, as to the default.
+    return url.rstrip("/") + "/"
+
+
 def _external_service() -> tuple[dict[str, Any], str]:
     """The service entry for a billing service the hub does not start, and the URL servers use."""
 
@@ -281,8 +306,8 @@ def _external_service() -> tuple[dict[str, Any], str]:
             log.warning(
                 "%s is ignored with GPULAB_BILLING_EXTERNAL_URL: set it on the service", key
             )
-    # Servers reach the service at the same address as the hub does (in docker-compose: its
-    # service name on the gpulab network, which user containers join).
+    # By default servers reach the service where the hub does; GPULAB_BILLING_SERVER_URL says
+    # otherwise (docker-compose: user containers can't reach this address, they use the proxy).
     return {"url": url, "api_token": token}, f"{url}/services/billing/"
 
 

@@ -13,9 +13,13 @@ from conftest import require
 from harness import REPO
 
 SECRETS = {
-    "POSTGRES_PASSWORD": "pg-secret-for-test",
+    "POSTGRES_SUPERUSER_PASSWORD": "pg-superuser-secret-for-test",
+    "GPULAB_HUB_DB_PASSWORD": "pg-secret-for-test",
+    "GPULAB_BILLING_DB_PASSWORD": "pg-billing-secret-for-test",
     "CONFIGPROXY_AUTH_TOKEN": "proxy-token",
     "GPULAB_BILLING_API_TOKEN": "billing-token-for-test",
+    # Not a secret, but required like one: the Docker socket's group, for the hub.
+    "DOCKER_GID": "4242",
 }
 
 
@@ -45,8 +49,8 @@ def test_compose_file_validates_and_wires_the_platform() -> None:
     # hub and proxy share the token; user containers join the named network the hub uses
     proxy = cfg["services"]["proxy"]
     assert hub["CONFIGPROXY_AUTH_TOKEN"] == proxy["environment"]["CONFIGPROXY_AUTH_TOKEN"]
-    assert hub["GPULAB_PROXY_API_URL"] == "http://proxy:8001"
-    assert cfg["networks"]["gpulab"]["name"] == hub["GPULAB_DOCKER_NETWORK"]
+    assert hub["GPULAB_PROXY_API_URL"] == "http://proxy-api:8001"
+    assert cfg["networks"]["users"]["name"] == hub["GPULAB_DOCKER_NETWORK"]
     assert {"gpulab-data", "gpulab-spot", "gpulab-postgres"} <= set(cfg["volumes"])
     # the Docker socket goes to the hub only
     for name, svc in cfg["services"].items():
@@ -76,21 +80,21 @@ def test_compose_runs_billing_as_an_external_service() -> None:
     assert billing["image"] == hub["image"]
     assert billing["build"]["dockerfile"] == hub["build"]["dockerfile"]
     assert billing["command"][-2:] == ["-m", "gpulab.billing_service"]
-    # Its own PostgreSQL database (created by initdb.sql), the hub's password.
+    # Its own PostgreSQL database and role (created by initdb.sql: tests/docker).
     assert benv["GPULAB_BILLING_DB_URL"] == (
-        "postgresql://gpulab:pg-secret-for-test@postgres:5432/billing"
+        "postgresql://gpulab_billing:pg-billing-secret-for-test@postgres:5432/billing"
     )
-    assert "CREATE DATABASE billing;" in (REPO / "images/compose/initdb.sql").read_text()
+    assert "CREATE DATABASE billing OWNER" in (REPO / "images/compose/initdb.sql").read_text()
     assert "postgres" in billing["depends_on"]
     # One shared secret: the hub registers the service with the token the service holds.
     assert henv["GPULAB_BILLING_API_TOKEN"] == "billing-token-for-test"
     assert benv["JUPYTERHUB_API_TOKEN"] == henv["GPULAB_BILLING_API_TOKEN"]
-    # The hub, its proxy and every server reach the service by name on the gpulab network,
-    # where it listens; it reaches the hub's API there.
+    # The hub and its proxy reach the service by name on the internal network, where it
+    # listens; it reaches the hub's API there. Servers go through the proxy (tests/docker).
     port = benv["JUPYTERHUB_SERVICE_URL"].rsplit(":", 1)[1]
     assert benv["JUPYTERHUB_SERVICE_URL"] == f"http://0.0.0.0:{port}"
     assert henv["GPULAB_BILLING_EXTERNAL_URL"] == f"http://billing:{port}"
-    assert "gpulab" in billing["networks"] and "gpulab" in hub["networks"]
+    assert "internal" in billing["networks"] and "internal" in hub["networks"]
     assert benv["JUPYTERHUB_API_URL"] == f"http://{henv['GPULAB_HUB_CONNECT_IP']}:8081/hub/api"
     # The OAuth client JupyterHub registers for a service named billing, at its proxy prefix.
     assert benv["JUPYTERHUB_SERVICE_NAME"] == "billing"
@@ -117,7 +121,7 @@ def test_compose_runs_billing_as_an_external_service() -> None:
 def test_compose_refuses_to_run_without_secrets() -> None:
     out = compose("config", "-q", env={})
     assert out.returncode != 0
-    assert "POSTGRES_PASSWORD" in out.stderr or "CONFIGPROXY_AUTH_TOKEN" in out.stderr
+    assert any(name in out.stderr for name in SECRETS), out.stderr
     # Every secret on its own, billing's token included.
     for missing in SECRETS:
         out = compose("config", "-q", env={k: v for k, v in SECRETS.items() if k != missing})
