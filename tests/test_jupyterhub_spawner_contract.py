@@ -18,6 +18,7 @@ Two runs:
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -27,6 +28,7 @@ import sys
 from pathlib import Path
 
 import jupyterhub
+from conftest import require
 from harness import REPO
 
 from gpulab.hub_config.catalog import load_catalog
@@ -71,6 +73,8 @@ timeout = 240
 
 def run_jupyterhub_tests(tmp_path: Path, name: str, **env: str) -> tuple[int, str]:
     """Run JupyterHub's test_spawner.py against gpulab-local; return pytest's code and output."""
+    # Their async tests and fixtures need it; without it every one of them errors.
+    require(importlib.util.find_spec("pytest_asyncio") is not None, "pytest-asyncio (.[test])")
     work = tmp_path / name
     work.mkdir()
     (work / "pytest.ini").write_text(PYTEST_INI)
