@@ -12,8 +12,8 @@ Two runs:
    that prints and sleeps, or a mocked Popen): by default gpulab's start() returns only once the
    server listens on its port, which such a command never does, and JupyterHub's
    LocalProcessSpawner returns at once. With the option off, gpulab-local does the same and
-   these tests hold it to LocalProcessSpawner's process handling (shell_cmd, popen_kwargs,
-   SIGINT/SIGTERM escalation, poll after a hub restart).
+   these tests hold it to LocalProcessSpawner's process handling (popen_kwargs, SIGINT/SIGTERM
+   escalation, poll after a hub restart). test_shell_cmd starts a real server, so it is in run 1.
 """
 
 from __future__ import annotations
@@ -61,7 +61,8 @@ NOT_PASSED = {"failed", "error", "errors", "skipped", "xfailed", "xpassed"}
 
 PYTEST_INI = """\
 [pytest]
-# JupyterHub's own settings for its test suite: async tests and fixtures on a module-wide loop.
+# What JupyterHub's tests need: plain async tests, and module-scoped async fixtures (their mock
+# hub) on the tests' loop.
 asyncio_mode = auto
 asyncio_default_fixture_loop_scope = module
 asyncio_default_test_loop_scope = module
