@@ -38,6 +38,9 @@ class GpuSpawnerMixin(HasTraits):
     mode_label: str = ""
     # Seconds per phase of the last launch, as the concrete spawner measured them.
     launch_timings: dict[str, float] = {}  # replaced per launch, never mutated
+    # The options of the last server, kept past its stop (clear_state empties the state): a
+    # rejected request puts them back as the server's saved choices.
+    _stopped_options: dict[str, Any] = {}  # replaced per stop, never mutated
 
     pre_allocate_hook = AnyTrait(
         None,
@@ -120,7 +123,9 @@ class GpuSpawnerMixin(HasTraits):
         self.orm_spawner.user_options = options.to_json()
 
     def _last_good_options(self) -> dict[str, Any]:
-        return self.gpulab_options.to_json() if self.gpulab_options else {}
+        if self.gpulab_options is not None:
+            return self.gpulab_options.to_json()
+        return dict(self._stopped_options)
 
     # ---- allocation --------------------------------------------------------------------------
 
@@ -248,8 +253,13 @@ class GpuSpawnerMixin(HasTraits):
         raise NotImplementedError
 
     def clear_state(self) -> None:
-        # Called on every stop path: clean stop, server found dead, failed spawn.
+        # Called on every stop path: clean stop, server found dead, failed spawn. Everything
+        # gpulab_state() saves goes: a stopped server holds no GPUs, options or mode.
         self._release()
+        if self.gpulab_options is not None:
+            self._stopped_options = self.gpulab_options.to_json()
+        self.gpulab_options = None
+        self.mode_label = ""
         super().clear_state()
 
     def get_state(self) -> dict[str, Any]:
@@ -283,7 +293,7 @@ class GpuSpawnerMixin(HasTraits):
 
     # ---- the spawn ---------------------------------------------------------------------------
 
-    async def gpulab_start(self) -> str:
+    async def gpulab_start(self) -> str | tuple[str, int]:
         """Allocate, then launch; on any failure give the GPUs back before raising."""
         self._progress_reset()
         try:
@@ -317,7 +327,8 @@ class GpuSpawnerMixin(HasTraits):
         finally:
             self._progress_finish()
 
-    async def _launch(self, gpu_env: dict[str, str]) -> str:
+    async def _launch(self, gpu_env: dict[str, str]) -> str | tuple[str, int]:
+        """Start the server with ``gpu_env`` added; return its URL or (ip, port), as start()."""
         raise NotImplementedError
 
     def user_home_name(self) -> str:

@@ -3,7 +3,12 @@
 Each user has one home under the data dir, the same in GPU and no-GPU mode. Datasets appear under
 ``~/datasets/SLUG`` read-only. ``start()`` returns only once the server accepts connections, so the
 hub's readiness check succeeds at once; if the server exits first, the spawn fails with the cause
-and the server's last log lines instead of JupyterHub's opaque error.
+and the server's last log lines instead of JupyterHub's opaque error (``wait_until_listening``).
+
+It keeps LocalProcessSpawner's contract, checked by running JupyterHub's own spawner tests on it
+(tests/test_jupyterhub_spawner_contract.py): ``start()`` returns (ip, port), ``shell_cmd`` and
+``popen_kwargs`` apply (such servers start with Popen, not the fork server), and ``clear_state()``
+clears all that gpulab saved.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import asyncio
 import json
 import os
 import re
+import shlex
 import shutil
 import stat
 import subprocess
@@ -21,6 +27,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from jupyterhub import spawner as jupyterhub_spawner
 from jupyterhub.spawner import LocalProcessSpawner
 from jupyterhub.utils import random_port
 from traitlets import Bool, Float, Integer, List, Unicode, default, validate
@@ -31,6 +38,11 @@ from gpulab.spawners.mixin import GpuSpawnerMixin, SpawnError
 from gpulab.spawners.node.pool import GpuPool
 
 _FORKSERVERS: dict[str, ForkServerClient] = {}
+
+# LocalProcessSpawner options that only a new process can honour: a server forked by the fork
+# server runs no shell (`shell_cmd`) and is no Popen (`popen_kwargs`). With either set, servers
+# start with Popen.
+FORK_EXCLUDES = ("shell_cmd", "popen_kwargs")
 
 
 def forkserver_for(pool: GpuPool) -> ForkServerClient:
@@ -90,6 +102,16 @@ class GpuLocalSpawner(GpuSpawnerMixin, LocalProcessSpawner):
         or 'auto' (bind where the hub can, else symlink).""",
     )
 
+    wait_until_listening = Bool(
+        True,
+        config=True,
+        help="""Whether start() returns only once the server accepts connections on its port. A
+        server that exits before then fails the spawn with its exit code and last log lines, and
+        the hub's own readiness check passes at once. False returns as soon as the process runs,
+        as JupyterHub's LocalProcessSpawner does: the hub then waits for the server itself (up to
+        `http_timeout`) and reports only that it did not answer.""",
+    )
+
     ready_poll_interval = Float(
         0.01,
         config=True,
@@ -116,7 +138,9 @@ class GpuLocalSpawner(GpuSpawnerMixin, LocalProcessSpawner):
         config=True,
         help="""Start servers by forking a pre-warmed process that has already imported
         jupyter_server, JupyterLab and the enabled server extensions (about 3x faster spawns).
-        Only applies with the default `cmd`; False starts each server as a new process.""",
+        Only applies with the default `cmd` and without `shell_cmd` or `popen_kwargs` (a fork
+        runs no shell and takes no Popen arguments; servers then start with Popen). False starts
+        each server as a new process.""",
     )
 
     trim_imports = Bool(
@@ -130,7 +154,7 @@ class GpuLocalSpawner(GpuSpawnerMixin, LocalProcessSpawner):
     def prepare_node(cls, pool: GpuPool, config: Any) -> None:
         """Called at hub start: warm the fork server so the first spawn is fast too."""
         settings = {**config.get("LocalProcessSpawner", {}), **config.get(cls.__name__, {})}
-        if settings.get("use_forkserver", True) and "cmd" not in settings:
+        if settings.get("use_forkserver", True) and not {"cmd", *FORK_EXCLUDES} & set(settings):
             client = forkserver_for(pool)
             task = asyncio.ensure_future(client.ensure_started())
             task.add_done_callback(lambda t: t.cancelled() or t.exception())
@@ -228,7 +252,12 @@ class GpuLocalSpawner(GpuSpawnerMixin, LocalProcessSpawner):
             for slug in self.pool.catalog.images
         }
 
-    async def start(self) -> str:
+    async def start(self) -> tuple[str, int]:
+        """Allocate the server's GPUs and start it; return its (ip, port).
+
+        (ip, port), as LocalProcessSpawner returns: subclasses of it unpack that, and JupyterHub
+        picks http or https (internal SSL) itself.
+        """
         opts = self.gpulab_options
         if opts is not None and opts.image not in self.local_images:
             # Before anything is allocated: an image we can't run changes nothing.
@@ -239,7 +268,23 @@ class GpuLocalSpawner(GpuSpawnerMixin, LocalProcessSpawner):
             )
         return await self.gpulab_start()
 
-    async def _launch(self, gpu_env: dict[str, str]) -> str:
+    def uses_forkserver(self) -> bool:
+        """Whether this spawner's servers are forked by the fork server (else started by Popen)."""
+        if not self.use_forkserver or self.cmd != self._default_cmd():
+            return False
+        unforkable = [name for name in FORK_EXCLUDES if getattr(self, name)]
+        if unforkable:
+            cls = type(self)
+            if not getattr(cls, "_told_unforkable", False):
+                cls._told_unforkable = True
+                self.log.info(
+                    "%s is set: servers start with Popen, not the fork server",
+                    " and ".join(unforkable),
+                )
+            return False
+        return True
+
+    async def _launch(self, gpu_env: dict[str, str]) -> tuple[str, int]:
         opts = self.gpulab_options
         assert opts is not None
         home = Path(self.home_dir)
@@ -264,11 +309,10 @@ class GpuLocalSpawner(GpuSpawnerMixin, LocalProcessSpawner):
         env["GPULAB_TRIM_IMPORTS"] = "1" if self.trim_imports else "0"
         venv_bin = os.path.dirname(sys.executable)
         env["PATH"] = os.pathsep.join([venv_bin, env.get("PATH", os.defpath)])
-        cmd = [*self.cmd, *self.get_args()]
 
         self.emit_progress(40, "Starting the server process")
         t0 = time.perf_counter()
-        forked = self.use_forkserver and self.cmd == self._default_cmd()
+        forked = self.uses_forkserver()
         if forked:
             await asyncio.to_thread(self._prepare_dirs, home)
             self.proc = None
@@ -276,12 +320,13 @@ class GpuLocalSpawner(GpuSpawnerMixin, LocalProcessSpawner):
                 self.get_args(), env, str(home), str(self.log_path)
             )
         else:
-            self.proc = await asyncio.to_thread(self._popen, cmd, env, home)
+            self.proc = await asyncio.to_thread(self._popen, self.command_line(), env, home)
             self.pid = self.proc.pid
         t1 = time.perf_counter()
         self.pool.allocator.set_pid(self.owner, self.pid)
-        self.emit_progress(60, "Waiting for JupyterLab to answer")
-        await self._wait_listening()
+        if self.wait_until_listening:
+            self.emit_progress(60, "Waiting for JupyterLab to answer")
+            await self._wait_listening()
         if forked:
             self.launch_timings = {
                 "fork": t1 - t0,
@@ -292,7 +337,15 @@ class GpuLocalSpawner(GpuSpawnerMixin, LocalProcessSpawner):
                 "process_start": t1 - t0,
                 "imports_and_server_init_until_listening": time.perf_counter() - t1,
             }
-        return f"http://{self.ip or '127.0.0.1'}:{self.port}"
+        return (self.ip or "127.0.0.1", self.port)
+
+    def command_line(self) -> list[str]:
+        """The server's command line for Popen: `cmd` and its arguments, wrapped in `shell_cmd`
+        when one is set (as LocalProcessSpawner does: the command becomes its last argument)."""
+        cmd = [*self.cmd, *self.get_args()]
+        if self.shell_cmd:
+            cmd = [*self.shell_cmd, shlex.join(cmd)]
+        return cmd
 
     def _prepare_dirs(self, home: Path) -> None:
         home.mkdir(parents=True, exist_ok=True)
@@ -302,16 +355,25 @@ class GpuLocalSpawner(GpuSpawnerMixin, LocalProcessSpawner):
 
     def _popen(self, cmd: list[str], env: dict[str, str], home: Path) -> subprocess.Popen:
         self._prepare_dirs(home)
+        self.log.info("Spawning %s", shlex.join(cmd))
         with open(self.log_path, "ab") as log:
-            return subprocess.Popen(
-                cmd,
-                env=env,
-                cwd=str(home),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
+            kwargs: dict[str, Any] = {
+                "cwd": str(home),
+                "stdout": log,
+                "stderr": subprocess.STDOUT,
+                "stdin": subprocess.DEVNULL,
+                "start_new_session": True,  # signals to the hub are not forwarded to servers
+            }
+            preexec_fn = self.make_preexec_fn(self.user.name)
+            if preexec_fn is not None:
+                kwargs["preexec_fn"] = preexec_fn
+            # The operator's popen_kwargs win over ours, except for the environment (as in
+            # LocalProcessSpawner: the server's environment is the spawner's to build).
+            kwargs.update(self.popen_kwargs)
+            kwargs["env"] = env
+            # JupyterHub's own Popen name, as LocalProcessSpawner calls it: whatever wraps
+            # JupyterHub's process start (its spawner tests patch it) applies to ours too.
+            return jupyterhub_spawner.Popen(cmd, **kwargs)
 
     async def _wait_listening(self) -> None:
         host = self.ip or "127.0.0.1"
