@@ -16,8 +16,9 @@ from traitlets import Any as AnyTrait
 from traitlets import Float, HasTraits, default
 
 from gpulab.spawners.market.hub import MarketAnswer, SpotMarket
-from gpulab.spawners.node.allocator import ENV_ALLOC, ENV_HUB, Allocation, NoCapacity, owner_key
+from gpulab.spawners.node.allocator import Allocation, NoCapacity, owner_key
 from gpulab.spawners.node.pool import GpuPool
+from gpulab.spawners.node.procs import ENV_ALLOC, ENV_HUB
 from gpulab.spawners.options import OptionsError, ServerOptions, options_from_form, parse_options
 
 

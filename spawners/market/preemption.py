@@ -34,7 +34,7 @@ from pydantic import BaseModel
 from gpulab.spawners.inside.agent import catches as catches
 from gpulab.spawners.inside.agent import checkpoint_log
 from gpulab.spawners.inside.agent import signal_opted_in as signal_opted_in
-from gpulab.spawners.node.allocator import ENV_ALLOC, _pids, _process_env
+from gpulab.spawners.node.procs import server_processes as server_processes
 
 SIGUSR1_BIT = 1 << (signal.SIGUSR1 - 1)
 
@@ -72,39 +72,8 @@ class Preemption(BaseModel):
 
 
 # The rule itself (SigCgt, never the default action) lives in the agent module, which also runs
-# inside containers: one rule for local servers and containers alike.
-
-
-def _parents() -> dict[int, int]:
-    out = {}
-    for pid in _pids():
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            continue
-        out[pid] = int(stat.rpartition(")")[2].split()[1])
-    return out
-
-
-def server_processes(root_pid: int | None, alloc_id: str) -> list[int]:
-    """The server process, its descendants (kernels, terminals) and anything else that carries
-    the server's allocation id in its environment."""
-    found: set[int] = set()
-    if root_pid:
-        children: dict[int, list[int]] = {}
-        for pid, ppid in _parents().items():
-            children.setdefault(ppid, []).append(pid)
-        stack = [root_pid]
-        while stack:
-            pid = stack.pop()
-            if pid in found:
-                continue
-            found.add(pid)
-            stack.extend(children.get(pid, []))
-    for pid in _pids():
-        if _process_env(pid).get(ENV_ALLOC) == alloc_id:
-            found.add(pid)
-    return sorted(p for p in found if Path(f"/proc/{p}").exists())
+# inside containers: one rule for local servers and containers alike. Which processes belong to
+# a local server is node knowledge (gpulab.spawners.node.procs).
 
 
 # ---- webhook ---------------------------------------------------------------------------------
