@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from tornado import web
@@ -319,6 +319,34 @@ class GpuSpawnerMixin(HasTraits):
             self._progress_finish()
 
     async def _launch(self, gpu_env: dict[str, str]) -> str:
+        raise NotImplementedError
+
+    # ---- preemption warning (spot), called by the market ----------------------------------------
+
+    async def gpulab_signal_processes(self) -> tuple[list[int], list[int]]:
+        """Send SIGUSR1 to this server's processes that catch it, where they run.
+
+        Only processes with a SIGUSR1 handler installed (they opted in, e.g. with
+        ``gpulab_spot.on_preempt``) get it: its default action would kill the others. Returns
+        (signalled, skipped) pids, as the user sees them in the server. May raise; the market
+        records the failure and goes on with the warning."""
+        raise NotImplementedError
+
+    async def gpulab_run_checkpoint(
+        self,
+        command: str,
+        limit: float,
+        env: dict[str, str] | None = None,
+        on_start: Callable[[dict[str, Any]], None] | None = None,
+    ) -> dict[str, Any]:
+        """Run the user's checkpoint ``command`` where the server runs, and wait for it.
+
+        With bash, as the server's user, in its home, with the server's environment plus
+        ``env``; its output in ``~/.gpulab/checkpoints/<UTC time>.log``; killed with its process
+        group after ``limit`` seconds. ``on_start`` gets the running record (``command``,
+        ``state`` "running", ``log``, ``started_at``) once the command runs. Returns the record
+        with ``exit_code`` (None if killed or it could not run, with ``error``),
+        ``finished_at`` and ``state`` ("done" or "failed")."""
         raise NotImplementedError
 
     def user_home_name(self) -> str:

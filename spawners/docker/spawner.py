@@ -34,8 +34,7 @@ from traitlets import Bool, Float, Integer, Unicode, default, validate
 from gpulab.spawners.docker.images import image_status
 from gpulab.spawners.images import ImageStatus
 from gpulab.spawners.inside import agent as preemption_agent
-from gpulab.spawners.inside.agent import checkpoint_log
-from gpulab.spawners.market.preemption import checkpoint_state
+from gpulab.spawners.inside.agent import checkpoint_log, checkpoint_state
 from gpulab.spawners.mixin import GpuSpawnerMixin, SpawnError
 from gpulab.spawners.node.allocator import Allocation
 from gpulab.spawners.node.pool import GpuPool

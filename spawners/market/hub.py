@@ -45,14 +45,7 @@ from gpulab.spawners.market.core import (
     spot_price,
     utilization,
 )
-from gpulab.spawners.market.preemption import (
-    Preemption,
-    checkpoint_state,
-    run_checkpoint,
-    send_webhook,
-    server_processes,
-    signal_opted_in,
-)
+from gpulab.spawners.market.preemption import Preemption, checkpoint_state, send_webhook
 from gpulab.spawners.market.store import (
     append_jsonl,
     read_json,
@@ -724,15 +717,14 @@ class SpotMarket(SingletonConfigurable):
             await checkpoint
 
     async def _signal(self, p: Preemption, alloc: Any) -> tuple[list[int], list[int]]:
-        """SIGUSR1 to the server's opted-in processes: (signalled, skipped) pids."""
-        signaller = getattr(self._spawner(p.owner), "gpulab_signal_processes", None)
-        if signaller is None:
-            pids = await asyncio.to_thread(server_processes, alloc.pid, alloc.alloc_id)
-            return signal_opted_in(pids)
-        # A spawner whose servers live elsewhere (a container) signals them there; its pids are
-        # the ones the user sees there. A failure must not hold back the webhook or checkpoint.
+        """SIGUSR1 to the server's opted-in processes: (signalled, skipped) pids, as the server
+        sees them. A failure must not hold back the webhook or the checkpoint."""
+        spawner = self._spawner(p.owner)
+        if spawner is None:
+            self.log.warning("Not signalling %s: its spawner is not known", p.owner)
+            return [], []
         try:
-            return await signaller()
+            return await spawner.gpulab_signal_processes()
         except Exception:
             self.log.exception("Signalling the processes of %s failed", p.owner)
             return [], []
@@ -779,37 +771,21 @@ class SpotMarket(SingletonConfigurable):
 
     async def _checkpoint(self, p: Preemption, command: str) -> None:
         spawner = self._spawner(p.owner)
-        runner = getattr(spawner, "gpulab_run_checkpoint", None)
-        running = {"command": command, "state": "running", "started_at": time.time()}
-        preemption_env = {
-            "GPULAB_PREEMPTION_DEADLINE": str(p.deadline),
-            "GPULAB_PREEMPTION_REASON": p.reason,
-        }
         try:
-            if runner is not None:
-                # A spawner whose servers live elsewhere (a container) runs it there, with the
-                # server's environment plus `env`, and calls `on_start` once it runs.
-                self._checkpoint_progress(p.id, running)
-                result = await runner(
+            if spawner is None:
+                result = {"command": command, "error": "server not found"}
+            else:
+                # Where the server lives (a local process, a container), with its environment
+                # plus these; "running" is recorded as soon as the command runs.
+                result = await spawner.gpulab_run_checkpoint(
                     command,
                     self.checkpoint_timeout,
-                    env=preemption_env,
+                    env={
+                        "GPULAB_PREEMPTION_DEADLINE": str(p.deadline),
+                        "GPULAB_PREEMPTION_REASON": p.reason,
+                    },
                     on_start=lambda r: self._checkpoint_progress(p.id, r),
                 )
-            elif spawner is not None and getattr(spawner, "home_dir", None):
-                env = spawner.get_env()
-                if spawner.allocation is not None:
-                    env.update(spawner.gpu_env(spawner.allocation))
-                env.update(preemption_env)
-                result = await run_checkpoint(
-                    command,
-                    spawner.home_dir,
-                    env,
-                    limit=self.checkpoint_timeout,
-                    on_start=lambda r: self._checkpoint_progress(p.id, r),
-                )
-            else:
-                result = {"command": command, "error": "server not found"}
         except Exception as e:
             self.log.exception("Checkpoint command of %s failed", p.owner)
             result = {"command": command, "error": f"{type(e).__name__}: {e}"}

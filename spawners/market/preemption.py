@@ -10,31 +10,26 @@
       X-Gpulab-Signature: sha256=<hex hmac of the body with the user's webhook secret>
 
 - The checkpoint command runs with the server's environment in the user's home, its output kept
-  in ``~/.gpulab/checkpoints/<UTC time>.log``. Its result says ``state``: ``running`` from the
+  in ``~/.gpulab/checkpoints/<UTC time>.log``, run by the spawner where the server lives
+  (GpuSpawnerMixin.gpulab_run_checkpoint; one agent, gpulab.spawners.inside.agent, for all). Its result says ``state``: ``running`` from the
   moment it starts (the hub records that at once, so the user sees it during the warning),
   then ``done`` (exit 0) or ``failed`` (another exit code, an error, a timeout).
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import hmac
 import json
-import os
 import signal
 import time
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
 
-# Re-exported: the hub applies the same rule to local servers.
+# Re-exported: the rule for who gets SIGUSR1, and the checkpoint record's state, are the agent's.
 from gpulab.spawners.inside.agent import catches as catches
-from gpulab.spawners.inside.agent import checkpoint_log
-from gpulab.spawners.inside.agent import signal_opted_in as signal_opted_in
-from gpulab.spawners.node.procs import server_processes as server_processes
+from gpulab.spawners.inside.agent import checkpoint_state as checkpoint_state
 
 SIGUSR1_BIT = 1 << (signal.SIGUSR1 - 1)
 
@@ -72,8 +67,8 @@ class Preemption(BaseModel):
 
 
 # The rule itself (SigCgt, never the default action) lives in the agent module, which also runs
-# inside containers: one rule for local servers and containers alike. Which processes belong to
-# a local server is node knowledge (gpulab.spawners.node.procs).
+# inside containers: one rule for local servers and containers alike. Each spawner signals its
+# servers' processes where they live (GpuSpawnerMixin.gpulab_signal_processes).
 
 
 # ---- webhook ---------------------------------------------------------------------------------
@@ -108,68 +103,4 @@ async def send_webhook(
         result["error"] = str(e)
     except Exception as e:  # unreachable host, TLS, DNS: recorded, never fatal
         result["error"] = f"{type(e).__name__}: {e}"
-    return result
-
-
-# ---- checkpoint ------------------------------------------------------------------------------
-
-
-def checkpoint_state(result: dict[str, Any]) -> str:
-    """``running`` until an exit code or an error is known, then ``done`` or ``failed``."""
-    if result.get("error"):
-        return "failed"
-    if "exit_code" not in result:
-        return "running"
-    return "done" if result["exit_code"] == 0 else "failed"
-
-
-async def run_checkpoint(
-    command: str,
-    home: str,
-    env: dict[str, str],
-    limit: float,
-    on_start: Callable[[dict[str, Any]], None] | None = None,
-) -> dict[str, Any]:
-    """Run ``command`` with bash in ``home``; keep its output under ~/.gpulab/checkpoints/.
-
-    ``on_start`` is called with the running result (command, log path, pid) once the process
-    exists, so the caller can show "running" while it runs."""
-    log_path = Path(checkpoint_log(home))
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    result: dict[str, Any] = {
-        "command": command,
-        "state": "running",
-        "log": str(log_path),
-        "started_at": time.time(),
-    }
-    # A local file: these writes are not worth a thread.
-    log_path.write_bytes(f"$ {command}\n".encode())  # noqa: ASYNC240
-    with log_path.open("ab") as log:  # noqa: ASYNC230
-        proc = await asyncio.create_subprocess_exec(
-            "/bin/bash",
-            "-c",
-            command,
-            cwd=home,
-            env=env,
-            stdout=log,
-            stderr=asyncio.subprocess.STDOUT,
-            stdin=asyncio.subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        if on_start is not None:
-            on_start({**result, "pid": proc.pid})
-        try:
-            result["exit_code"] = await asyncio.wait_for(proc.wait(), limit)
-        except TimeoutError:
-            # The whole group, as in a container (preemption_agent): the command's children
-            # must not outlive its time either.
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            await proc.wait()
-            result["exit_code"] = None
-            result["error"] = f"timed out after {limit:.0f}s"
-    result["finished_at"] = time.time()
-    result["state"] = checkpoint_state(result)
     return result
