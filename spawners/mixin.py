@@ -15,7 +15,9 @@ from tornado import web
 from traitlets import Any as AnyTrait
 from traitlets import Float, HasTraits, default
 
-from gpulab.spawners.market.hub import MarketAnswer, SpotMarket
+from gpulab.spawners.form import render_form
+from gpulab.spawners.market.admission import MarketAnswer
+from gpulab.spawners.market.hub import SpotMarket
 from gpulab.spawners.node.allocator import Allocation, NoCapacity, owner_key
 from gpulab.spawners.node.pool import GpuPool
 from gpulab.spawners.node.procs import ENV_ALLOC, ENV_HUB
@@ -96,8 +98,6 @@ class GpuSpawnerMixin(HasTraits):
 
     @default("options_form")
     def _default_options_form(self):
-        from gpulab.spawners.form import render_form
-
         return render_form
 
     @default("options_from_form")

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpulab.spawners.market.hub import MarketAnswer, SpotMarket
+from gpulab.spawners.market.admission import MarketAnswer
+from gpulab.spawners.market.hub import SpotMarket
 from gpulab.spawners.options import OptionsError, parse_options
 
 
@@ -29,10 +30,7 @@ def queue_instead_of_spawn(spawner: Any, raw_options: Any) -> dict[str, Any] | N
     except MarketAnswer as e:
         if e.status != 202:
             return None
-        entry = next(
-            (q for q in market.queue_json() if f"{q['user']}/{q['server']}" == spawner.owner),
-            None,
-        )
+        entry = market.queued_entry(spawner.owner)
         if entry is not None:
             entry["message"] = e.message
             market.log.info(

@@ -141,9 +141,7 @@ async def render_form(spawner: Any) -> str:
     catalog = pool.catalog
     snap = await pool.snapshot()
     market = SpotMarket.instance(config=spawner.config)
-    queued = next(
-        (q for q in market.queue_json(spawner.user.name) if q["server"] == spawner.name), None
-    )
+    queued = market.queued_entry(spawner.owner)
     # A queued request never became a spawn, so user_options still hold the server before it:
     # the form shows the queued request's choices, else "Start" would quietly submit others.
     last = {
