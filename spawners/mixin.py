@@ -16,7 +16,7 @@ from traitlets import Any as AnyTrait
 from traitlets import Float, HasTraits, default
 
 from gpulab.spawners.form import render_form
-from gpulab.spawners.market.admission import MarketAnswer
+from gpulab.spawners.market.admission import Admission, MarketAnswer
 from gpulab.spawners.market.hub import SpotMarket
 from gpulab.spawners.node.allocator import Allocation, NoCapacity, owner_key
 from gpulab.spawners.node.pool import GpuPool
@@ -41,6 +41,10 @@ class GpuSpawnerMixin(HasTraits):
     mode_label: str = ""
     # Seconds per phase of the last launch, as the concrete spawner measured them.
     launch_timings: dict[str, float] = {}  # replaced per launch, never mutated
+    # The spot market's answer for the spawn about to begin, from the hub's pre-check
+    # (hub_config.overrides.queue): used instead of asking the market again. Taken (and
+    # cleared) when the start begins, so it serves one start only.
+    gpulab_admission: Admission | None = None
 
     pre_allocate_hook = AnyTrait(
         None,
@@ -129,14 +133,22 @@ class GpuSpawnerMixin(HasTraits):
     def owner(self) -> str:
         return owner_key(self.user.name, self.name)
 
-    def _allocate(self) -> Allocation:
+    def _allocate(self, admission: Admission | None = None) -> Allocation:
+        """Take this server's cards, once the spot market admits the spawn. ``admission``: its
+        answer for this spawn, if it was asked already (then it is not asked again)."""
         opts = self.gpulab_options or parse_options(self.user_options, self.pool.catalog)
         self.gpulab_options = opts
-        try:
-            # The spot market decides first: spot price vs bid, queueing, on-demand reclaims.
-            SpotMarket.instance(config=self.config).admit(self, opts)
-        except MarketAnswer as e:
-            raise SpawnError(e.status, e.message) from None
+        refusal = None
+        if admission is not None and admission.options == opts.to_json():
+            refusal = admission.refusal
+        else:
+            try:
+                # The spot market decides first: spot price vs bid, queueing, on-demand reclaims.
+                SpotMarket.instance(config=self.config).admit(self, opts)
+            except MarketAnswer as e:
+                refusal = e
+        if refusal is not None:
+            raise SpawnError(refusal.status, refusal.message)
         try:
             alloc = self.pool.allocator.allocate(self.owner, opts.gpu_type, opts.gpus, opts.pricing)
         except NoCapacity as e:
@@ -287,11 +299,13 @@ class GpuSpawnerMixin(HasTraits):
     async def gpulab_start(self) -> str:
         """Allocate, then launch; on any failure give the GPUs back before raising."""
         self._progress_reset()
+        # Good for this start only, whatever happens to it.
+        admission, self.gpulab_admission = self.gpulab_admission, None
         try:
             if self.pre_allocate_hook is not None:
                 await self.pre_allocate_hook(self)
             self.emit_progress(10, "Allocating GPUs")
-            alloc = self._allocate()
+            alloc = self._allocate(admission)
             self.emit_progress(
                 20,
                 f"Allocated {self.mode_label}"

@@ -7,15 +7,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpulab.spawners.market.admission import MarketAnswer
+from gpulab.spawners.market.admission import Admission, MarketAnswer
 from gpulab.spawners.market.hub import SpotMarket
 from gpulab.spawners.options import OptionsError, parse_options
 
 
 def queue_instead_of_spawn(spawner: Any, raw_options: Any) -> dict[str, Any] | None:
     """Ask the market before a spawn begins. When it queues the request, return the queue entry
-    (the caller answers "queued" and starts nothing); otherwise None: the spawn goes ahead, and
-    the spawner asks the market again (a refusal, bad options and every start come from there).
+    (the caller answers "queued" and starts nothing); otherwise None: the spawn goes ahead.
+
+    The market's answer is handed to the spawner (:class:`Admission`), whose start then does
+    not ask the market again: admission changes the market's state, so it runs once per spawn.
+    A refusal is raised by the spawner from that answer, so the user reads it as a failed spawn.
     """
     pool = getattr(spawner, "pool", None)
     if pool is None or not hasattr(spawner, "owner"):
@@ -25,10 +28,12 @@ def queue_instead_of_spawn(spawner: Any, raw_options: Any) -> dict[str, Any] | N
     except OptionsError:
         return None
     market = SpotMarket.instance(config=spawner.config)
+    spawner.gpulab_admission = None
     try:
         market.admit(spawner, options)
     except MarketAnswer as e:
         if e.status != 202:
+            spawner.gpulab_admission = Admission(options.to_json(), refusal=e)
             return None
         entry = market.queued_entry(spawner.owner)
         if entry is not None:
@@ -37,6 +42,7 @@ def queue_instead_of_spawn(spawner: Any, raw_options: Any) -> dict[str, Any] | N
                 "Queued %s for %s (no spawn started): %s", entry["id"], spawner.owner, e.message
             )
         return entry
+    spawner.gpulab_admission = Admission(options.to_json())
     return None
 
 

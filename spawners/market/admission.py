@@ -1,4 +1,5 @@
-"""What the market answers a spawn it does not let allocate now: :class:`MarketAnswer`.
+"""What the market answers a spawn: :class:`MarketAnswer` when it may not allocate now, and
+:class:`Admission`, an answer handed on to the spawner.
 
 :meth:`SpotMarket.admit` decides and changes the market's state; this module holds the pure part:
 the reasons a spot request cannot start (:func:`spot_problems`) and the messages the user reads
@@ -8,7 +9,9 @@ the reasons a spot request cannot start (:func:`spot_problems`) and the messages
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from decimal import Decimal
+from typing import Any
 
 
 class MarketAnswer(Exception):
@@ -18,6 +21,16 @@ class MarketAnswer(Exception):
         super().__init__(message)
         self.status = status
         self.message = message
+
+
+@dataclass(frozen=True)
+class Admission:
+    """The market's answer to one spawn, asked before JupyterHub's spawn began and handed to the
+    spawner, so that its start does not ask again: admission changes the market's state (bids,
+    the queue, reclaims) and must run once per spawn."""
+
+    options: dict[str, Any]  # the spawn options it answered, as ServerOptions.to_json() gives
+    refusal: MarketAnswer | None = None  # None: admitted
 
 
 def spot_problems(

@@ -377,6 +377,10 @@ class SpotMarket(SingletonConfigurable):
     def admit(self, spawner: Any, options: ServerOptions) -> None:
         """Decide whether a spawn may allocate now. Raises :class:`MarketAnswer` otherwise.
 
+        Called once per spawn: by the hub's pre-check before JupyterHub's spawn begins (which
+        hands a success to the spawner), or else by the spawner itself. It changes the market's
+        state (bids, the queue, reclaims), so it must not run twice for one spawn.
+
         Spot: a card of the type must be free, the price at most the bid, the low-price window
         open for window-only requests, and no on-demand request waiting for that type. A request
         that asks to wait (or is window-only) is queued instead of refused. On-demand: when no
