@@ -48,8 +48,18 @@ def test_local_checkpoint_runs_in_the_home_with_the_servers_environment(tmp_path
 
 
 def test_agent_reports_running_then_the_result(tmp_path) -> None:
-    """The agent's own protocol, as both spawners read it: a "running" line, the result last."""
+    """The agent's own protocol: the result alone (as docker exec reads it), or after a
+    "running" line when asked (as the local spawner reads it while the command runs)."""
     spec = {"command": "true", "home": str(tmp_path), "log": str(tmp_path / "c.log"), "limit": 5}
+    bare = subprocess.run(
+        [sys.executable, "-I", "-m", agent.__name__, "checkpoint", json.dumps(spec)],
+        capture_output=True,
+        text=True,
+        cwd="/",
+        check=True,
+    ).stdout.splitlines()
+    assert len(bare) == 1 and json.loads(bare[0])["state"] == "done"  # docker exec reads this
+    spec["report_start"] = True
     out = subprocess.run(
         [sys.executable, "-I", "-m", agent.__name__, "checkpoint", json.dumps(spec)],
         capture_output=True,

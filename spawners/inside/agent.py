@@ -11,10 +11,13 @@ server's own processes. Hence: standard library only, nothing newer than Python 
 
 - ``signal``: SIGUSR1 to every process of the container that *catches* it (bit 10 of ``SigCgt``
   in /proc/PID/status), the same rule as for local servers; prints ``{"signalled", "skipped"}``.
-- ``checkpoint SPEC`` (JSON: command, home, log, limit): runs the command with bash in the home,
-  its output appended to the log, killed (with its process group) at the limit. Prints
-  ``{"state": "running", "pid"}`` once the command runs, then the result (``exit_code``, None
-  when killed at the limit, with ``error``; ``finished_at``; ``state`` done or failed) last.
+- ``checkpoint SPEC`` (JSON: command, home, log, limit, optional report_start): runs the command
+  with bash in the home, its output appended to the log, killed (with its process group) at the
+  limit. Prints the result (``exit_code``, None when killed at the limit, with ``error``;
+  ``finished_at``; ``state`` done or failed), preceded with ``report_start`` by a
+  ``{"state": "running", "pid"}`` line once the command runs (the local spawner reads it while
+  the command runs; ``docker exec`` output is read only at the end, where nothing but the
+  result is expected).
 """
 
 from __future__ import annotations
@@ -142,7 +145,11 @@ def main(argv: list[str]) -> int:
             spec["home"],
             spec["log"],
             spec["limit"],
-            on_start=lambda pid: _print_json({"state": "running", "pid": pid}),
+            on_start=(
+                (lambda pid: _print_json({"state": "running", "pid": pid}))
+                if spec.get("report_start")
+                else None
+            ),
         )
         _print_json(result)
         return 0

@@ -44,7 +44,9 @@ async def run_checkpoint(
         "log": log,
         "started_at": time.time(),
     }
-    spec = json.dumps({"command": command, "home": home, "log": log, "limit": limit})
+    spec = json.dumps(
+        {"command": command, "home": home, "log": log, "limit": limit, "report_start": True}
+    )
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-I",
