@@ -66,7 +66,7 @@ def broken_image(docker, test_image: str) -> str:
 
 def write_catalog(path: Path, image: str, broken: str) -> Path:
     """The shipped catalog with the test image as `base` and `teaching`, plus a broken image."""
-    text = (REPO / "hub_config" / "catalog.toml").read_text()
+    text = (REPO / "hub_config" / "catalog" / "catalog.toml").read_text()
     for slug in ("base", "teaching"):
         text, n = re.subn(
             rf'(\[images\.{slug}\](?:(?!\n\[).)*?docker_image = )"[^"]*"',
