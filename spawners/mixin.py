@@ -352,6 +352,7 @@ class GpuSpawnerMixin(HasTraits):
         limit: float,
         env: dict[str, str] | None = None,
         on_start: Callable[[dict[str, Any]], None] | None = None,
+        on_result: Callable[[dict[str, Any]], None] | None = None,
     ) -> dict[str, Any]:
         """Run the user's checkpoint ``command`` where the server runs, and wait for it.
 
@@ -360,7 +361,9 @@ class GpuSpawnerMixin(HasTraits):
         group after ``limit`` seconds. ``on_start`` gets the running record (``command``,
         ``state`` "running", ``log``, ``started_at``) once the command runs. Returns the record
         with ``exit_code`` (None if killed or it could not run, with ``error``),
-        ``finished_at`` and ``state`` ("done" or "failed")."""
+        ``finished_at`` and ``state`` ("done" or "failed"). A spawner that knows the result
+        before it can return (a process still to reap) may pass it to ``on_result`` first, so
+        the user sees "running" no longer than the command ran."""
         raise NotImplementedError
 
     def user_home_name(self) -> str:

@@ -24,6 +24,7 @@ def test_local_checkpoint_runs_in_the_home_with_the_servers_environment(tmp_path
     marker = home / "planted-agent-ran"
     (planted / "agent.py").write_text(f"open({str(marker)!r}, 'w')\n")
     started: list[dict] = []
+    reported: list[dict] = []
     env = {"PATH": os.environ["PATH"], "GPULAB_GPU_TYPE": "rtx-4090", "PYTHONPATH": str(home)}
     result = asyncio.run(
         run_checkpoint(
@@ -32,9 +33,11 @@ def test_local_checkpoint_runs_in_the_home_with_the_servers_environment(tmp_path
             env,
             limit=30,
             on_start=started.append,
+            on_result=reported.append,
         )
     )
     [running] = started
+    assert reported == [result]  # known before the agent was reaped
     assert running["state"] == "running" and running["pid"] > 0
     assert running["log"] == result["log"] and "exit_code" not in running
     assert result["exit_code"] == 3 and result["state"] == "failed" and "error" not in result

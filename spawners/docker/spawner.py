@@ -547,12 +547,15 @@ class GpuDockerSpawner(GpuSpawnerMixin, DockerSpawner):
         limit: float,
         env: dict[str, str] | None = None,
         on_start: Callable[[dict[str, Any]], None] | None = None,
+        on_result: Callable[[dict[str, Any]], None] | None = None,
     ) -> dict[str, Any]:
         """The user's checkpoint command, run in the container like a local server's.
 
         As the server's user, in its home, with the server's environment plus ``env``; output
         in ``~/.gpulab/checkpoints/<UTC time>.log`` in the home volume (the path the user sees in
-        JupyterLab); killed after ``limit`` seconds. ``on_start`` gets the running result."""
+        JupyterLab); killed after ``limit`` seconds. ``on_start`` gets the running result.
+        ``on_result`` is not called: the result is known only when the exec ends, and returned
+        then."""
         log = checkpoint_log(self.home_mount)
         result: dict[str, Any] = {
             "command": command,

@@ -30,13 +30,15 @@ async def run_checkpoint(
     env: dict[str, str],
     limit: float,
     on_start: Callable[[dict[str, Any]], None] | None = None,
+    on_result: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Run ``command`` with bash in ``home`` and environment ``env``, through the agent.
 
     ``on_start`` is called with the running result (command, log path, the command's pid) once
-    the command runs, so the caller can show "running" while it runs. The result adds
-    ``exit_code`` (None when killed at ``limit``, with ``error``), ``finished_at`` and
-    ``state`` (done or failed)."""
+    the command runs, so the caller can show "running" while it runs; ``on_result`` with the
+    result as soon as the agent reports it, before the agent has exited and been reaped. The
+    result adds ``exit_code`` (None when killed at ``limit``, with ``error``), ``finished_at``
+    and ``state`` (done or failed)."""
     log = checkpoint_log(home)
     result: dict[str, Any] = {
         "command": command,
@@ -61,34 +63,38 @@ async def run_checkpoint(
         stderr=asyncio.subprocess.PIPE,
     )
     assert proc.stdout is not None and proc.stderr is not None
-    reports: list[dict[str, Any]] = []
+    stdout = proc.stdout
 
-    async def read_reports() -> None:
-        async for line in proc.stdout:
+    async def read_result() -> dict[str, Any] | None:
+        async for line in stdout:
             try:
                 report = json.loads(line)
             except ValueError:
                 continue
-            reports.append(report)
-            if report.get("pid") and len(reports) == 1 and on_start is not None:
+            if "exit_code" in report:
+                final = {**result, **report, "state": checkpoint_state(report)}
+                if on_result is not None:
+                    on_result(final)
+                return final
+            if report.get("pid") and on_start is not None:
                 on_start({**result, "pid": report["pid"]})
+        return None
 
     try:
-        _, err = await asyncio.wait_for(
-            asyncio.gather(read_reports(), proc.stderr.read()), limit + AGENT_MARGIN
+        # stderr is read alongside: an agent blocked on a full pipe would never report.
+        final, err = await asyncio.wait_for(
+            asyncio.gather(read_result(), proc.stderr.read()), limit + AGENT_MARGIN
         )
         code = await proc.wait()
     except TimeoutError:
         proc.kill()
         await proc.wait()
-        code, err = None, b"the checkpoint agent did not report in time"
-    final = reports[-1] if reports else {}
-    if code == 0 and "exit_code" in final:
-        result.update({k: v for k, v in final.items() if k != "pid"})
-    else:
-        tail = err.decode(errors="replace").strip()[-500:]
-        result["exit_code"] = None
-        result["error"] = f"the checkpoint agent failed (exit code {code}): {tail}"
-        result["finished_at"] = time.time()
+        final, code, err = None, None, b"it did not report in time"
+    if final is not None and code == 0:
+        return final
+    tail = err.decode(errors="replace").strip()[-500:]
+    result["exit_code"] = None
+    result["error"] = f"the checkpoint agent failed (exit code {code}): {tail}"
+    result["finished_at"] = time.time()
     result["state"] = checkpoint_state(result)
     return result

@@ -388,6 +388,7 @@ class GpuLocalSpawner(GpuSpawnerMixin, LocalProcessSpawner):
         limit: float,
         env: dict[str, str] | None = None,
         on_start: Callable[[dict[str, Any]], None] | None = None,
+        on_result: Callable[[dict[str, Any]], None] | None = None,
     ) -> dict[str, Any]:
         """The checkpoint command in the user's home with the server's environment, run by the
         same agent as in containers (see :mod:`gpulab.spawners.local.checkpoint`)."""
@@ -395,4 +396,6 @@ class GpuLocalSpawner(GpuSpawnerMixin, LocalProcessSpawner):
         if self.allocation is not None:
             server_env.update(self.gpu_env(self.allocation))
         server_env.update(env or {})
-        return await run_checkpoint(command, self.home_dir, server_env, limit, on_start=on_start)
+        return await run_checkpoint(
+            command, self.home_dir, server_env, limit, on_start=on_start, on_result=on_result
+        )

@@ -276,7 +276,8 @@ class Preemptions:
         version of the record, so a stop or cancellation saved meanwhile is kept."""
         latest = self.records[pid]
         result = {**result, "state": result.get("state") or checkpoint_state(result)}
-        self._save(latest.model_copy(update={"checkpoint": result}))
+        if latest.checkpoint != result:  # the result may come twice (on_result, then returned)
+            self._save(latest.model_copy(update={"checkpoint": result}))
 
     async def _checkpoint(self, p: Preemption, command: str) -> None:
         spawner = self.market.spawner(p.owner)
@@ -294,6 +295,7 @@ class Preemptions:
                         "GPULAB_PREEMPTION_REASON": p.reason,
                     },
                     on_start=lambda r: self._checkpoint_progress(p.id, r),
+                    on_result=lambda r: self._checkpoint_progress(p.id, r),
                 )
         except Exception as e:
             self.log.exception("Checkpoint command of %s failed", p.owner)
