@@ -24,6 +24,7 @@ import subprocess
 import sys
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +34,12 @@ from jupyterhub.utils import random_port
 from traitlets import Bool, Float, Integer, List, Unicode, default, validate
 
 from gpulab.spawners.images import ImageStatus
+from gpulab.spawners.inside.agent import signal_opted_in
+from gpulab.spawners.local.checkpoint import run_checkpoint
 from gpulab.spawners.local.forkserver import ForkServerClient
 from gpulab.spawners.mixin import GpuSpawnerMixin, SpawnError
 from gpulab.spawners.node.pool import GpuPool
+from gpulab.spawners.node.procs import server_processes
 
 _FORKSERVERS: dict[str, ForkServerClient] = {}
 
@@ -428,3 +432,32 @@ class GpuLocalSpawner(GpuSpawnerMixin, LocalProcessSpawner):
 
     def _launched(self) -> bool:
         return bool(self.pid)
+
+    # ---- preemption warning (spot) -------------------------------------------------------------
+
+    async def gpulab_signal_processes(self) -> tuple[list[int], list[int]]:
+        """SIGUSR1 to the server's processes that catch it: the server, its descendants
+        (kernels, terminals) and any process carrying its allocation id."""
+        if self.allocation is None:
+            return [], []
+        alloc = self.allocation
+        pids = await asyncio.to_thread(server_processes, alloc.pid, alloc.alloc_id)
+        return signal_opted_in(pids)
+
+    async def gpulab_run_checkpoint(
+        self,
+        command: str,
+        limit: float,
+        env: dict[str, str] | None = None,
+        on_start: Callable[[dict[str, Any]], None] | None = None,
+        on_result: Callable[[dict[str, Any]], None] | None = None,
+    ) -> dict[str, Any]:
+        """The checkpoint command in the user's home with the server's environment, run by the
+        same agent as in containers (see :mod:`gpulab.spawners.local.checkpoint`)."""
+        server_env = self.get_env()
+        if self.allocation is not None:
+            server_env.update(self.gpu_env(self.allocation))
+        server_env.update(env or {})
+        return await run_checkpoint(
+            command, self.home_dir, server_env, limit, on_start=on_start, on_result=on_result
+        )
