@@ -25,10 +25,11 @@ from jupyterhub.utils import url_path_join
 from sqlalchemy import select
 from tornado import web
 from tornado.httpserver import HTTPServer
-from traitlets import Float, List, Unicode, default, validate
+from traitlets import Float, Int, List, Unicode, default, validate
 from traitlets.config import Application
 
 from gpulab.billing_service import handlers, ledger, statements
+from gpulab.billing_service.bounds import Limits
 from gpulab.billing_service.db import is_sqlite, make_engine, upgrade
 from gpulab.billing_service.enforce import Enforcer
 from gpulab.billing_service.hub_client import HubClient
@@ -169,6 +170,40 @@ class BillingService(Application):
         config=True,
         help="Balances (in the catalog currency) below which users are warned.",
     )
+
+    clock_skew = Float(
+        5.0,
+        config=True,
+        help="""Seconds of clock difference allowed between a server and the hub. A reporter's
+        event must lie within its server's current session, from the start the hub reported
+        minus this, to now (or the reported stop) plus this; a kernel first reported before the
+        start counts from the start.""",
+    )
+
+    max_new_ids_per_batch = Int(
+        500,
+        config=True,
+        help="""At most this many kernel/app ids not reported before, per batch from a server's
+        reporter; events that would add more are rejected (each named in the answer). A real
+        server starts a handful of kernels per minute; the cap keeps one token from filling the
+        span table. Hub and admin batches are not capped.""",
+    )
+
+    max_new_ids_per_heartbeat = Int(
+        100,
+        config=True,
+        help="""At most this many kernel/app ids not reported before in one heartbeat from a
+        server's reporter; a heartbeat listing more is rejected whole.""",
+    )
+
+    @property
+    def limits(self) -> Limits:
+        """The bounds on a reporter's events (see ``bounds``)."""
+        return Limits(
+            skew_us=int(self.clock_skew * MICRO),
+            max_new_per_batch=self.max_new_ids_per_batch,
+            max_new_per_heartbeat=self.max_new_ids_per_heartbeat,
+        )
 
     pid_file = Unicode(config=True, help="Where the service writes its process id.")
 

@@ -29,6 +29,8 @@ if TYPE_CHECKING:
     from gpulab.billing_service.app import BillingService
 
 ADMIN_SCOPE = "admin:users"
+# Defined by the hub (hub_config/scopes.py); billing imports nothing of the hub, so it is named here.
+REPORT_SCOPE = "custom:gpulab:report-usage"
 
 
 def now_us() -> int:
@@ -132,13 +134,25 @@ class FieldError(web.HTTPError):
 
 
 class EventsHandler(BaseHandler):
+    """Usage events: reporters post their own server's, the hub (and admins) post anything.
+
+    A reporter's token is the server's own (``JUPYTERHUB_API_TOKEN``), readable by any code in
+    that server, so it is trusted with nothing but its server: it must hold
+    ``custom:gpulab:report-usage!server=USER/NAME`` for the server each event names (JupyterHub
+    gives it exactly that, see ``hub_config/scopes.py``), may not send hub kinds, and its events
+    are checked against the session the hub reported (``bounds``). The scope's filter depends on
+    the event, so it is checked here per event rather than through ``hub_scopes``.
+    """
+
     async def post(self) -> None:
         model = self.require_login()
         try:
             events = parse_batch(self.json_body(), time.time())
         except BatchError as e:
             raise FieldError(e.field, str(e).split(": ", 1)[1]) from None
-        if not self.is_admin():
+        admin = self.is_admin()
+        if not admin:
+            scopes = set(model.get("scopes", []))
             for i, ev in enumerate(events):
                 if ev.kind in HUB_KINDS:
                     raise web.HTTPError(
@@ -149,6 +163,15 @@ class EventsHandler(BaseHandler):
                         403,
                         f"events[{i}].user: {model['name']} may not report usage of {ev.user!r}",
                     )
+                needed = f"{REPORT_SCOPE}!server={ev.user}/{ev.server}"
+                if needed not in scopes:
+                    raise web.HTTPError(
+                        403,
+                        "%s",
+                        f"events[{i}].server: this token may not report usage of server "
+                        f"{ev.user}/{ev.server} (only that server's own token may: it holds "
+                        f"{needed})",
+                    )
         result = await self.billing.run_db(
             ingest,
             self.billing.engine,
@@ -156,7 +179,22 @@ class EventsHandler(BaseHandler):
             self.billing.prices,
             self.billing.trial_micro,
             now_us(),
+            None if admin else self.billing.limits,
         )
+        if result.rejected and not result.accepted and not result.duplicates:
+            # Nothing of the batch was taken: answer like any other refused input.
+            first = result.rejected[0]
+            self.set_status(400)
+            self.write_json(
+                {
+                    "status": 400,
+                    "message": f"{first.field}: {first.message}",
+                    "field": first.field,
+                    **result.to_json(),
+                },
+                400,
+            )
+            return
         self.write_json(result.to_json())
 
 
