@@ -28,7 +28,7 @@ from tornado.httpserver import HTTPServer
 from traitlets import Float, Int, List, Unicode, default, validate
 from traitlets.config import Application
 
-from gpulab.billing_service import handlers, ledger, statements
+from gpulab.billing_service import csv_export, handlers, ledger, statements
 from gpulab.billing_service.bounds import Limits
 from gpulab.billing_service.db import is_sqlite, make_engine, upgrade
 from gpulab.billing_service.enforce import Enforcer
@@ -334,7 +334,7 @@ class BillingService(Application):
             (url_path_join(api, r"users/([^/]+)/credits"), handlers.CreditsHandler),
             (url_path_join(api, "admin/overview"), handlers.OverviewHandler),
             (url_path_join(p, "oauth_callback"), HubOAuthCallbackHandler),
-            (url_path_join(p, "statement.csv"), handlers.CsvHandler),
+            (url_path_join(p, "statement.csv"), csv_export.CsvHandler),
             (p, handlers.StatementPage),
             (p.rstrip("/"), web.RedirectHandler, {"url": p}),
         ]

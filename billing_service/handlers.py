@@ -7,8 +7,6 @@ and a token holding ``admin:users`` (hub admins, the hub's own hooks) may act on
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import os
 import time
@@ -314,96 +312,3 @@ class StatementPage(BaseHandler):
     def _xsrf_value(self) -> str:
         token = self.xsrf_token
         return token.decode() if isinstance(token, bytes) else token
-
-
-class CsvHandler(BaseHandler):
-    """The statement as CSV: one ``server`` row per session (its pricing, the price per card-hour
-    it was rated at (the average for spot), billed seconds and amount), then a ``rate`` row per
-    run of billed time at one price (each spot price in force), a ``kernel`` row per kernel and an
-    ``app`` row per app run. Prices are per card-hour (per hour in no-GPU mode)."""
-
-    COLUMNS = (
-        "session",
-        "server",
-        "mode",
-        "pricing",
-        "row",
-        "started",
-        "stopped",
-        "kernel_id",
-        "kernel_seconds",
-        "app_id",
-        "app_seconds",
-        "price_per_card_hour",
-        "billed_seconds",
-    )
-
-    @web.authenticated
-    async def get(self) -> None:
-        name = self.get_argument("user", self.current_user["name"])
-        self.require_user(name)
-        now = now_us()
-        to_us = parse_time("to", self.get_argument("to", None), now)
-        from_us = parse_time("from", self.get_argument("from", None), month_start(now))
-        usage = await self.billing.read(statements.usage, self.billing.prices, name, from_us, to_us)
-        buf = io.StringIO()
-        w = csv.DictWriter(buf, [*self.COLUMNS, f"amount_{usage['currency']}"], restval="")
-        w.writeheader()
-        amount = f"amount_{usage['currency']}"
-        for s in usage["servers"]:
-            base = {
-                "session": s["session"],
-                "server": s["server"],
-                "mode": s["mode"],
-                "pricing": s["pricing"],
-            }
-            per_card = s.get("spot", {}).get("average_price_per_card_hour")
-            if per_card is None:
-                per_card = s["rates"][0]["price_per_card_hour"] if s["rates"] else ""
-            w.writerow(
-                {
-                    **base,
-                    "row": "server",
-                    "started": s["started"],
-                    "stopped": s["stopped"],
-                    "price_per_card_hour": per_card,
-                    "billed_seconds": s["billed_seconds"],
-                    amount: s["amount"]["exact"],
-                }
-            )
-            for r in s["rates"]:
-                w.writerow(
-                    {
-                        **base,
-                        "row": "rate",
-                        "started": r["from"],
-                        "stopped": r["to"],
-                        "price_per_card_hour": r["price_per_card_hour"],
-                        "billed_seconds": r["billed_seconds"],
-                    }
-                )
-            for k in s["kernels"]:
-                w.writerow(
-                    {
-                        **base,
-                        "row": "kernel",
-                        "started": k["first_seen"],
-                        "stopped": k["last_seen"],
-                        "kernel_id": k["kernel_id"],
-                        "kernel_seconds": k["kernel_seconds"],
-                    }
-                )
-            for a in s["apps"]:
-                w.writerow(
-                    {
-                        **base,
-                        "row": "app",
-                        "started": a["first_seen"],
-                        "stopped": a["last_seen"],
-                        "app_id": a["app_id"],
-                        "app_seconds": a["app_seconds"],
-                    }
-                )
-        self.set_header("Content-Type", "text/csv; charset=utf-8")
-        self.set_header("Content-Disposition", f'attachment; filename="statement-{name}.csv"')
-        self.finish(buf.getvalue())
