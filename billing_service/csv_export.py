@@ -1,8 +1,9 @@
 """The statement as CSV (``/services/billing/statement.csv``), for users and admins alike.
 
 One ``server`` row per session (its pricing, the price per card-hour it was rated at (the average
-for spot), billed seconds and amount), then a ``rate`` row per run of billed time at one price
-(each spot price in force), a ``kernel`` row per kernel and an ``app`` row
+for spot), its bid, capped seconds, billed seconds and amount), then a ``rate`` row per run of
+billed time at one price (each spot price in force; a price above the bid is charged at the bid
+and the row gives the ``price_in_force`` it replaced), a ``kernel`` row per kernel and an ``app`` row
 per app run. Prices are per card-hour (per hour in no-GPU mode).
 
 Spreadsheet formulas: kernel and app ids and server names come from users, so any cell
@@ -55,6 +56,8 @@ COLUMNS = (
     "price_per_card_hour",
     "billed_seconds",
 )
+# After the amount, so that readers of the older layout find every column where it was.
+EXTRA = ("bid_per_card_hour", "price_in_force", "capped_seconds")
 
 
 def statement_rows(usage: dict[str, Any]) -> list[dict[str, Any]]:
@@ -81,6 +84,8 @@ def statement_rows(usage: dict[str, Any]) -> list[dict[str, Any]]:
                 "price_per_card_hour": per_card,
                 "billed_seconds": s["billed_seconds"],
                 amount: s["amount"]["exact"],
+                "bid_per_card_hour": spot.get("bid_per_card_hour"),
+                "capped_seconds": spot.get("capped_seconds", ""),
             }
         )
         for r in s["rates"]:
@@ -92,6 +97,8 @@ def statement_rows(usage: dict[str, Any]) -> list[dict[str, Any]]:
                     "stopped": r["to"],
                     "price_per_card_hour": r["price_per_card_hour"],
                     "billed_seconds": r["billed_seconds"],
+                    "price_in_force": r.get("price_in_force", ""),
+                    "capped_seconds": r["billed_seconds"] if r.get("capped") else "",
                 }
             )
         for k in s["kernels"]:
@@ -122,7 +129,7 @@ def statement_rows(usage: dict[str, Any]) -> list[dict[str, Any]]:
 def render(usage: dict[str, Any]) -> str:
     """The statement as CSV text, every cell neutralised (``safe_cell``)."""
     buf = io.StringIO()
-    header = [*COLUMNS, f"amount_{usage['currency']}"]
+    header = [*COLUMNS, f"amount_{usage['currency']}", *EXTRA]
     w = csv.DictWriter(buf, header, restval="")
     w.writeheader()
     for row in statement_rows(usage):

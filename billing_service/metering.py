@@ -29,7 +29,7 @@ from sqlalchemy import Connection, Engine, select, tuple_, update
 from gpulab.billing_service import ledger
 from gpulab.billing_service.bounds import Limits, Rejection, check
 from gpulab.billing_service.models import Event, KernelSpan, ServerSession
-from gpulab.billing_service.rating import PriceBook, merge
+from gpulab.billing_service.rating import PriceBook, bid_of, merge
 from gpulab.billing_service.schemas import (
     APP_PREFIX,
     AppEvent,
@@ -341,7 +341,7 @@ def rate_session(conn: Connection, sid: int, prices: PriceBook, now_us: int) -> 
     sess = conn.execute(q).one()
     merged = merge(session_intervals(conn, sess))
     billed = sum(b - a for a, b in merged)
-    amount = prices.cost_micro(sess.gpu_type, sess.gpus, sess.pricing, merged)
+    amount = prices.cost_micro(sess.gpu_type, sess.gpus, sess.pricing, merged, bid_of(sess.options))
     delta = amount - sess.charged_micro
     if delta:
         ledger.post(
