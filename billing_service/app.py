@@ -28,8 +28,9 @@ from tornado.httpserver import HTTPServer
 from traitlets import Float, Int, List, Unicode, default, validate
 from traitlets.config import Application
 
-from gpulab.billing_service import csv_export, handlers, ledger, statements
+from gpulab.billing_service import compensation, csv_export, handlers, ledger, statements
 from gpulab.billing_service.bounds import Limits
+from gpulab.billing_service.compensation import Rule
 from gpulab.billing_service.db import is_sqlite, make_engine, upgrade
 from gpulab.billing_service.enforce import Enforcer
 from gpulab.billing_service.hub_client import HubClient
@@ -205,6 +206,21 @@ class BillingService(Application):
             max_new_per_heartbeat=self.max_new_ids_per_heartbeat,
         )
 
+    compensation_rule = Unicode(
+        "last-minutes:10",
+        config=True,
+        help="""What a user is credited when a platform reclaim (spot preemption, the zero-balance
+        move, a node failure) loses work because the checkpoint failed or timed out, posted by
+        the hub to api/v1/users/NAME/compensations: 'last-minutes:N' (what the session was
+        charged for its last N minutes of billed time; nothing billed, nothing credited) or
+        'fixed:AMOUNT' (e.g. 'fixed:1.00' in the catalog currency).""",
+    )
+
+    @validate("compensation_rule")
+    def _check_compensation(self, proposal: dict) -> str:
+        Rule.parse(proposal["value"])  # raises with the allowed forms
+        return proposal["value"]
+
     pid_file = Unicode(config=True, help="Where the service writes its process id.")
 
     @default("pid_file")
@@ -288,6 +304,50 @@ class BillingService(Application):
                 actor=actor,
             )
 
+    def compensate(
+        self,
+        user: str,
+        server: str,
+        at_us: int | None,
+        reason: str,
+        checkpoint: str,
+        key: str,
+        note: str,
+        actor: str,
+    ) -> dict[str, Any] | None:
+        """Credit ``user`` for the session of ``server`` in force at ``at_us`` (else its latest)
+        under the configured rule, once per ``key``; None when there is no such session."""
+        now = time.time_ns() // 1000
+        with self.engine.begin() as conn:
+            sess = compensation.find_session(conn, user, server, at_us)
+            if sess is None:
+                return None
+            entry, created = compensation.compensate(
+                conn,
+                self.prices,
+                Rule.parse(self.compensation_rule),
+                sess,
+                reason=reason,
+                checkpoint=checkpoint,
+                key=key,
+                note=note,
+                actor=actor,
+                now_us=now,
+                until_us=at_us if at_us is not None else now,
+            )
+            return {
+                "id": entry.id,
+                "user": entry.user,
+                "kind": entry.kind,
+                "session": entry.session_id,
+                "server": sess.server,
+                "amount": statements.money(entry.amount_micro),
+                "note": entry.note,
+                "actor": entry.actor,
+                "idempotency_key": key,
+                "created": created,
+            }
+
     async def close_session(self, sess) -> None:
         """Record the stop of a server that vanished without the hub's report."""
         event = ServerStop(
@@ -332,6 +392,7 @@ class BillingService(Application):
             (url_path_join(api, r"users/([^/]+)/usage"), handlers.UsageHandler),
             (url_path_join(api, r"users/([^/]+)/balance"), handlers.BalanceHandler),
             (url_path_join(api, r"users/([^/]+)/credits"), handlers.CreditsHandler),
+            (url_path_join(api, r"users/([^/]+)/compensations"), handlers.CompensationsHandler),
             (url_path_join(api, "admin/overview"), handlers.OverviewHandler),
             (url_path_join(p, "oauth_callback"), HubOAuthCallbackHandler),
             (url_path_join(p, "statement.csv"), csv_export.CsvHandler),

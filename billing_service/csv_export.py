@@ -3,10 +3,11 @@
 One ``server`` row per session (its pricing, the price per card-hour it was rated at (the average
 for spot), its bid, capped seconds, billed seconds and amount), then a ``rate`` row per run of
 billed time at one price (each spot price in force; a price above the bid is charged at the bid
-and the row gives the ``price_in_force`` it replaced), a ``kernel`` row per kernel and an ``app`` row
-per app run. Prices are per card-hour (per hour in no-GPU mode).
+and the row gives the ``price_in_force`` it replaced), a ``kernel`` row per kernel, an ``app`` row
+per app run and a ``compensation`` row per credit for lost work (its amount negative: it lowers
+what the session cost). Prices are per card-hour (per hour in no-GPU mode).
 
-Spreadsheet formulas: kernel and app ids and server names come from users, so any cell
+Spreadsheet formulas: kernel and app ids, server names and notes come from users, so any cell
 that a spreadsheet would read as a formula (starting with ``=``, ``+``, ``-``, ``@``, a tab or a
 carriage return) is prefixed with ``'``, which spreadsheets show as text. Cells that are plain
 decimal numbers (amounts, seconds, prices, and negative ones among them) are left as they are, so
@@ -57,7 +58,7 @@ COLUMNS = (
     "billed_seconds",
 )
 # After the amount, so that readers of the older layout find every column where it was.
-EXTRA = ("bid_per_card_hour", "price_in_force", "capped_seconds")
+EXTRA = ("bid_per_card_hour", "price_in_force", "capped_seconds", "note")
 
 
 def statement_rows(usage: dict[str, Any]) -> list[dict[str, Any]]:
@@ -121,6 +122,16 @@ def statement_rows(usage: dict[str, Any]) -> list[dict[str, Any]]:
                     "stopped": a["last_seen"],
                     "app_id": a["app_id"],
                     "app_seconds": a["app_seconds"],
+                }
+            )
+        for c in s.get("compensations", []):
+            rows.append(
+                {
+                    **base,
+                    "row": "compensation",
+                    "started": c["created"],
+                    amount: f"-{c['amount']['exact']}" if c["amount"]["micro"] else "0",
+                    "note": c["note"],
                 }
             )
     return rows

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from jupyterhub.services.auth import HubOAuthenticated
 from tornado import web
 
-from gpulab.billing_service import ledger, statements
+from gpulab.billing_service import compensation, ledger, statements
 from gpulab.billing_service.metering import ingest
 from gpulab.billing_service.models import MICRO
 from gpulab.billing_service.rating import to_micro
@@ -259,6 +259,66 @@ class CreditsHandler(BaseHandler):
     async def get(self, name: str) -> None:
         self.require_user(name)
         self.write_json({"entries": await self.billing.read(self.billing.entries, name)})
+
+
+class CompensationsHandler(BaseHandler):
+    """The hub credits a user for work a platform reclaim lost (see ``compensation``)."""
+
+    async def post(self, name: str) -> None:
+        self.require_admin()
+        body = self.json_body()
+        if not isinstance(body, dict):
+            raise FieldError(
+                "body", "must be a JSON object with reason, checkpoint, idempotency_key"
+            )
+        allowed = {"server", "at", "reason", "checkpoint", "idempotency_key", "note"}
+        extra = sorted(set(body) - allowed)
+        if extra:
+            raise FieldError(extra[0], f"unknown field; allowed: {', '.join(sorted(allowed))}")
+        server = body.get("server", "")
+        if not isinstance(server, str) or len(server) > 255:
+            raise FieldError("server", 'a server name ("" for the default server)')
+        at = body.get("at")
+        if at is not None and (isinstance(at, bool) or not isinstance(at, int | float) or at <= 0):
+            raise FieldError("at", "the reclaim time in seconds since the Unix epoch")
+        reason = body.get("reason")
+        if reason not in compensation.REASONS:
+            raise FieldError("reason", f"{reason!r}; allowed: {', '.join(compensation.REASONS)}")
+        checkpoint = body.get("checkpoint")
+        if checkpoint not in compensation.CHECKPOINT_OUTCOMES:
+            raise FieldError(
+                "checkpoint",
+                f"{checkpoint!r}; allowed: {', '.join(compensation.CHECKPOINT_OUTCOMES)} "
+                "(a checkpoint that saved the work is not compensated)",
+            )
+        key = body.get("idempotency_key")
+        if not isinstance(key, str) or not 1 <= len(key) <= 200:
+            raise FieldError("idempotency_key", "a string of 1-200 characters is required")
+        note = body.get("note", "")
+        if not isinstance(note, str) or len(note) > 1000:
+            raise FieldError("note", "a string of at most 1000 characters")
+        at_us = None if at is None else round(at * MICRO)
+        try:
+            out = await self.billing.run_db(
+                self.billing.compensate,
+                name,
+                server,
+                at_us,
+                reason,
+                checkpoint,
+                key,
+                note,
+                self.model["name"],
+            )
+        except ledger.IdempotencyConflict as e:
+            raise web.HTTPError(409, "%s", str(e)) from None
+        if out is None:
+            label = f"{name}/{server}"
+            raise web.HTTPError(
+                404, "%s", f"server {label} has no session{' started by then' if at else ''}"
+            )
+        out["balance"] = (await self.billing.balance(name))["balance"]
+        self.write_json(out, 201 if out["created"] else 200)
 
 
 class OverviewHandler(BaseHandler):

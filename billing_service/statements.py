@@ -134,6 +134,26 @@ def usage(
         if s.pricing == "spot":
             row["spot"] = spot_summary(prices, s, merge(clipped))
         servers.append(row)
+    # Credits for work a platform reclaim lost, shown with the session they compensate.
+    comp_by_session: dict[int, list] = defaultdict(list)
+    if sessions:
+        for e in conn.execute(
+            select(LedgerEntry)
+            .where(
+                LedgerEntry.kind == "compensation",
+                LedgerEntry.session_id.in_([s.id for s in sessions]),
+            )
+            .order_by(LedgerEntry.id)
+        ).all():
+            comp_by_session[e.session_id].append(e)
+    total_comp = 0
+    for row in servers:
+        entries = comp_by_session.get(row["session"], [])
+        total_comp += sum(e.amount_micro for e in entries)
+        row["compensations"] = [
+            {"amount": money(e.amount_micro), "created": iso(e.created_us), "note": e.note}
+            for e in entries
+        ]
     for created, amount in conn.execute(
         select(LedgerEntry.created_us, LedgerEntry.amount_micro).where(
             LedgerEntry.user == user,
@@ -163,6 +183,8 @@ def usage(
             "billed_seconds": total_billed_us / MICRO,
             "amount": money(total_amount),
         },
+        # Credited for lost work (ledger kind ``compensation``), next to the total charged.
+        "compensation": money(total_comp),
     }
 
 
