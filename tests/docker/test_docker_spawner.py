@@ -387,7 +387,7 @@ def test_real_gpu_device_request_names_exactly_the_allocated_cards(
 @pytest.mark.gpu
 def test_real_gpu_container_sees_exactly_its_card(tmp_path, docker, catalog, chp_installed):
     """On a GPU host with the NVIDIA container toolkit: the device request really pins the card."""
-    from test_gpu import CUDA_UUID_CODE, this_gpu_catalog
+    from gpu_helpers import CUDA_UUID_CODE, this_gpu_catalog
 
     gpu_catalog = this_gpu_catalog(catalog, tmp_path / "catalog.toml")
     hub = Hub(
