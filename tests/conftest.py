@@ -1,4 +1,9 @@
-"""Shared fixtures: one real hub for the suite, a fresh user per test, and the CI strictness switch."""
+"""Shared fixtures: one real hub for the suite, hub factories, a fresh user per test, and the CI
+strictness switch.
+
+This directory is pytest's rootdir conftest, so it is on sys.path for every test module below it
+(unit/, e2e/, browser/, docker/): they import ``harness``, ``docker_helpers``, ``billing.*``.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from harness import CHROMIUM, CHROMIUM_ARGS, REPO, Hub
+from harness import CHROMIUM, CHROMIUM_ARGS, REPO, Hub, HubFactory
 
 REQUIRE_ALL = os.environ.get("GPULAB_REQUIRE_ALL") == "1"
 
@@ -52,18 +57,34 @@ def chp_installed() -> None:
     )
 
 
+@pytest.fixture
+def hub_factory(tmp_path_factory, chp_installed):
+    """``hub_factory(name, **settings)``: a started Hub (settings as for ``Hub``), stopped when
+    the test ends. ``start=False`` returns it unstarted; ``on_stop=f`` runs ``f(hub)`` after."""
+    factory = HubFactory(tmp_path_factory.mktemp)
+    yield factory
+    factory.close()
+
+
+@pytest.fixture(scope="module")
+def module_hub_factory(tmp_path_factory, chp_installed):
+    """As ``hub_factory``, for hubs shared by a module: stopped after its last test."""
+    factory = HubFactory(tmp_path_factory.mktemp)
+    yield factory
+    factory.close()
+
+
 @pytest.fixture(scope="session")
 def hub(tmp_path_factory, chp_installed) -> Hub:
     """One real hub with a simulated pool of 2 A100-80G and 2 RTX 4090, shared by the suite."""
-    data = Path(tmp_path_factory.mktemp("hub")) / "data"
+    factory = HubFactory(tmp_path_factory.mktemp)
     # A generous spawn-page wait, so that a loaded CI machine still takes the direct path.
-    h = Hub(
-        data,
+    yield factory(
+        "hub",
         simulate="A100-80G:2,RTX-4090:2",
         extra_args=["--GpuLocalSpawner.ready_redirect_wait=20"],
-    ).start()
-    yield h
-    h.stop()
+    )
+    factory.close()
 
 
 @pytest.fixture

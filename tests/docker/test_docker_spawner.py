@@ -27,18 +27,15 @@ from docker_helpers import (
     LABEL_HUB,
     cleanup,
     container_of,
-    docker_hub,
     hub_id,
+    start_docker_hub,
 )
 from harness import Hub, KernelError, wait_for
 
 
 @pytest.fixture(scope="module")
-def dhub(tmp_path_factory, docker, catalog: Path, chp_installed) -> Hub:
-    h = docker_hub(Path(tmp_path_factory.mktemp("dhub")) / "data", catalog).start()
-    yield h
-    h.stop()
-    cleanup(docker, h)
+def dhub(module_hub_factory, docker, catalog: Path) -> Hub:
+    return start_docker_hub(module_hub_factory, docker, "dhub", catalog)
 
 
 @pytest.fixture
@@ -357,56 +354,49 @@ def test_images_command_builds_only_what_it_has_a_dockerfile_for(catalog: Path) 
 
 
 def test_real_gpu_device_request_names_exactly_the_allocated_cards(
-    tmp_path, docker, catalog: Path, chp_installed
+    hub_factory, docker, catalog: Path
 ) -> None:
     """'always' gives simulated cards the request a real card gets: the container is created with
     it, and (without an NVIDIA driver) Docker refuses to start it; the spawn fails cleanly."""
-    hub = docker_hub(tmp_path / "data", catalog, "--GpuDockerSpawner.gpu_device_requests=always")
-    hub.start()
-    try:
-        user = hub.create_user()
-        r = hub.spawn(user, {"gpu": "a100-80g", "gpus": 2})
-        c = container_of(docker, hub, user)
-        uuids = c.attrs["Config"]["Labels"]["org.gpulab.gpu-uuids"].split(",")
-        assert len(uuids) == 2 and all(u.startswith("GPU-SIM-") for u in uuids)
-        [req] = c.attrs["HostConfig"]["DeviceRequests"]
-        assert req["Driver"] == "nvidia"
-        assert sorted(req["DeviceIDs"]) == sorted(uuids)
-        assert req["Capabilities"] == [["gpu"]]
-        env = dict(e.split("=", 1) for e in c.attrs["Config"]["Env"])
-        assert env["NVIDIA_VISIBLE_DEVICES"] == env["CUDA_VISIBLE_DEVICES"] == ",".join(uuids)
-        assert env["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"
-        # No driver here: Docker can't start it, the spawn fails and both cards come back.
-        assert r.status_code == 500 and "could not start the container" in r.text, r.text
-        wait_for(lambda: hub.free("a100-80g") == 2, 10, what="the cards to be released")
-    finally:
-        hub.stop()
-        cleanup(docker, hub)
+    hub = start_docker_hub(
+        hub_factory, docker, "hub", catalog, "--GpuDockerSpawner.gpu_device_requests=always"
+    )
+    user = hub.create_user()
+    r = hub.spawn(user, {"gpu": "a100-80g", "gpus": 2})
+    c = container_of(docker, hub, user)
+    uuids = c.attrs["Config"]["Labels"]["org.gpulab.gpu-uuids"].split(",")
+    assert len(uuids) == 2 and all(u.startswith("GPU-SIM-") for u in uuids)
+    [req] = c.attrs["HostConfig"]["DeviceRequests"]
+    assert req["Driver"] == "nvidia"
+    assert sorted(req["DeviceIDs"]) == sorted(uuids)
+    assert req["Capabilities"] == [["gpu"]]
+    env = dict(e.split("=", 1) for e in c.attrs["Config"]["Env"])
+    assert env["NVIDIA_VISIBLE_DEVICES"] == env["CUDA_VISIBLE_DEVICES"] == ",".join(uuids)
+    assert env["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"
+    # No driver here: Docker can't start it, the spawn fails and both cards come back.
+    assert r.status_code == 500 and "could not start the container" in r.text, r.text
+    wait_for(lambda: hub.free("a100-80g") == 2, 10, what="the cards to be released")
 
 
 @pytest.mark.gpu
-def test_real_gpu_container_sees_exactly_its_card(tmp_path, docker, catalog, chp_installed):
+def test_real_gpu_container_sees_exactly_its_card(tmp_path, hub_factory, docker, catalog):
     """On a GPU host with the NVIDIA container toolkit: the device request really pins the card."""
     from gpu_helpers import CUDA_UUID_CODE, this_gpu_catalog
 
     gpu_catalog = this_gpu_catalog(catalog, tmp_path / "catalog.toml")
-    hub = Hub(
-        tmp_path / "data",
+    hub = hub_factory(
+        on_stop=lambda h: cleanup(docker, h),
         simulate="none",
         cli=[GPULAB, "up", "--spawner", "docker", "--catalog", str(gpu_catalog)],
-    ).start()
-    try:
-        user = hub.create_user()
-        hub.spawn_ready(user, {"gpu": "this-gpu", "gpus": 1})
-        [card] = held(hub, user)
-        [req] = container_of(docker, hub, user).attrs["HostConfig"]["DeviceRequests"]
-        assert req["DeviceIDs"] == [card]
-        with hub.kernel(user) as k:
-            assert k.execute(CUDA_UUID_CODE).strip() == card
-        hub.stop_server(user)
-    finally:
-        hub.stop()
-        cleanup(docker, hub)
+    )
+    user = hub.create_user()
+    hub.spawn_ready(user, {"gpu": "this-gpu", "gpus": 1})
+    [card] = held(hub, user)
+    [req] = container_of(docker, hub, user).attrs["HostConfig"]["DeviceRequests"]
+    assert req["DeviceIDs"] == [card]
+    with hub.kernel(user) as k:
+        assert k.execute(CUDA_UUID_CODE).strip() == card
+    hub.stop_server(user)
 
 
 # ---- crash and restart (last: it restarts the module's hub) ------------------------------------

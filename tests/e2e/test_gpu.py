@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 from gpu_helpers import CUDA_UUID_CODE, nvidia_smi_list, this_gpu_catalog
-from harness import Hub
 
 from gpulab.hub_config.catalog import DEFAULT_CATALOG, load_catalog
 from gpulab.spawners.node.inventory import GpuInventory
@@ -18,17 +17,14 @@ def test_inventory_matches_nvidia_smi() -> None:
     assert not any(d.simulated for d in inv.devices)
 
 
-def test_a_server_sees_exactly_its_allocated_gpu(tmp_path, chp_installed) -> None:
+def test_a_server_sees_exactly_its_allocated_gpu(tmp_path, hub_factory) -> None:
     catalog = this_gpu_catalog(DEFAULT_CATALOG, tmp_path / "catalog.toml")
-    hub = Hub(tmp_path / "data", simulate="none", catalog=catalog).start()
-    try:
-        user = hub.create_user()
-        hub.spawn_ready(user, {"gpu": "this-gpu"})
-        allocated = hub.server(user)["state"]["allocation"]["uuids"]
-        assert len(allocated) == 1
-        with hub.kernel(user) as k:
-            seen = k.execute(CUDA_UUID_CODE).strip().split(",")
-        assert seen == allocated
-        hub.stop_server(user)
-    finally:
-        hub.stop()
+    hub = hub_factory(simulate="none", catalog=catalog)
+    user = hub.create_user()
+    hub.spawn_ready(user, {"gpu": "this-gpu"})
+    allocated = hub.server(user)["state"]["allocation"]["uuids"]
+    assert len(allocated) == 1
+    with hub.kernel(user) as k:
+        seen = k.execute(CUDA_UUID_CODE).strip().split(",")
+    assert seen == allocated
+    hub.stop_server(user)

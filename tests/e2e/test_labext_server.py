@@ -94,17 +94,14 @@ def test_balance_comes_from_billing(hub: Hub, user: str) -> None:
     assert (Decimal(balance["balance"]), balance["currency"]) == (Decimal("10"), "CNY")
 
 
-def test_balance_is_unavailable_without_billing(tmp_path, chp_installed) -> None:
-    hub = Hub(tmp_path / "data", simulate="RTX-4090:1", env={"GPULAB_BILLING": "0"}).start()
-    try:
-        user = hub.create_user()
-        hub.spawn_ready(user, {"gpu": "none"})
-        balance = ext(hub, user, "balance").json()
-        assert balance["available"] is False
-        assert "billing" in balance["reason"]
-        hub.stop_server(user)
-    finally:
-        hub.stop()
+def test_balance_is_unavailable_without_billing(hub_factory) -> None:
+    hub = hub_factory(simulate="RTX-4090:1", env={"GPULAB_BILLING": "0"})
+    user = hub.create_user()
+    hub.spawn_ready(user, {"gpu": "none"})
+    balance = ext(hub, user, "balance").json()
+    assert balance["available"] is False
+    assert "billing" in balance["reason"]
+    hub.stop_server(user)
 
 
 def test_switch_rejects_bad_requests_before_asking_the_hub(hub: Hub, user: str) -> None:
