@@ -48,6 +48,10 @@ FAST_BILLING_ENV = {
     "GPULAB_BILLING_MIN_MINUTES": "1",
 }
 
+# The data dirs of every hub started in this process, so that the test session can tell its own
+# processes and containers (see conftest.py) from anyone else's.
+STARTED_DATA_DIRS: list[Path] = []
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -99,6 +103,8 @@ class Hub:
 
     def start(self, timeout: float = 60) -> Hub:
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        if self.data_dir not in STARTED_DATA_DIRS:
+            STARTED_DATA_DIRS.append(self.data_dir)
         env = {**os.environ, "GPULAB_ADMIN_TOKEN": self.token, **self.extra_env}
         args = [
             *self.cli,
