@@ -128,8 +128,17 @@ def test_sigkill_in_the_middle_of_a_spawn_loses_nothing(hub_factory) -> None:
         what="the spawn to start",
     )
     ledger = hub.data_dir / "allocations.json"
-    wait_for(lambda: ledger.exists() and '"pid": ' in ledger.read_text(), 30, 0.005)
-    recorded_pid = json.loads(ledger.read_text())["allocations"][0]["pid"]
+
+    def server_pid() -> int | None:
+        # The record is saved with "pid": null when the card is taken and gets the pid once the
+        # server process exists: kill the hub after that, so that there is a process to check on
+        # (killed before that, a server forked meanwhile is on record nowhere and outlives all).
+        try:
+            return json.loads(ledger.read_text())["allocations"][0]["pid"]
+        except (OSError, ValueError, LookupError):
+            return None
+
+    recorded_pid = wait_for(server_pid, 30, 0.005, "the server's pid in the ledger")
     hub.kill()
     hub.start()
 
