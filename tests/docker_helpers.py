@@ -16,6 +16,8 @@ import pytest
 from conftest import require
 from harness import REPO, VENV_BIN, Hub, HubFactory
 
+from gpulab.hub_config.catalog import DEFAULT_CATALOG
+
 GPULAB = str(VENV_BIN / "gpulab")
 LABEL_HUB = "org.gpulab.hub-id"
 BROKEN_MESSAGE = "gpulab-test: this server refuses to start"
@@ -66,7 +68,7 @@ def broken_image(docker, test_image: str) -> str:
 
 def write_catalog(path: Path, image: str, broken: str) -> Path:
     """The shipped catalog with the test image as `base` and `teaching`, plus a broken image."""
-    text = (REPO / "hub_config" / "catalog.toml").read_text()
+    text = DEFAULT_CATALOG.read_text()
     for slug in ("base", "teaching"):
         text, n = re.subn(
             rf'(\[images\.{slug}\](?:(?!\n\[).)*?docker_image = )"[^"]*"',
