@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -192,22 +193,51 @@ def test_files_survive_gpu_to_no_gpu_to_gpu(dhub, duser, docker) -> None:
         )
 
 
-def test_progress_reports_the_container_steps(dhub, duser) -> None:
-    with ThreadPoolExecutor(1) as ex:
-        post = ex.submit(dhub.spawn, duser, {"gpu": "rtx-4090", "datasets": ["sklearn-toy"]})
-        wait_for(
-            lambda: (s := dhub.server(duser)) is not None and s["pending"] == "spawn",
-            timeout=30,
-            interval=0.01,
-            what="the spawn to be pending",
-        )
-        with dhub.api("GET", f"/users/{duser}/server/progress", stream=True) as resp:
-            events = [
-                json.loads(line[5:])
-                for line in resp.iter_lines(decode_unicode=True)
-                if line and line.startswith("data:")
-            ]
-        assert post.result().status_code in (201, 202)
+def test_progress_reports_the_container_steps(dhub, duser, docker) -> None:
+    # The hub streams a spawn's progress (every step from the first) only while the spawn is
+    # pending, and a container spawn can be over in a second. So the new container is paused as
+    # soon as Docker starts it, before JupyterLab in it can listen: the spawn stays pending (a
+    # paused container counts as running) until the stream is open, then it is let go.
+    started = threading.Event()
+    held: list = []
+    events_feed = docker.events(
+        decode=True,
+        filters={"type": "container", "event": "start", "label": f"org.gpulab.user={duser}"},
+    )
+
+    def hold_the_container() -> None:
+        for ev in events_feed:
+            container = docker.containers.get(ev["id"])
+            container.pause()
+            held.append(container)
+            started.set()
+            return
+
+    holder = threading.Thread(target=hold_the_container, daemon=True)
+    holder.start()
+    try:
+        with ThreadPoolExecutor(1) as ex:
+            post = ex.submit(dhub.spawn, duser, {"gpu": "rtx-4090", "datasets": ["sklearn-toy"]})
+            wait_for(
+                lambda: started.is_set() or post.done(), 120, what="Docker to start the container"
+            )
+            assert started.is_set(), post.result().text
+            with dhub.api("GET", f"/users/{duser}/server/progress", stream=True) as resp:
+                # The hub has taken the pending spawn's stream (its headers are here).
+                held[0].unpause()
+                events = [
+                    json.loads(line[5:])
+                    for line in resp.iter_lines(decode_unicode=True)
+                    if line and line.startswith("data:")
+                ]
+            assert post.result().status_code in (201, 202)
+    finally:
+        events_feed.close()
+        holder.join(10)
+        for container in held:
+            container.reload()
+            if container.status == "paused":
+                container.unpause()
     text = "\n".join(e.get("message", "") for e in events)
     for step in (
         "Allocated RTX 4090 x1 (simulated)",
