@@ -1,13 +1,21 @@
-"""Shared fixtures: one real hub for the suite, a fresh user per test, and the CI strictness switch."""
+"""Shared fixtures: one real hub for the suite, hub factories, a fresh user per test, the CI
+strictness switch, and the end-of-session check that nothing the suite started still runs.
+
+This directory is pytest's rootdir conftest, so it is on sys.path for every test module below it
+(unit/, e2e/, browser/, docker/): they import ``harness``, ``docker_helpers``, ``billing.*``.
+"""
 
 from __future__ import annotations
 
 import os
 import shutil
+import uuid
 from pathlib import Path
 
+import harness
+import leftovers
 import pytest
-from harness import CHROMIUM, CHROMIUM_ARGS, REPO, Hub
+from harness import CHROMIUM, CHROMIUM_ARGS, REPO, Hub, HubFactory
 
 REQUIRE_ALL = os.environ.get("GPULAB_REQUIRE_ALL") == "1"
 
@@ -52,18 +60,34 @@ def chp_installed() -> None:
     )
 
 
+@pytest.fixture
+def hub_factory(tmp_path_factory, chp_installed):
+    """``hub_factory(name, **settings)``: a started Hub (settings as for ``Hub``), stopped when
+    the test ends. ``start=False`` returns it unstarted; ``on_stop=f`` runs ``f(hub)`` after."""
+    factory = HubFactory(tmp_path_factory.mktemp)
+    yield factory
+    factory.close()
+
+
+@pytest.fixture(scope="module")
+def module_hub_factory(tmp_path_factory, chp_installed):
+    """As ``hub_factory``, for hubs shared by a module: stopped after its last test."""
+    factory = HubFactory(tmp_path_factory.mktemp)
+    yield factory
+    factory.close()
+
+
 @pytest.fixture(scope="session")
 def hub(tmp_path_factory, chp_installed) -> Hub:
     """One real hub with a simulated pool of 2 A100-80G and 2 RTX 4090, shared by the suite."""
-    data = Path(tmp_path_factory.mktemp("hub")) / "data"
+    factory = HubFactory(tmp_path_factory.mktemp)
     # A generous spawn-page wait, so that a loaded CI machine still takes the direct path.
-    h = Hub(
-        data,
+    yield factory(
+        "hub",
         simulate="A100-80G:2,RTX-4090:2",
         extra_args=["--GpuLocalSpawner.ready_redirect_wait=20"],
-    ).start()
-    yield h
-    h.stop()
+    )
+    factory.close()
 
 
 @pytest.fixture
@@ -87,3 +111,58 @@ def browser():
         b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
         yield b
         b.close()
+
+
+# ---- nothing outlives the session ----------------------------------------------------------------
+
+# How long a process the session started may take to exit once its fixtures are torn down.
+LEFTOVER_GRACE = 5.0
+# The session's marker and its snapshot of the machine's processes at the start.
+_LEFTOVER_STATE = pytest.StashKey[tuple[str, set]]()
+
+
+def pytest_sessionstart(session) -> None:
+    marker = uuid.uuid4().hex
+    # Inherited by every process the session starts (see leftovers.py).
+    os.environ[leftovers.SESSION_ENV] = marker
+    session.stash[_LEFTOVER_STATE] = (marker, leftovers.snapshot())
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's own finish hook has torn down session fixtures
+def pytest_sessionfinish(session, exitstatus) -> None:
+    if _LEFTOVER_STATE not in session.stash:
+        return
+    marker, before = session.stash[_LEFTOVER_STATE]
+    data_dirs = list(harness.STARTED_DATA_DIRS)
+    hub_ids = set()
+    for d in data_dirs:
+        try:
+            hub_ids.add((d / "hub-id").read_text().strip())
+        except OSError:
+            pass
+    paths = [str(d) for d in data_dirs]
+    factory = getattr(session.config, "_tmp_path_factory", None)
+    if factory is not None and factory._basetemp is not None:
+        paths.append(str(factory._basetemp))
+    found = leftovers.settle(leftovers.find(before, marker, hub_ids, paths), LEFTOVER_GRACE)
+    leftovers.kill(found)
+    lines = [str(p) for p in found] + leftovers.containers(hub_ids)
+    if not lines:
+        return
+    text = "Still running after the session (now killed or removed):\n" + "\n".join(
+        f"  {line}" for line in lines
+    )
+    report = pytest.TestReport(
+        nodeid="tests/conftest.py::leftover processes",
+        location=("tests/conftest.py", 0, "leftover processes"),
+        keywords={},
+        outcome="failed",
+        longrepr=text,
+        when="teardown",
+    )
+    # Shown in the ERRORS section and counted in the last line, as a failed teardown would be.
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.stats.setdefault("error", []).append(report)
+    if session.exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 from conftest import require
-from harness import REPO, VENV_BIN, Hub
+from harness import REPO, VENV_BIN, Hub, HubFactory
+
+from gpulab.hub_config.catalog import DEFAULT_CATALOG
 
 GPULAB = str(VENV_BIN / "gpulab")
 LABEL_HUB = "org.gpulab.hub-id"
@@ -66,7 +68,7 @@ def broken_image(docker, test_image: str) -> str:
 
 def write_catalog(path: Path, image: str, broken: str) -> Path:
     """The shipped catalog with the test image as `base` and `teaching`, plus a broken image."""
-    text = (REPO / "hub_config" / "catalog" / "catalog.toml").read_text()
+    text = DEFAULT_CATALOG.read_text()
     for slug in ("base", "teaching"):
         text, n = re.subn(
             rf'(\[images\.{slug}\](?:(?!\n\[).)*?docker_image = )"[^"]*"',
@@ -107,11 +109,24 @@ def catalog(tmp_path_factory, test_image: str, broken_image: str) -> Path:
     )
 
 
-def docker_hub(data: Path, catalog: Path, *extra: str) -> Hub:
+def docker_hub_settings(catalog: Path, *extra: str) -> dict:
+    """``Hub`` settings for a hub with the Docker spawner and ``catalog``; ``extra`` hub args."""
     cli = [GPULAB, "up", "--spawner", "docker", "--catalog", str(catalog)]
     # A 1 s reporter heartbeat, so that billing of a container's kernel is checked quickly.
     env = {"GPULAB_REPORTER_HEARTBEAT": "1"}
-    return Hub(data, simulate="A100-80G:2,RTX-4090:2", cli=cli, extra_args=extra, env=env)
+    return {"simulate": "A100-80G:2,RTX-4090:2", "cli": cli, "extra_args": extra, "env": env}
+
+
+def docker_hub(data: Path, catalog: Path, *extra: str) -> Hub:
+    return Hub(data, **docker_hub_settings(catalog, *extra))
+
+
+def start_docker_hub(factory: HubFactory, docker, name: str, catalog: Path, *extra: str) -> Hub:
+    """A started Docker-spawner hub from a hub factory; its containers and volumes are removed
+    once the factory has stopped it."""
+    return factory(
+        name, on_stop=lambda h: cleanup(docker, h), **docker_hub_settings(catalog, *extra)
+    )
 
 
 def container_of(docker, hub: Hub, user: str):

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,22 @@ CHROMIUM_ARGS = [
     "--disable-sync",
     "--no-first-run",
 ]
+
+# The password of the people the tests sign up, and the Playwright wait (ms) for anything that
+# needs JupyterLab loaded: that can take a while on a busy 2-core machine.
+PASSWORD = "correct-horse-battery"
+SLOW = 90_000
+# A fast billing loop for tests: the reporter's heartbeat (s) and the environment that sets it.
+HB = 1.0
+FAST_BILLING_ENV = {
+    "GPULAB_REPORTER_HEARTBEAT": str(HB),
+    "GPULAB_REPORTER_MAX_BACKOFF": "2",
+    "GPULAB_BILLING_MIN_MINUTES": "1",
+}
+
+# The data dirs of every hub started in this process, so that the test session can tell its own
+# processes and containers (see conftest.py) from anyone else's.
+STARTED_DATA_DIRS: list[Path] = []
 
 
 def free_port() -> int:
@@ -87,6 +103,8 @@ class Hub:
 
     def start(self, timeout: float = 60) -> Hub:
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        if self.data_dir not in STARTED_DATA_DIRS:
+            STARTED_DATA_DIRS.append(self.data_dir)
         env = {**os.environ, "GPULAB_ADMIN_TOKEN": self.token, **self.extra_env}
         args = [
             *self.cli,
@@ -198,6 +216,47 @@ class Hub:
 
     def kernel(self, name: str) -> Kernel:
         return Kernel(self, name)
+
+
+class HubFactory:
+    """Starts hubs on demand and stops every one of them at ``close()`` (a fixture's teardown).
+
+    ``factory(name, **settings)`` makes a Hub (settings as for ``Hub``, data dir in a fresh temp
+    dir named after ``name``), starts it unless ``start=False``, and returns it. ``on_stop`` runs
+    after that hub is stopped (e.g. removing its Docker containers), even when its start failed.
+    """
+
+    def __init__(self, make_dir: Callable[[str], Path]) -> None:
+        self.make_dir = make_dir
+        self.hubs: list[tuple[Hub, Callable[[Hub], None] | None]] = []
+
+    def __call__(
+        self,
+        name: str = "hub",
+        *,
+        start: bool = True,
+        on_stop: Callable[[Hub], None] | None = None,
+        **settings: Any,
+    ) -> Hub:
+        hub = Hub(Path(self.make_dir(name)) / "data", **settings)
+        self.hubs.append((hub, on_stop))
+        return hub.start() if start else hub
+
+    def close(self) -> None:
+        errors: list[Exception] = []
+        while self.hubs:
+            hub, on_stop = self.hubs.pop()
+            try:
+                hub.stop()
+            except Exception as e:  # stop the others all the same
+                errors.append(e)
+            if on_stop is not None:
+                try:
+                    on_stop(hub)
+                except Exception as e:
+                    errors.append(e)
+        if errors:
+            raise errors[0]
 
 
 class Kernel:
@@ -320,9 +379,6 @@ class WebSession:
     def login(self, name: str, password: str) -> bool:
         r = self.post("/hub/login", {"username": name, "password": password})
         return r.ok and "jupyterhub-hub-login" in self.http.cookies
-
-
-PASSWORD = "correct-horse-battery"
 
 
 def admin_web(hub: Hub) -> WebSession:

@@ -24,10 +24,19 @@ import requests
 import yaml
 from billing.client import Billing, kernel_seconds
 from billing.fixtures import pg_cluster, pg_url  # noqa: F401 (fixtures)
-from harness import PASSWORD, REPO, Hub, WebSession, approved_user, free_port, wait_for
+from harness import (
+    FAST_BILLING_ENV,
+    HB,
+    PASSWORD,
+    REPO,
+    Hub,
+    WebSession,
+    approved_user,
+    free_port,
+    wait_for,
+)
 from traitlets.config import Config
 
-HB = 1.0
 A100_PER_S = Decimal("2.10") / 3600
 
 
@@ -127,32 +136,31 @@ class ExternalBilling:
 
 
 @pytest.fixture(scope="module")
-def ext(tmp_path_factory, chp_installed, pg_cluster):  # noqa: F811 (fixture)
-    base = Path(tmp_path_factory.mktemp("billing-ext"))
+def ext(module_hub_factory, pg_cluster):  # noqa: F811 (fixture)
     db_url = pg_cluster.create_database(f"ext{uuid.uuid4().hex[:8]}")
     token = secrets.token_hex(32)
-    hub = Hub(
-        base / "data",
+    billing: ExternalBilling | None = None
+
+    def stop_billing(_: Hub) -> None:
+        if billing is not None:
+            billing.stop()
+
+    # Started below, once the external service it is told about is listening.
+    hub = module_hub_factory(
+        "billing-ext",
+        start=False,
+        on_stop=stop_billing,
         simulate="A100-80G:1,RTX-4090:1",
-        env={
-            "GPULAB_BILLING_API_TOKEN": token,
-            "GPULAB_REPORTER_HEARTBEAT": str(HB),
-            "GPULAB_REPORTER_MAX_BACKOFF": "2",
-            "GPULAB_BILLING_MIN_MINUTES": "1",
-        },
+        env={"GPULAB_BILLING_API_TOKEN": token, **FAST_BILLING_ENV},
     )
     hub.data_dir.mkdir(parents=True)
-    billing = ExternalBilling(base, hub, db_url, token)
+    billing = ExternalBilling(hub.data_dir.parent, hub, db_url, token)
     hub.extra_env["GPULAB_BILLING_EXTERNAL_URL"] = billing.url
-    try:
-        billing.start()
-        hub.start()
-        client = Billing(hub)
-        wait_for(lambda: billing.listening() and client.up(), 30, 0.2, "billing via the proxy")
-        yield hub, billing, db_url
-    finally:
-        hub.stop()
-        billing.stop()
+    billing.start()
+    hub.start()
+    client = Billing(hub)
+    wait_for(lambda: billing.listening() and client.up(), 30, 0.2, "billing via the proxy")
+    return hub, billing, db_url
 
 
 def test_hub_registers_billing_without_starting_it(ext) -> None:

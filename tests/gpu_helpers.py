@@ -1,18 +1,10 @@
-"""Real GPUs (run on a machine with an NVIDIA driver: `pytest -m gpu`; skipped elsewhere)."""
+"""Helpers for the tests that need a real NVIDIA GPU (the `gpu` marker): the e2e and Docker ones."""
 
 from __future__ import annotations
 
 import re
 import subprocess
 from pathlib import Path
-
-import pytest
-from harness import Hub
-
-from gpulab.hub_config.catalog import DEFAULT_CATALOG, load_catalog
-from gpulab.spawners.node.inventory import GpuInventory
-
-pytestmark = pytest.mark.gpu
 
 CUDA_UUID_CODE = r"""
 import ctypes, os
@@ -54,25 +46,3 @@ def this_gpu_catalog(base: Path, out: Path) -> Path:
     )
     out.write_text(text)
     return out
-
-
-def test_inventory_matches_nvidia_smi() -> None:
-    inv = GpuInventory(load_catalog(), use_nvml="yes")
-    assert [(d.index, d.name, d.uuid) for d in inv.devices] == nvidia_smi_list()
-    assert not any(d.simulated for d in inv.devices)
-
-
-def test_a_server_sees_exactly_its_allocated_gpu(tmp_path, chp_installed) -> None:
-    catalog = this_gpu_catalog(DEFAULT_CATALOG, tmp_path / "catalog.toml")
-    hub = Hub(tmp_path / "data", simulate="none", catalog=catalog).start()
-    try:
-        user = hub.create_user()
-        hub.spawn_ready(user, {"gpu": "this-gpu"})
-        allocated = hub.server(user)["state"]["allocation"]["uuids"]
-        assert len(allocated) == 1
-        with hub.kernel(user) as k:
-            seen = k.execute(CUDA_UUID_CODE).strip().split(",")
-        assert seen == allocated
-        hub.stop_server(user)
-    finally:
-        hub.stop()

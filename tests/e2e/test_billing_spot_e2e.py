@@ -14,31 +14,28 @@ import time
 import uuid
 from datetime import datetime
 from decimal import ROUND_HALF_EVEN, Decimal, localcontext
-from pathlib import Path
 
 import pytest
 from billing.client import Billing
-from harness import Hub, wait_for
+from harness import FAST_BILLING_ENV, HB, Hub, wait_for
 
-HB = 1.0
 ENV = {
-    "GPULAB_REPORTER_HEARTBEAT": str(HB),
-    "GPULAB_REPORTER_MAX_BACKOFF": "2",
-    "GPULAB_BILLING_MIN_MINUTES": "1",
+    **FAST_BILLING_ENV,
     "GPULAB_BILLING_ARGS": f"--BillingService.heartbeat_interval={HB}",
 }
 ON_DEMAND = Decimal("0.68")  # rtx-4090 in the catalog
 
 
 @pytest.fixture(scope="module")
-def spot_bhub(tmp_path_factory, chp_installed):
-    data = Path(tmp_path_factory.mktemp("billing-spot")) / "data"
-    h = Hub(
-        data, simulate="RTX-4090:1", env=ENV, extra_args=["--SpotMarket.tick_interval=0.5"]
-    ).start()
+def spot_bhub(module_hub_factory):
+    h = module_hub_factory(
+        "billing-spot",
+        simulate="RTX-4090:1",
+        env=ENV,
+        extra_args=["--SpotMarket.tick_interval=0.5"],
+    )
     wait_for(Billing(h).up, 30, 0.2, "the billing service")
-    yield h
-    h.stop()
+    return h
 
 
 def pin(hub: Hub, price: str | None) -> None:

@@ -14,20 +14,16 @@ import time
 import uuid
 from datetime import datetime
 from decimal import Decimal
-from pathlib import Path
 
 import pytest
 import requests
 from billing.client import Billing, kernel_seconds, user_token
-from harness import PASSWORD, Hub, WebSession, approved_user, wait_for
+from harness import FAST_BILLING_ENV, HB, PASSWORD, WebSession, approved_user, wait_for
 
-HB = 1.0
 # /proc start times are exact to a clock tick (10 ms) and /proc/uptime has 10 ms steps.
 TICK = 0.05
 ENV = {
-    "GPULAB_REPORTER_HEARTBEAT": str(HB),
-    "GPULAB_REPORTER_MAX_BACKOFF": "2",
-    "GPULAB_BILLING_MIN_MINUTES": "1",
+    **FAST_BILLING_ENV,
     "GPULAB_BILLING_ARGS": (
         f"--BillingService.heartbeat_interval={HB} --BillingService.enforce_interval=1 "
         "--BillingService.idle_timeout=15 --BillingService.switch_margin=90 "
@@ -39,12 +35,10 @@ NO_GPU_PER_S = Decimal("0.09") / 3600
 
 
 @pytest.fixture(scope="module")
-def bhub(tmp_path_factory, chp_installed):
-    data = Path(tmp_path_factory.mktemp("billing-hub")) / "data"
-    h = Hub(data, simulate="A100-80G:2,RTX-4090:2", env=ENV).start()
+def bhub(module_hub_factory):
+    h = module_hub_factory("billing-hub", simulate="A100-80G:2,RTX-4090:2", env=ENV)
     wait_for(Billing(h).up, 30, 0.2, "the billing service")
-    yield h
-    h.stop()
+    return h
 
 
 @pytest.fixture
@@ -506,31 +500,28 @@ def test_admin_credits_an_account_from_the_page(bhub, billing, buser) -> None:
     assert r.json()["balance"]["exact"] == "12.5" and r.json()["actor"] == "admin"
 
 
-def test_hub_sigkilled_and_restarted_while_a_kernel_runs_bills_exactly(tmp_path, chp_installed):
-    hub = Hub(tmp_path / "data", simulate="A100-80G:1", env=ENV).start()
-    try:
-        billing = Billing(hub)
-        wait_for(billing.up, 30, 0.2, "the billing service")
-        user = hub.create_user()
-        hub.spawn_ready(user, {"gpu": "none"})
-        t0 = time.time()
-        k = hub.kernel(user)
-        t1 = time.time()
-        old_service = billing.pid
-        hub.kill()
-        time.sleep(3)
-        hub.start()
-        wait_for(lambda: billing.pid != old_service and billing.up(), 60, 0.5, "a new service")
-        time.sleep(3)
-        t2 = time.time()
-        k.close()
-        t3 = time.time()
-        usage = settle(billing, user, {k.id: t2})
-        alive = (t2 + t3) / 2 - (t0 + t1) / 2
-        assert abs(kernel_seconds(usage)[k.id] - alive) <= 1, (usage, alive)
-        hub.stop_server(user)
-    finally:
-        hub.stop()
+def test_hub_sigkilled_and_restarted_while_a_kernel_runs_bills_exactly(hub_factory):
+    hub = hub_factory(simulate="A100-80G:1", env=ENV)
+    billing = Billing(hub)
+    wait_for(billing.up, 30, 0.2, "the billing service")
+    user = hub.create_user()
+    hub.spawn_ready(user, {"gpu": "none"})
+    t0 = time.time()
+    k = hub.kernel(user)
+    t1 = time.time()
+    old_service = billing.pid
+    hub.kill()
+    time.sleep(3)
+    hub.start()
+    wait_for(lambda: billing.pid != old_service and billing.up(), 60, 0.5, "a new service")
+    time.sleep(3)
+    t2 = time.time()
+    k.close()
+    t3 = time.time()
+    usage = settle(billing, user, {k.id: t2})
+    alive = (t2 + t3) / 2 - (t0 + t1) / 2
+    assert abs(kernel_seconds(usage)[k.id] - alive) <= 1, (usage, alive)
+    hub.stop_server(user)
 
 
 def test_server_without_heartbeats_is_stopped(bhub, billing, buser) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from billing.client import Billing
-from docker_helpers import cleanup, container_of, docker_hub
+from docker_helpers import container_of, start_docker_hub
 from harness import Hub, wait_for
 
 from gpulab.spawners.docker import AGENT_SOURCE
@@ -27,16 +27,15 @@ HOME = Path("/home/jovyan")
 
 
 @pytest.fixture(scope="module")
-def spot_dhub(tmp_path_factory, docker, catalog: Path, chp_installed) -> Hub:
-    h = docker_hub(
-        Path(tmp_path_factory.mktemp("spot-docker")) / "data",
+def spot_dhub(module_hub_factory, docker, catalog: Path) -> Hub:
+    return start_docker_hub(
+        module_hub_factory,
+        docker,
+        "spot-docker",
         catalog,
         f"--SpotMarket.warning_seconds={WARNING}",
         "--SpotMarket.tick_interval=0.5",
-    ).start()
-    yield h
-    h.stop()
-    cleanup(docker, h)
+    )
 
 
 def in_home(docker, user: str, path: str | Path) -> Path:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -27,18 +28,15 @@ from docker_helpers import (
     LABEL_HUB,
     cleanup,
     container_of,
-    docker_hub,
     hub_id,
+    start_docker_hub,
 )
 from harness import Hub, KernelError, wait_for
 
 
 @pytest.fixture(scope="module")
-def dhub(tmp_path_factory, docker, catalog: Path, chp_installed) -> Hub:
-    h = docker_hub(Path(tmp_path_factory.mktemp("dhub")) / "data", catalog).start()
-    yield h
-    h.stop()
-    cleanup(docker, h)
+def dhub(module_hub_factory, docker, catalog: Path) -> Hub:
+    return start_docker_hub(module_hub_factory, docker, "dhub", catalog)
 
 
 @pytest.fixture
@@ -195,22 +193,51 @@ def test_files_survive_gpu_to_no_gpu_to_gpu(dhub, duser, docker) -> None:
         )
 
 
-def test_progress_reports_the_container_steps(dhub, duser) -> None:
-    with ThreadPoolExecutor(1) as ex:
-        post = ex.submit(dhub.spawn, duser, {"gpu": "rtx-4090", "datasets": ["sklearn-toy"]})
-        wait_for(
-            lambda: (s := dhub.server(duser)) is not None and s["pending"] == "spawn",
-            timeout=30,
-            interval=0.01,
-            what="the spawn to be pending",
-        )
-        with dhub.api("GET", f"/users/{duser}/server/progress", stream=True) as resp:
-            events = [
-                json.loads(line[5:])
-                for line in resp.iter_lines(decode_unicode=True)
-                if line and line.startswith("data:")
-            ]
-        assert post.result().status_code in (201, 202)
+def test_progress_reports_the_container_steps(dhub, duser, docker) -> None:
+    # The hub streams a spawn's progress (every step from the first) only while the spawn is
+    # pending, and a container spawn can be over in a second. So the new container is paused as
+    # soon as Docker starts it, before JupyterLab in it can listen: the spawn stays pending (a
+    # paused container counts as running) until the stream is open, then it is let go.
+    started = threading.Event()
+    held: list = []
+    events_feed = docker.events(
+        decode=True,
+        filters={"type": "container", "event": "start", "label": f"org.gpulab.user={duser}"},
+    )
+
+    def hold_the_container() -> None:
+        for ev in events_feed:
+            container = docker.containers.get(ev["id"])
+            container.pause()
+            held.append(container)
+            started.set()
+            return
+
+    holder = threading.Thread(target=hold_the_container, daemon=True)
+    holder.start()
+    try:
+        with ThreadPoolExecutor(1) as ex:
+            post = ex.submit(dhub.spawn, duser, {"gpu": "rtx-4090", "datasets": ["sklearn-toy"]})
+            wait_for(
+                lambda: started.is_set() or post.done(), 120, what="Docker to start the container"
+            )
+            assert started.is_set(), post.result().text
+            with dhub.api("GET", f"/users/{duser}/server/progress", stream=True) as resp:
+                # The hub has taken the pending spawn's stream (its headers are here).
+                held[0].unpause()
+                events = [
+                    json.loads(line[5:])
+                    for line in resp.iter_lines(decode_unicode=True)
+                    if line and line.startswith("data:")
+                ]
+            assert post.result().status_code in (201, 202)
+    finally:
+        events_feed.close()
+        holder.join(10)
+        for container in held:
+            container.reload()
+            if container.status == "paused":
+                container.unpause()
     text = "\n".join(e.get("message", "") for e in events)
     for step in (
         "Allocated RTX 4090 x1 (simulated)",
@@ -357,56 +384,49 @@ def test_images_command_builds_only_what_it_has_a_dockerfile_for(catalog: Path) 
 
 
 def test_real_gpu_device_request_names_exactly_the_allocated_cards(
-    tmp_path, docker, catalog: Path, chp_installed
+    hub_factory, docker, catalog: Path
 ) -> None:
     """'always' gives simulated cards the request a real card gets: the container is created with
     it, and (without an NVIDIA driver) Docker refuses to start it; the spawn fails cleanly."""
-    hub = docker_hub(tmp_path / "data", catalog, "--GpuDockerSpawner.gpu_device_requests=always")
-    hub.start()
-    try:
-        user = hub.create_user()
-        r = hub.spawn(user, {"gpu": "a100-80g", "gpus": 2})
-        c = container_of(docker, hub, user)
-        uuids = c.attrs["Config"]["Labels"]["org.gpulab.gpu-uuids"].split(",")
-        assert len(uuids) == 2 and all(u.startswith("GPU-SIM-") for u in uuids)
-        [req] = c.attrs["HostConfig"]["DeviceRequests"]
-        assert req["Driver"] == "nvidia"
-        assert sorted(req["DeviceIDs"]) == sorted(uuids)
-        assert req["Capabilities"] == [["gpu"]]
-        env = dict(e.split("=", 1) for e in c.attrs["Config"]["Env"])
-        assert env["NVIDIA_VISIBLE_DEVICES"] == env["CUDA_VISIBLE_DEVICES"] == ",".join(uuids)
-        assert env["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"
-        # No driver here: Docker can't start it, the spawn fails and both cards come back.
-        assert r.status_code == 500 and "could not start the container" in r.text, r.text
-        wait_for(lambda: hub.free("a100-80g") == 2, 10, what="the cards to be released")
-    finally:
-        hub.stop()
-        cleanup(docker, hub)
+    hub = start_docker_hub(
+        hub_factory, docker, "hub", catalog, "--GpuDockerSpawner.gpu_device_requests=always"
+    )
+    user = hub.create_user()
+    r = hub.spawn(user, {"gpu": "a100-80g", "gpus": 2})
+    c = container_of(docker, hub, user)
+    uuids = c.attrs["Config"]["Labels"]["org.gpulab.gpu-uuids"].split(",")
+    assert len(uuids) == 2 and all(u.startswith("GPU-SIM-") for u in uuids)
+    [req] = c.attrs["HostConfig"]["DeviceRequests"]
+    assert req["Driver"] == "nvidia"
+    assert sorted(req["DeviceIDs"]) == sorted(uuids)
+    assert req["Capabilities"] == [["gpu"]]
+    env = dict(e.split("=", 1) for e in c.attrs["Config"]["Env"])
+    assert env["NVIDIA_VISIBLE_DEVICES"] == env["CUDA_VISIBLE_DEVICES"] == ",".join(uuids)
+    assert env["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"
+    # No driver here: Docker can't start it, the spawn fails and both cards come back.
+    assert r.status_code == 500 and "could not start the container" in r.text, r.text
+    wait_for(lambda: hub.free("a100-80g") == 2, 10, what="the cards to be released")
 
 
 @pytest.mark.gpu
-def test_real_gpu_container_sees_exactly_its_card(tmp_path, docker, catalog, chp_installed):
+def test_real_gpu_container_sees_exactly_its_card(tmp_path, hub_factory, docker, catalog):
     """On a GPU host with the NVIDIA container toolkit: the device request really pins the card."""
-    from test_gpu import CUDA_UUID_CODE, this_gpu_catalog
+    from gpu_helpers import CUDA_UUID_CODE, this_gpu_catalog
 
     gpu_catalog = this_gpu_catalog(catalog, tmp_path / "catalog.toml")
-    hub = Hub(
-        tmp_path / "data",
+    hub = hub_factory(
+        on_stop=lambda h: cleanup(docker, h),
         simulate="none",
         cli=[GPULAB, "up", "--spawner", "docker", "--catalog", str(gpu_catalog)],
-    ).start()
-    try:
-        user = hub.create_user()
-        hub.spawn_ready(user, {"gpu": "this-gpu", "gpus": 1})
-        [card] = held(hub, user)
-        [req] = container_of(docker, hub, user).attrs["HostConfig"]["DeviceRequests"]
-        assert req["DeviceIDs"] == [card]
-        with hub.kernel(user) as k:
-            assert k.execute(CUDA_UUID_CODE).strip() == card
-        hub.stop_server(user)
-    finally:
-        hub.stop()
-        cleanup(docker, hub)
+    )
+    user = hub.create_user()
+    hub.spawn_ready(user, {"gpu": "this-gpu", "gpus": 1})
+    [card] = held(hub, user)
+    [req] = container_of(docker, hub, user).attrs["HostConfig"]["DeviceRequests"]
+    assert req["DeviceIDs"] == [card]
+    with hub.kernel(user) as k:
+        assert k.execute(CUDA_UUID_CODE).strip() == card
+    hub.stop_server(user)
 
 
 # ---- crash and restart (last: it restarts the module's hub) ------------------------------------

@@ -107,20 +107,40 @@ def test_a_server_that_dies_gives_its_gpu_back(hub: Hub, user: str) -> None:
 
 
 def test_progress_reports_the_real_steps(hub: Hub, user: str) -> None:
-    with ThreadPoolExecutor(1) as ex:
-        post = ex.submit(hub.spawn, user, {"gpu": "rtx-4090", "datasets": ["sklearn-toy"]})
-        wait_for(
-            lambda: (s := hub.server(user)) is not None and s["pending"] == "spawn",
-            timeout=30,
-            interval=0.01,
-            what="the spawn to be pending",
-        )
-        events = []
-        with hub.api("GET", f"/users/{user}/server/progress", stream=True) as resp:
-            for line in resp.iter_lines(decode_unicode=True):
-                if line and line.startswith("data:"):
-                    events.append(json.loads(line[5:]))
-        assert post.result().status_code in (201, 202)
+    # The hub streams a spawn's progress (every step from the first) only while the spawn is
+    # pending, and a forked server can answer within a second. So the server process is stopped
+    # (SIGSTOP) as soon as its pid is on record, before it can listen: the spawn stays pending (a
+    # stopped process is alive) until the stream is open, then the process is continued.
+    ledger = hub.data_dir / "allocations.json"
+
+    def server_pid() -> int | None:
+        try:
+            records = json.loads(ledger.read_text())["allocations"]
+        except (OSError, ValueError, KeyError):
+            return None
+        return next((a["pid"] for a in records if a["owner"] == f"{user}/" and a["pid"]), None)
+
+    held: list[int] = []
+    try:
+        with ThreadPoolExecutor(1) as ex:
+            post = ex.submit(hub.spawn, user, {"gpu": "rtx-4090", "datasets": ["sklearn-toy"]})
+            pid = wait_for(
+                lambda: server_pid() or (post.done() and -1), 60, 0.002, "the server's pid"
+            )
+            assert pid != -1, post.result().text
+            os.kill(pid, signal.SIGSTOP)
+            held.append(pid)
+            events = []
+            with hub.api("GET", f"/users/{user}/server/progress", stream=True) as resp:
+                # The hub has taken the pending spawn's stream (its headers are here).
+                os.kill(held.pop(), signal.SIGCONT)
+                for line in resp.iter_lines(decode_unicode=True):
+                    if line and line.startswith("data:"):
+                        events.append(json.loads(line[5:]))
+            assert post.result().status_code in (201, 202)
+    finally:
+        for pid in held:
+            os.kill(pid, signal.SIGCONT)
     text = "\n".join(e.get("message", "") for e in events)
     for step in ("Allocating GPUs", "Allocated RTX 4090 x1 (simulated)", "Mounting datasets"):
         assert step in text, text

@@ -15,27 +15,22 @@ from pathlib import Path
 
 import pytest
 from conftest import require
-from harness import Hub, approved_user, browser_log_in, wait_for
+from harness import PASSWORD, SLOW, Hub, approved_user, browser_log_in, wait_for
 
 INTERVAL = 4
-PASSWORD = "correct-horse-battery"
-SLOW = 90_000  # ms: loading JupyterLab on a busy 2-core machine can take a while
 
 
 @pytest.fixture(scope="module")
-def save_hub(tmp_path_factory, chp_installed) -> Hub:
+def save_hub(module_hub_factory) -> Hub:
     require(
         importlib.util.find_spec("jupyterlab_gpulab") is not None,
         "the jupyterlab_gpulab extension (make install)",
     )
-    data = Path(tmp_path_factory.mktemp("labext-spot-save")) / "data"
-    h = Hub(
-        data,
+    return module_hub_factory(
+        "labext-spot-save",
         simulate="RTX-4090:1",
         extra_args=[f"--SpotMarket.save_interval={INTERVAL}", "--SpotMarket.tick_interval=0.5"],
-    ).start()
-    yield h
-    h.stop()
+    )
 
 
 def notebook(source: str) -> str:

@@ -8,10 +8,8 @@ launcher on a plain /lab page, and none when the URL opens a notebook.
 from __future__ import annotations
 
 import pytest
-from harness import Hub, WebSession, approved_user, browser_log_in
+from harness import PASSWORD, SLOW, Hub, WebSession, approved_user, browser_log_in
 
-PASSWORD = "correct-horse-battery"
-SLOW = 90_000
 NOTEBOOK_CARD = '.jp-LauncherCard[data-category="Notebook"]'
 
 

@@ -7,9 +7,9 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import pytest
+from harness import wait_for
 
 from gpulab.hub_config.catalog import load_catalog
 from gpulab.spawners.node.allocator import GpuAllocator, NoCapacity
@@ -82,6 +82,14 @@ def test_ledger_survives_restart(tmp_path) -> None:
     assert json.loads(path.read_text())["allocations"][0]["owner"] == "alice/"
 
 
+def environ(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
 def test_orphan_sweep_kills_the_process_and_frees_the_card(tmp_path) -> None:
     path = tmp_path / "ledger.json"
     a = GpuAllocator(devices(), path)
@@ -99,7 +107,9 @@ def test_orphan_sweep_kills_the_process_and_frees_the_card(tmp_path) -> None:
         env={**os.environ, "GPULAB_ALLOCATION_ID": "x", "GPULAB_HUB_ID": "hub2"},
     )
     try:
-        time.sleep(0.2)  # let the children exec so their environment is readable
+        # Until a child has exec'd, /proc shows our environment, not the one it was given.
+        for p in (proc, stray, other_hub):
+            wait_for(lambda p=p: b"GPULAB_HUB_ID=" in environ(p.pid), 30, 0.01, "the exec")
         b = GpuAllocator(devices(), path)
         swept = b.sweep_orphans("hub1")
         assert [s.owner for s in swept] == ["ghost/"]

@@ -14,37 +14,31 @@ from __future__ import annotations
 
 import importlib.util
 import time
-from pathlib import Path
 
 import pytest
 import requests
 from conftest import require
-from harness import REPO, Hub, approved_user, browser_log_in, wait_for
+from harness import PASSWORD, REPO, SLOW, Hub, approved_user, browser_log_in, wait_for
 from jupyterlab_gpulab.spot import normalize_spot
 
 # Long enough that the page (which reads the spot status every 10 s) sees the warning with
 # time to spare on a busy machine; the tests cancel the preemption, so they never wait it out.
 WARNING = 30
-PASSWORD = "correct-horse-battery"
-SLOW = 90_000  # ms: loading JupyterLab on a busy 2-core machine can take a while
 # Copied by hand to docs/screenshots/labext-spot-countdown.png (tests never write tracked files).
 SCREENSHOT = REPO / "artifacts" / "screenshots" / "labext-spot-countdown.png"
 
 
 @pytest.fixture(scope="module")
-def spot_hub(tmp_path_factory, chp_installed) -> Hub:
+def spot_hub(module_hub_factory) -> Hub:
     require(
         importlib.util.find_spec("jupyterlab_gpulab") is not None,
         "the jupyterlab_gpulab extension (make install)",
     )
-    data = Path(tmp_path_factory.mktemp("labext-spot")) / "data"
-    h = Hub(
-        data,
+    return module_hub_factory(
+        "labext-spot",
         simulate="RTX-4090:2",
         extra_args=[f"--SpotMarket.warning_seconds={WARNING}", "--SpotMarket.tick_interval=0.5"],
-    ).start()
-    yield h
-    h.stop()
+    )
 
 
 @pytest.fixture

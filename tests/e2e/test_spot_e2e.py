@@ -27,19 +27,16 @@ WARNING = 3
 
 
 @pytest.fixture(scope="module")
-def spot_hub(tmp_path_factory, chp_installed) -> Hub:
-    data = Path(tmp_path_factory.mktemp("spot")) / "data"
-    h = Hub(
-        data,
+def spot_hub(module_hub_factory) -> Hub:
+    return module_hub_factory(
+        "spot",
         simulate="A100-80G:1,RTX-4090:2",
         extra_args=[
             f"--SpotMarket.warning_seconds={WARNING}",
             "--SpotMarket.tick_interval=0.5",
             "--SpotMarket.timezone=Asia/Shanghai",
         ],
-    ).start()
-    yield h
-    h.stop()
+    )
 
 
 @pytest.fixture
@@ -508,14 +505,13 @@ def test_webhook_secret_needs_the_users_own_credentials_not_the_servers_token(hu
 
 
 def test_window_only_server_is_reclaimed_when_its_low_price_window_ends(
-    tmp_path: Path, chp_installed
+    hub_factory,
 ) -> None:
     """A dedicated hub whose one low-price window (UTC, with seconds) ends shortly after start."""
     now = datetime.now(UTC)
     window_end = (now + timedelta(seconds=35)).replace(microsecond=0)  # the window has seconds
     window = f"{(now - timedelta(minutes=10)):%H:%M:%S}-{window_end:%H:%M:%S}"
-    h = Hub(
-        tmp_path / "data",
+    h = hub_factory(
         simulate="RTX-4090:1",
         extra_args=[
             "--SpotMarket.warning_seconds=2",
@@ -524,31 +520,28 @@ def test_window_only_server_is_reclaimed_when_its_low_price_window_ends(
             "--SpotMarket.weekends_low=False",
             f"--SpotMarket.low_price_windows={window}",
         ],
-    ).start()
-    try:
-        assert h.api("GET", "/gpulab/spot/prices").json()["low_price_windows"] == [window]
-        user = h.create_user()
-        pin(h, "rtx-4090", "0.30")
-        h.spawn_ready(user, spot("0.60", windows_only=True))
-        assert h.free("rtx-4090") == 0
-        assert time.time() < window_end.timestamp(), "the server started after the window"
-        status = h.api("GET", f"/gpulab/spot/status/{user}").json()
-        assert status["windows_only"] and status["low_price_window"] and not status["preemption"]
+    )
+    assert h.api("GET", "/gpulab/spot/prices").json()["low_price_windows"] == [window]
+    user = h.create_user()
+    pin(h, "rtx-4090", "0.30")
+    h.spawn_ready(user, spot("0.60", windows_only=True))
+    assert h.free("rtx-4090") == 0
+    assert time.time() < window_end.timestamp(), "the server started after the window"
+    status = h.api("GET", f"/gpulab/spot/status/{user}").json()
+    assert status["windows_only"] and status["low_price_window"] and not status["preemption"]
 
-        # The window ends: the warning, with its reason, then the stop at the deadline.
-        p = wait_for(
-            lambda: h.api("GET", f"/gpulab/spot/status/{user}").json()["preemption"],
-            timeout=window_end.timestamp() - time.time() + 10,
-            interval=0.2,
-            what="the warning at the window's end",
-        )
-        assert p["reason"] == "low-price-window-ended" and p["status"] == "warning"
-        assert window_end.timestamp() - 0.1 <= p["warned_at"] <= window_end.timestamp() + 3
-        assert p["deadline"] == pytest.approx(p["warned_at"] + 2, abs=0.01)
-        wait_for(lambda: h.server(user) is None, timeout=20, what="the stop at the deadline")
-        record = preemptions(h, user)[-1]
-        assert record["status"] == "stopped" and record["stopped_at"] >= record["deadline"]
-        assert h.free("rtx-4090") == 1
-        assert h.api("GET", "/gpulab/spot/prices").json()["low_price_window"] is False
-    finally:
-        h.stop()
+    # The window ends: the warning, with its reason, then the stop at the deadline.
+    p = wait_for(
+        lambda: h.api("GET", f"/gpulab/spot/status/{user}").json()["preemption"],
+        timeout=window_end.timestamp() - time.time() + 10,
+        interval=0.2,
+        what="the warning at the window's end",
+    )
+    assert p["reason"] == "low-price-window-ended" and p["status"] == "warning"
+    assert window_end.timestamp() - 0.1 <= p["warned_at"] <= window_end.timestamp() + 3
+    assert p["deadline"] == pytest.approx(p["warned_at"] + 2, abs=0.01)
+    wait_for(lambda: h.server(user) is None, timeout=20, what="the stop at the deadline")
+    record = preemptions(h, user)[-1]
+    assert record["status"] == "stopped" and record["stopped_at"] >= record["deadline"]
+    assert h.free("rtx-4090") == 1
+    assert h.api("GET", "/gpulab/spot/prices").json()["low_price_window"] is False

@@ -54,14 +54,10 @@ def test_a_dead_fork_server_is_replaced(hub: Hub, user: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def popen_hub(tmp_path_factory, chp_installed):
-    h = Hub(
-        tmp_path_factory.mktemp("popen") / "data",
-        simulate="A100-80G:1",
-        extra_args=["--GpuLocalSpawner.use_forkserver=False"],
-    ).start()
-    yield h
-    h.stop()
+def popen_hub(module_hub_factory):
+    return module_hub_factory(
+        "popen", simulate="A100-80G:1", extra_args=["--GpuLocalSpawner.use_forkserver=False"]
+    )
 
 
 def test_new_process_path_pins_gpus_and_mounts_datasets(popen_hub: Hub) -> None:

@@ -12,12 +12,10 @@ import time
 from pathlib import Path
 
 import pytest
-from harness import REPO, Hub, approved_user, browser_log_in
+from harness import PASSWORD, REPO, SLOW, Hub, approved_user, browser_log_in
 
 SHOTS = REPO / "artifacts" / "screenshots"
-PASSWORD = "correct-horse-battery"
-# Loading JupyterLab on a busy 2-core machine can take a while; nothing here is a timed assert.
-SLOW = 90_000
+# Nothing here is a timed assert: SLOW (harness) is how long JupyterLab may take to load.
 
 
 @pytest.fixture

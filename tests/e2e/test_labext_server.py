@@ -94,17 +94,14 @@ def test_balance_comes_from_billing(hub: Hub, user: str) -> None:
     assert (Decimal(balance["balance"]), balance["currency"]) == (Decimal("10"), "CNY")
 
 
-def test_balance_is_unavailable_without_billing(tmp_path, chp_installed) -> None:
-    hub = Hub(tmp_path / "data", simulate="RTX-4090:1", env={"GPULAB_BILLING": "0"}).start()
-    try:
-        user = hub.create_user()
-        hub.spawn_ready(user, {"gpu": "none"})
-        balance = ext(hub, user, "balance").json()
-        assert balance["available"] is False
-        assert "billing" in balance["reason"]
-        hub.stop_server(user)
-    finally:
-        hub.stop()
+def test_balance_is_unavailable_without_billing(hub_factory) -> None:
+    hub = hub_factory(simulate="RTX-4090:1", env={"GPULAB_BILLING": "0"})
+    user = hub.create_user()
+    hub.spawn_ready(user, {"gpu": "none"})
+    balance = ext(hub, user, "balance").json()
+    assert balance["available"] is False
+    assert "billing" in balance["reason"]
+    hub.stop_server(user)
 
 
 def test_switch_rejects_bad_requests_before_asking_the_hub(hub: Hub, user: str) -> None:
@@ -260,11 +257,21 @@ def test_switch_answer_survives_the_stop_signal(tmp_path, sigint: str) -> None:
 
     server: dict[str, subprocess.Popen] = {}
 
+    def sigint_pending(pid: int) -> bool:
+        """SIGINT sent to the process but not yet taken by it (its handler has not run)."""
+        try:
+            status = open(f"/proc/{pid}/status").read()
+        except OSError:
+            return False
+        pending = int(status.split("\nShdPnd:\t", 1)[1].split()[0], 16)
+        return bool(pending & (1 << (signal.SIGINT - 1)))
+
     class HubSide(http.server.BaseHTTPRequestHandler):
         def do_POST(self) -> None:
             self.rfile.read(int(self.headers["Content-Length"]))
             server["proc"].send_signal(signal.SIGINT)  # as the spawner's stop() does
-            time.sleep(0.3)
+            # Answer once the server has taken the signal, so it is in before the answer.
+            wait_for(lambda: not sigint_pending(server["proc"].pid), 30, 0.001, "SIGINT taken")
             body = json.dumps({"options": {"gpu": "none"}}).encode()
             self.send_response(202)
             self.send_header("Content-Type", "application/json")
@@ -303,17 +310,35 @@ def test_switch_answer_survives_the_stop_signal(tmp_path, sigint: str) -> None:
     try:
 
         def up() -> bool:
+            if server["proc"].poll() is not None:
+                raise RuntimeError((tmp_path / "server.log").read_text(errors="replace")[-3000:])
             try:
                 return requests.get(f"{base}/status", headers=headers, timeout=2).ok
             except requests.RequestException:
                 return False
 
-        wait_for(up, 60, what="the jupyter server")
+        # Start-up may be slow on a loaded machine or a fresh checkout (bytecode to write); a
+        # server that dies says so at once, so the limit only guards against a hang.
+        wait_for(up, 180, what="the jupyter server")
         r = requests.post(f"{base}/switch", headers=headers, json={"gpu": "none"}, timeout=30)
         assert r.status_code == 202, r.text
         assert r.json()["options"] == {"gpu": "none"}
-        # ...and the deferred stop signal then stops the server.
-        server["proc"].wait(timeout=15)
+        # ...and the deferred stop signal then stops the server: it acts on the signal at once
+        # (its own handler logs "Interrupted...", the default action kills it). Its exit then
+        # waits for its clean-up and background threads, so that limit only guards against a hang.
+        proc = server["proc"]
+        if sigint == "python-handler":
+            wait_for(
+                lambda: (
+                    proc.poll() is not None
+                    or "Interrupted..." in (tmp_path / "server.log").read_text(errors="replace")
+                ),
+                60,
+                what="the server to act on the deferred stop signal",
+            )
+        proc.wait(timeout=120)
+        if sigint == "default-action":
+            assert proc.returncode == -signal.SIGINT
     finally:
         if server["proc"].poll() is None:
             server["proc"].kill()
