@@ -35,7 +35,8 @@ from gpulab.hub_config.catalog import load_catalog
 from gpulab.spawners.local import GpuLocalSpawner
 from gpulab.spawners.options import parse_options
 
-TESTS = Path(__file__).resolve().parent
+# The plugin module lives at the top of tests/.
+TESTS = Path(__file__).resolve().parent.parent
 JUPYTERHUB_TESTS = Path(jupyterhub.__file__).resolve().parent / "tests"
 
 # Deliberate differences: JupyterHub tests left out, and why.
