@@ -10,10 +10,7 @@ failed to activate or any other gpulab error.
 from __future__ import annotations
 
 import pytest
-from harness import Hub, WebSession, approved_user, browser_log_in
-
-PASSWORD = "correct-horse-battery"
-SLOW = 90_000
+from harness import PASSWORD, SLOW, Hub, WebSession, approved_user, browser_log_in
 
 
 @pytest.fixture
