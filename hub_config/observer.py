@@ -2,7 +2,7 @@
 record, and GPUs that nobody uses going back to the pool.
 
 Every ``interval`` seconds (jittered) each running gpulab server is asked for its processes
-other than the single-user server itself (``GpuSpawnerMixin.observe``: its cgroup, its
+other than the single-user server itself (``GpuSpawnerMixin.observe_activity``: its cgroup, its
 container, NVML's processes on its cards). From those samples:
 
 - **billing** gets ``activity`` spans (a hub-only event kind), so a server is billed for what it
@@ -142,7 +142,7 @@ class ActivityObserver(LoggingConfigurable):
             )
         else:
             ended = []
-        obs = await spawner.observe()
+        obs = await spawner.observe_activity()
         if obs is None:
             return ended
         span: Span | None = tracker.update(obs)

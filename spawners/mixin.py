@@ -170,6 +170,16 @@ class GpuSpawnerMixin(HasTraits):
                 )
             self.allocation = None
 
+    def resource_limits(self, alloc: Allocation) -> tuple[float, str]:
+        """(CPUs, memory such as "32G") of a server with this allocation, from the catalog."""
+        catalog = self.pool.catalog
+        if alloc.gpu_type is None:
+            return catalog.no_gpu.cpus, catalog.no_gpu.mem
+        gpu_type = catalog.gpu_types[alloc.gpu_type]
+        n = len(alloc.uuids)
+        number, unit = gpu_type.mem_per_card[:-1], gpu_type.mem_per_card[-1]
+        return gpu_type.cpus_per_card * n, f"{float(number) * n:g}{unit}"
+
     def gpu_env(self, alloc: Allocation) -> dict[str, str]:
         """The environment that pins a server to its cards (and says what it is)."""
         simulated = any(

@@ -87,3 +87,13 @@ def browser():
         b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
         yield b
         b.close()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def homes_reachable(tmp_path_factory) -> None:
+    """A root hub runs each server as its user's own account, whose home is in the test's data
+    dir under pytest's private temp root: let those accounts pass through it (0711, no listing)."""
+    if os.geteuid() == 0:
+        base = tmp_path_factory.getbasetemp()
+        for folder in (base.parent, base):
+            folder.chmod(0o711)

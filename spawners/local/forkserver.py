@@ -107,9 +107,10 @@ def _run_child(request: dict, listener: socket.socket, conn: socket.socket) -> N
         os.environ.update(request["env"])
         sys.argv = ["jupyterhub-singleuser", *request["argv"]]
 
-        from gpulab.spawners.inside.launcher import prepare_datasets
+        from gpulab.spawners.inside.launcher import enter_sandbox, prepare_datasets
 
         prepare_datasets(dict(os.environ))
+        enter_sandbox(dict(os.environ))
         from jupyterhub.singleuser import main
 
         result = main()

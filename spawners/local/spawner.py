@@ -33,7 +33,9 @@ from jupyterhub.utils import random_port
 from traitlets import Bool, Float, Integer, List, Unicode, default, validate
 
 from gpulab.spawners.images import ImageStatus
+from gpulab.spawners.inside.launcher import enter_sandbox
 from gpulab.spawners.local.forkserver import ForkServerClient
+from gpulab.spawners.local.isolation import LocalIsolationMixin
 from gpulab.spawners.mixin import GpuSpawnerMixin, SpawnError
 from gpulab.spawners.node.pool import GpuPool
 
@@ -83,8 +85,9 @@ def _can_unshare_mounts() -> bool:
         return False
 
 
-class GpuLocalSpawner(GpuSpawnerMixin, LocalProcessSpawner):
-    """Runs each server as a local process of the hub's own user, with its GPUs pinned."""
+class GpuLocalSpawner(LocalIsolationMixin, GpuSpawnerMixin, LocalProcessSpawner):
+    """Runs each server as a local process, with its GPUs pinned: as its user's own Unix account
+    in its own cgroup when the hub runs as root (:mod:`.isolation`), else as the hub's user."""
 
     home_dir_template = Unicode(
         "{data_dir}/users/{username}",
@@ -220,21 +223,24 @@ class GpuLocalSpawner(GpuSpawnerMixin, LocalProcessSpawner):
     # ---- environment -------------------------------------------------------------------------
 
     def user_env(self, env: dict[str, str]) -> dict[str, str]:
-        env["USER"] = self.user.name
+        env["USER"] = self.account_name if self.user_accounts else self.user.name
         env["HOME"] = self.home_dir
         env["SHELL"] = "/bin/bash"
         return env
 
     def make_preexec_fn(self, name: str):
-        return None
-
-    def move_certs(self, paths: dict[str, str]) -> dict[str, str]:
-        return paths
+        # gpulab's launcher enters the sandbox itself (after mounting datasets as root); any
+        # other command enters it here, between fork and exec.
+        env = self.sandbox.env()
+        if not env or self.cmd == self._default_cmd():
+            return None
+        return lambda: enter_sandbox(env)
 
     def get_args(self) -> list[str]:
         args = list(super().get_args())
-        if os.geteuid() == 0 and "--allow-root" not in args:
-            # The hub runs as root (as in CI containers); jupyter_server refuses without this.
+        if os.geteuid() == 0 and not self.user_accounts and "--allow-root" not in args:
+            # Servers of a root hub without user accounts run as root; jupyter_server refuses
+            # without this.
             args.append("--allow-root")
         return args
 
@@ -300,10 +306,12 @@ class GpuLocalSpawner(GpuSpawnerMixin, LocalProcessSpawner):
         else:
             mode = "symlink"
 
+        sandbox = await asyncio.to_thread(self._make_sandbox, home)
         if self.port == 0:
             self.port = random_port()
         env = self.get_env()
         env.update(gpu_env)
+        env.update(sandbox.env())
         env["GPULAB_DATASET_MODE"] = mode
         env["GPULAB_DATASET_MOUNTS"] = json.dumps(mounts)
         env["GPULAB_TRIM_IMPORTS"] = "1" if self.trim_imports else "0"
@@ -415,6 +423,7 @@ class GpuLocalSpawner(GpuSpawnerMixin, LocalProcessSpawner):
         if self.proc is None and self.pid and not pid_alive(self.pid):
             # kill(pid, 0) succeeds on a zombie nobody reaped; a forked server's parent is the
             # fork server (or, after a hub restart, init), not us.
+            await self.end_processes()
             self.clear_state()
             return 0
         return await super().poll()
