@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -89,11 +91,25 @@ def browser():
         b.close()
 
 
+# A root hub runs each server as its user's own account, whose home is in the test's data dir:
+# pytest's own temp root (/tmp/pytest-of-root) is private (0700, reset at every session start),
+# so sessions run as root use a temp root of their own that those accounts may pass through
+# (0711: no listing).
+SHARED_TMP = Path("/tmp/gpulab-pytest")
+
+
+def pytest_configure(config) -> None:
+    if os.geteuid() != 0 or config.option.basetemp:
+        return
+    SHARED_TMP.mkdir(mode=0o711, exist_ok=True)
+    SHARED_TMP.chmod(0o711)
+    for old in SHARED_TMP.iterdir():  # runs of other days
+        if time.time() - old.stat().st_mtime > 12 * 3600:
+            shutil.rmtree(old, ignore_errors=True)
+    config.option.basetemp = tempfile.mkdtemp(prefix="run-", dir=SHARED_TMP)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def homes_reachable(tmp_path_factory) -> None:
-    """A root hub runs each server as its user's own account, whose home is in the test's data
-    dir under pytest's private temp root: let those accounts pass through it (0711, no listing)."""
     if os.geteuid() == 0:
-        base = tmp_path_factory.getbasetemp()
-        for folder in (base.parent, base):
-            folder.chmod(0o711)
+        tmp_path_factory.getbasetemp().chmod(0o711)

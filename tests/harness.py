@@ -54,6 +54,19 @@ def wait_for(predicate, timeout: float = 30, interval: float = 0.1, what: str = 
         time.sleep(interval)
 
 
+def passable_for_accounts(path: Path) -> None:
+    """A root hub's servers run as their users' own accounts, with homes in the data dir: let
+    them pass through the test's temp folders (pytest makes each 0700) down to it."""
+    if os.geteuid() != 0:
+        return
+    for folder in [path, *path.parents]:
+        if folder == Path("/") or not folder.is_relative_to("/tmp"):
+            break
+        mode = folder.stat().st_mode & 0o777
+        if not mode & 0o001:
+            folder.chmod(mode | 0o011)
+
+
 class Hub:
     """A gpulab hub in its own data dir, on free loopback ports, with an admin API token."""
 
@@ -87,6 +100,7 @@ class Hub:
 
     def start(self, timeout: float = 60) -> Hub:
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        passable_for_accounts(self.data_dir)
         env = {**os.environ, "GPULAB_ADMIN_TOKEN": self.token, **self.extra_env}
         args = [
             *self.cli,
@@ -217,8 +231,8 @@ class Kernel:
             ws_url, header=[f"Authorization: token {hub.token}"], timeout=60
         )
 
-    def execute(self, code: str, timeout: float = 60) -> str:
-        """Run ``code``; return its stdout plus the repr of its result. Raise on a kernel error."""
+    def send(self, code: str) -> str:
+        """Start running ``code`` without waiting for it; returns the request's message id."""
         msg_id = uuid.uuid4().hex
         self.ws.send(
             json.dumps(
@@ -245,6 +259,11 @@ class Kernel:
                 }
             )
         )
+        return msg_id
+
+    def execute(self, code: str, timeout: float = 60) -> str:
+        """Run ``code``; return its stdout plus the repr of its result. Raise on a kernel error."""
+        msg_id = self.send(code)
         out: list[str] = []
         error = None
         got_reply = got_idle = False
@@ -275,7 +294,11 @@ class Kernel:
         try:
             self.ws.close()
         finally:
-            requests.delete(f"{self.base}/kernels/{self.id}", headers=self.headers, timeout=30)
+            # The server may be gone already (a test stopped it).
+            try:
+                requests.delete(f"{self.base}/kernels/{self.id}", headers=self.headers, timeout=30)
+            except requests.RequestException:
+                pass
 
     def __enter__(self) -> Kernel:
         return self
