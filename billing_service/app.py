@@ -25,10 +25,12 @@ from jupyterhub.utils import url_path_join
 from sqlalchemy import select
 from tornado import web
 from tornado.httpserver import HTTPServer
-from traitlets import Float, List, Unicode, default, validate
+from traitlets import Float, Int, List, Unicode, default, validate
 from traitlets.config import Application
 
-from gpulab.billing_service import handlers, ledger, statements
+from gpulab.billing_service import compensation, csv_export, handlers, ledger, statements
+from gpulab.billing_service.bounds import Limits
+from gpulab.billing_service.compensation import Rule
 from gpulab.billing_service.db import is_sqlite, make_engine, upgrade
 from gpulab.billing_service.enforce import Enforcer
 from gpulab.billing_service.hub_client import HubClient
@@ -170,6 +172,55 @@ class BillingService(Application):
         help="Balances (in the catalog currency) below which users are warned.",
     )
 
+    clock_skew = Float(
+        5.0,
+        config=True,
+        help="""Seconds of clock difference allowed between a server and the hub. A reporter's
+        event must lie within its server's current session, from the start the hub reported
+        minus this, to now (or the reported stop) plus this; a kernel first reported before the
+        start counts from the start.""",
+    )
+
+    max_new_ids_per_batch = Int(
+        500,
+        config=True,
+        help="""At most this many kernel/app ids not reported before, per batch from a server's
+        reporter; events that would add more are rejected (each named in the answer). A real
+        server starts a handful of kernels per minute; the cap keeps one token from filling the
+        span table. Hub and admin batches are not capped.""",
+    )
+
+    max_new_ids_per_heartbeat = Int(
+        100,
+        config=True,
+        help="""At most this many kernel/app ids not reported before in one heartbeat from a
+        server's reporter; a heartbeat listing more is rejected whole.""",
+    )
+
+    @property
+    def limits(self) -> Limits:
+        """The bounds on a reporter's events (see ``bounds``)."""
+        return Limits(
+            skew_us=int(self.clock_skew * MICRO),
+            max_new_per_batch=self.max_new_ids_per_batch,
+            max_new_per_heartbeat=self.max_new_ids_per_heartbeat,
+        )
+
+    compensation_rule = Unicode(
+        "last-minutes:10",
+        config=True,
+        help="""What a user is credited when a platform reclaim (spot preemption, the zero-balance
+        move, a node failure) loses work because the checkpoint failed or timed out, posted by
+        the hub to api/v1/users/NAME/compensations: 'last-minutes:N' (what the session was
+        charged for its last N minutes of billed time; nothing billed, nothing credited) or
+        'fixed:AMOUNT' (e.g. 'fixed:1.00' in the catalog currency).""",
+    )
+
+    @validate("compensation_rule")
+    def _check_compensation(self, proposal: dict) -> str:
+        Rule.parse(proposal["value"])  # raises with the allowed forms
+        return proposal["value"]
+
     pid_file = Unicode(config=True, help="Where the service writes its process id.")
 
     @default("pid_file")
@@ -253,6 +304,50 @@ class BillingService(Application):
                 actor=actor,
             )
 
+    def compensate(
+        self,
+        user: str,
+        server: str,
+        at_us: int | None,
+        reason: str,
+        checkpoint: str,
+        key: str,
+        note: str,
+        actor: str,
+    ) -> dict[str, Any] | None:
+        """Credit ``user`` for the session of ``server`` in force at ``at_us`` (else its latest)
+        under the configured rule, once per ``key``; None when there is no such session."""
+        now = time.time_ns() // 1000
+        with self.engine.begin() as conn:
+            sess = compensation.find_session(conn, user, server, at_us)
+            if sess is None:
+                return None
+            entry, created = compensation.compensate(
+                conn,
+                self.prices,
+                Rule.parse(self.compensation_rule),
+                sess,
+                reason=reason,
+                checkpoint=checkpoint,
+                key=key,
+                note=note,
+                actor=actor,
+                now_us=now,
+                until_us=at_us if at_us is not None else now,
+            )
+            return {
+                "id": entry.id,
+                "user": entry.user,
+                "kind": entry.kind,
+                "session": entry.session_id,
+                "server": sess.server,
+                "amount": statements.money(entry.amount_micro),
+                "note": entry.note,
+                "actor": entry.actor,
+                "idempotency_key": key,
+                "created": created,
+            }
+
     async def close_session(self, sess) -> None:
         """Record the stop of a server that vanished without the hub's report."""
         event = ServerStop(
@@ -297,9 +392,10 @@ class BillingService(Application):
             (url_path_join(api, r"users/([^/]+)/usage"), handlers.UsageHandler),
             (url_path_join(api, r"users/([^/]+)/balance"), handlers.BalanceHandler),
             (url_path_join(api, r"users/([^/]+)/credits"), handlers.CreditsHandler),
+            (url_path_join(api, r"users/([^/]+)/compensations"), handlers.CompensationsHandler),
             (url_path_join(api, "admin/overview"), handlers.OverviewHandler),
             (url_path_join(p, "oauth_callback"), HubOAuthCallbackHandler),
-            (url_path_join(p, "statement.csv"), handlers.CsvHandler),
+            (url_path_join(p, "statement.csv"), csv_export.CsvHandler),
             (p, handlers.StatementPage),
             (p.rstrip("/"), web.RedirectHandler, {"url": p}),
         ]

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import func, select
 
 from gpulab.billing_service.models import MICRO, Account, ServerSession
+from gpulab.billing_service.rating import bid_of
 from gpulab.billing_service.statements import session_options
 
 if TYPE_CHECKING:
@@ -64,7 +65,9 @@ class Enforcer:
             balance = sess.balance_micro
             busy = sess.last_busy_us is not None and sess.last_busy_us >= now - fresh
             if busy:
-                rate = app.prices.rate_micro_per_hour(sess.gpu_type, sess.gpus, sess.pricing, now)
+                rate = app.prices.rate_micro_per_hour(
+                    sess.gpu_type, sess.gpus, sess.pricing, now, bid_of(sess.options)
+                )
                 margin = rate * app.switch_margin / 3600
                 if sess.gpu_type != "none" and balance < margin:
                     no_gpu = app.prices.rate_micro_per_hour("none", 0, "on-demand", now)

@@ -7,8 +7,6 @@ and a token holding ``admin:users`` (hub admins, the hub's own hooks) may act on
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import os
 import time
@@ -19,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from jupyterhub.services.auth import HubOAuthenticated
 from tornado import web
 
-from gpulab.billing_service import ledger, statements
+from gpulab.billing_service import compensation, ledger, statements
 from gpulab.billing_service.metering import ingest
 from gpulab.billing_service.models import MICRO
 from gpulab.billing_service.rating import to_micro
@@ -29,6 +27,8 @@ if TYPE_CHECKING:
     from gpulab.billing_service.app import BillingService
 
 ADMIN_SCOPE = "admin:users"
+# Defined by the hub (hub_config/scopes.py); billing imports nothing of the hub, so it is named here.
+REPORT_SCOPE = "custom:gpulab:report-usage"
 
 
 def now_us() -> int:
@@ -132,13 +132,25 @@ class FieldError(web.HTTPError):
 
 
 class EventsHandler(BaseHandler):
+    """Usage events: reporters post their own server's, the hub (and admins) post anything.
+
+    A reporter's token is the server's own (``JUPYTERHUB_API_TOKEN``), readable by any code in
+    that server, so it is trusted with nothing but its server: it must hold
+    ``custom:gpulab:report-usage!server=USER/NAME`` for the server each event names (JupyterHub
+    gives it exactly that, see ``hub_config/scopes.py``), may not send hub kinds, and its events
+    are checked against the session the hub reported (``bounds``). The scope's filter depends on
+    the event, so it is checked here per event rather than through ``hub_scopes``.
+    """
+
     async def post(self) -> None:
         model = self.require_login()
         try:
             events = parse_batch(self.json_body(), time.time())
         except BatchError as e:
             raise FieldError(e.field, str(e).split(": ", 1)[1]) from None
-        if not self.is_admin():
+        admin = self.is_admin()
+        if not admin:
+            scopes = set(model.get("scopes", []))
             for i, ev in enumerate(events):
                 if ev.kind in HUB_KINDS:
                     raise web.HTTPError(
@@ -149,6 +161,15 @@ class EventsHandler(BaseHandler):
                         403,
                         f"events[{i}].user: {model['name']} may not report usage of {ev.user!r}",
                     )
+                needed = f"{REPORT_SCOPE}!server={ev.user}/{ev.server}"
+                if needed not in scopes:
+                    raise web.HTTPError(
+                        403,
+                        "%s",
+                        f"events[{i}].server: this token may not report usage of server "
+                        f"{ev.user}/{ev.server} (only that server's own token may: it holds "
+                        f"{needed})",
+                    )
         result = await self.billing.run_db(
             ingest,
             self.billing.engine,
@@ -156,7 +177,22 @@ class EventsHandler(BaseHandler):
             self.billing.prices,
             self.billing.trial_micro,
             now_us(),
+            None if admin else self.billing.limits,
         )
+        if result.rejected and not result.accepted and not result.duplicates:
+            # Nothing of the batch was taken: answer like any other refused input.
+            first = result.rejected[0]
+            self.set_status(400)
+            self.write_json(
+                {
+                    "status": 400,
+                    "message": f"{first.field}: {first.message}",
+                    "field": first.field,
+                    **result.to_json(),
+                },
+                400,
+            )
+            return
         self.write_json(result.to_json())
 
 
@@ -225,6 +261,66 @@ class CreditsHandler(BaseHandler):
         self.write_json({"entries": await self.billing.read(self.billing.entries, name)})
 
 
+class CompensationsHandler(BaseHandler):
+    """The hub credits a user for work a platform reclaim lost (see ``compensation``)."""
+
+    async def post(self, name: str) -> None:
+        self.require_admin()
+        body = self.json_body()
+        if not isinstance(body, dict):
+            raise FieldError(
+                "body", "must be a JSON object with reason, checkpoint, idempotency_key"
+            )
+        allowed = {"server", "at", "reason", "checkpoint", "idempotency_key", "note"}
+        extra = sorted(set(body) - allowed)
+        if extra:
+            raise FieldError(extra[0], f"unknown field; allowed: {', '.join(sorted(allowed))}")
+        server = body.get("server", "")
+        if not isinstance(server, str) or len(server) > 255:
+            raise FieldError("server", 'a server name ("" for the default server)')
+        at = body.get("at")
+        if at is not None and (isinstance(at, bool) or not isinstance(at, int | float) or at <= 0):
+            raise FieldError("at", "the reclaim time in seconds since the Unix epoch")
+        reason = body.get("reason")
+        if reason not in compensation.REASONS:
+            raise FieldError("reason", f"{reason!r}; allowed: {', '.join(compensation.REASONS)}")
+        checkpoint = body.get("checkpoint")
+        if checkpoint not in compensation.CHECKPOINT_OUTCOMES:
+            raise FieldError(
+                "checkpoint",
+                f"{checkpoint!r}; allowed: {', '.join(compensation.CHECKPOINT_OUTCOMES)} "
+                "(a checkpoint that saved the work is not compensated)",
+            )
+        key = body.get("idempotency_key")
+        if not isinstance(key, str) or not 1 <= len(key) <= 200:
+            raise FieldError("idempotency_key", "a string of 1-200 characters is required")
+        note = body.get("note", "")
+        if not isinstance(note, str) or len(note) > 1000:
+            raise FieldError("note", "a string of at most 1000 characters")
+        at_us = None if at is None else round(at * MICRO)
+        try:
+            out = await self.billing.run_db(
+                self.billing.compensate,
+                name,
+                server,
+                at_us,
+                reason,
+                checkpoint,
+                key,
+                note,
+                self.model["name"],
+            )
+        except ledger.IdempotencyConflict as e:
+            raise web.HTTPError(409, "%s", str(e)) from None
+        if out is None:
+            label = f"{name}/{server}"
+            raise web.HTTPError(
+                404, "%s", f"server {label} has no session{' started by then' if at else ''}"
+            )
+        out["balance"] = (await self.billing.balance(name))["balance"]
+        self.write_json(out, 201 if out["created"] else 200)
+
+
 class OverviewHandler(BaseHandler):
     async def get(self) -> None:
         self.require_admin()
@@ -276,96 +372,3 @@ class StatementPage(BaseHandler):
     def _xsrf_value(self) -> str:
         token = self.xsrf_token
         return token.decode() if isinstance(token, bytes) else token
-
-
-class CsvHandler(BaseHandler):
-    """The statement as CSV: one ``server`` row per session (its pricing, the price per card-hour
-    it was rated at (the average for spot), billed seconds and amount), then a ``rate`` row per
-    run of billed time at one price (each spot price in force), a ``kernel`` row per kernel and an
-    ``app`` row per app run. Prices are per card-hour (per hour in no-GPU mode)."""
-
-    COLUMNS = (
-        "session",
-        "server",
-        "mode",
-        "pricing",
-        "row",
-        "started",
-        "stopped",
-        "kernel_id",
-        "kernel_seconds",
-        "app_id",
-        "app_seconds",
-        "price_per_card_hour",
-        "billed_seconds",
-    )
-
-    @web.authenticated
-    async def get(self) -> None:
-        name = self.get_argument("user", self.current_user["name"])
-        self.require_user(name)
-        now = now_us()
-        to_us = parse_time("to", self.get_argument("to", None), now)
-        from_us = parse_time("from", self.get_argument("from", None), month_start(now))
-        usage = await self.billing.read(statements.usage, self.billing.prices, name, from_us, to_us)
-        buf = io.StringIO()
-        w = csv.DictWriter(buf, [*self.COLUMNS, f"amount_{usage['currency']}"], restval="")
-        w.writeheader()
-        amount = f"amount_{usage['currency']}"
-        for s in usage["servers"]:
-            base = {
-                "session": s["session"],
-                "server": s["server"],
-                "mode": s["mode"],
-                "pricing": s["pricing"],
-            }
-            per_card = s.get("spot", {}).get("average_price_per_card_hour")
-            if per_card is None:
-                per_card = s["rates"][0]["price_per_card_hour"] if s["rates"] else ""
-            w.writerow(
-                {
-                    **base,
-                    "row": "server",
-                    "started": s["started"],
-                    "stopped": s["stopped"],
-                    "price_per_card_hour": per_card,
-                    "billed_seconds": s["billed_seconds"],
-                    amount: s["amount"]["exact"],
-                }
-            )
-            for r in s["rates"]:
-                w.writerow(
-                    {
-                        **base,
-                        "row": "rate",
-                        "started": r["from"],
-                        "stopped": r["to"],
-                        "price_per_card_hour": r["price_per_card_hour"],
-                        "billed_seconds": r["billed_seconds"],
-                    }
-                )
-            for k in s["kernels"]:
-                w.writerow(
-                    {
-                        **base,
-                        "row": "kernel",
-                        "started": k["first_seen"],
-                        "stopped": k["last_seen"],
-                        "kernel_id": k["kernel_id"],
-                        "kernel_seconds": k["kernel_seconds"],
-                    }
-                )
-            for a in s["apps"]:
-                w.writerow(
-                    {
-                        **base,
-                        "row": "app",
-                        "started": a["first_seen"],
-                        "stopped": a["last_seen"],
-                        "app_id": a["app_id"],
-                        "app_seconds": a["app_seconds"],
-                    }
-                )
-        self.set_header("Content-Type", "text/csv; charset=utf-8")
-        self.set_header("Content-Disposition", f'attachment; filename="statement-{name}.csv"')
-        self.finish(buf.getvalue())

@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sqlalchemy import Connection, Engine, select, tuple_, update
 
 from gpulab.billing_service import ledger
+from gpulab.billing_service.bounds import Limits, Rejection, check
 from gpulab.billing_service.models import Event, KernelSpan, ServerSession
-from gpulab.billing_service.rating import PriceBook, merge
+from gpulab.billing_service.rating import PriceBook, bid_of, merge
 from gpulab.billing_service.schemas import (
     APP_PREFIX,
     AppEvent,
@@ -46,41 +47,82 @@ NEVER = 2**62
 class IngestResult:
     accepted: int
     duplicates: int
+    rejected: list[Rejection] = field(default_factory=list)
 
     def to_json(self) -> dict:
-        return {"accepted": self.accepted, "duplicates": self.duplicates}
+        out: dict = {"accepted": self.accepted, "duplicates": self.duplicates}
+        if self.rejected:
+            out["rejected"] = [r.to_json() for r in self.rejected]
+        return out
 
 
 def ingest(
-    engine: Engine, events: list, prices: PriceBook, trial_micro: int, now_us: int
+    engine: Engine,
+    events: list,
+    prices: PriceBook,
+    trial_micro: int,
+    now_us: int,
+    limits: Limits | None = None,
 ) -> IngestResult:
-    """Apply a validated batch in one transaction: all of it is stored, or none of it."""
-    unique: dict[str, object] = {}
-    for ev in events:
-        unique.setdefault(ev.id, ev)
+    """Apply a validated batch in one transaction: all of it is stored, or none of it.
+
+    With ``limits`` (a reporter's batch, see ``bounds``), events out of bounds are rejected one by
+    one and the rest is applied; without (the hub, admins, the service itself) all are trusted.
+    """
+    unique: dict[str, tuple[int, object]] = {}
+    for index, ev in enumerate(events):
+        unique.setdefault(ev.id, (index, ev))
+    rejected: list[Rejection] = []
+    floors: dict[str, int] = {}
     with engine.begin() as conn:
-        rows = [
-            {
-                "event_id": ev.id,
-                "user": ev.user,
-                "server": ev.server,
-                "kind": ev.kind,
-                "t_us": ev.t_us,
-                "kernel_id": getattr(ev, "unit", None),
-                "body": ev.model_dump_json(),
-                "received_us": now_us,
-            }
-            for ev in unique.values()
-        ]
-        stmt = insert_ignore(conn, Event, ["event_id"]).returning(Event.event_id)
-        new_ids = set(conn.execute(stmt, rows).scalars().all())
-        new = [ev for ev in unique.values() if ev.id in new_ids]
+        candidates = [ev for _, ev in unique.values()]
+        if limits is not None:
+            ids = sorted(unique)
+            stored: set[str] = set()
+            for i in range(0, len(ids), 500):
+                stored.update(
+                    conn.execute(
+                        select(Event.event_id).where(Event.event_id.in_(ids[i : i + 500]))
+                    ).scalars()
+                )
+            fresh = [(index, ev) for index, ev in unique.values() if ev.id not in stored]
+            checked = check(conn, fresh, limits, now_us)
+            candidates, rejected, floors = checked.accepted, checked.rejected, checked.floors
+        new: list = []
+        if candidates:
+            rows = [
+                {
+                    "event_id": ev.id,
+                    "user": ev.user,
+                    "server": ev.server,
+                    "kind": ev.kind,
+                    "t_us": ev.t_us,
+                    "kernel_id": getattr(ev, "unit", None),
+                    "body": ev.model_dump_json(),
+                    "received_us": now_us,
+                }
+                for ev in candidates
+            ]
+            stmt = insert_ignore(conn, Event, ["event_id"]).returning(Event.event_id)
+            new_ids = set(conn.execute(stmt, rows).scalars().all())
+            new = [ev for ev in candidates if ev.id in new_ids]
         if new:
-            _apply(conn, new, prices, trial_micro, now_us)
-    return IngestResult(accepted=len(new), duplicates=len(events) - len(new))
+            _apply(conn, new, prices, trial_micro, now_us, floors)
+    return IngestResult(
+        accepted=len(new),
+        duplicates=len(events) - len(new) - len(rejected),
+        rejected=rejected,
+    )
 
 
-def _apply(conn: Connection, new: list, prices: PriceBook, trial_micro: int, now_us: int) -> None:
+def _apply(
+    conn: Connection,
+    new: list,
+    prices: PriceBook,
+    trial_micro: int,
+    now_us: int,
+    floors: dict[str, int],
+) -> None:
     for user in sorted({ev.user for ev in new}):
         ledger.ensure_account(conn, user, trial_micro, now_us)
 
@@ -89,16 +131,22 @@ def _apply(conn: Connection, new: list, prices: PriceBook, trial_micro: int, now
     heartbeat: dict[tuple[str, str], list[int]] = {}
     busy: dict[tuple[str, str], list[int]] = {}
 
+    def t_of(ev) -> int:
+        # A reporter's event from within the clock-skew allowance before its session's start
+        # counts from the start, so its kernel can never land in the session before (bounds).
+        return max(ev.t_us, floors.get(ev.id, ev.t_us))
+
     def see(ev, kernel: str, name: str = "") -> None:
         key = (ev.user, ev.server, kernel)
+        t = t_of(ev)
         cur = spans.get(key)
         if cur is None:
-            spans[key] = [ev.t_us, ev.t_us, name]
+            spans[key] = [t, t, name]
         else:
-            cur[0] = min(cur[0], ev.t_us)
-            cur[1] = max(cur[1], ev.t_us)
+            cur[0] = min(cur[0], t)
+            cur[1] = max(cur[1], t)
             cur[2] = cur[2] or name
-        busy.setdefault((ev.user, ev.server), []).append(ev.t_us)
+        busy.setdefault((ev.user, ev.server), []).append(t)
 
     for ev in new:
         if isinstance(ev, ServerStart):
@@ -122,7 +170,7 @@ def _apply(conn: Connection, new: list, prices: PriceBook, trial_micro: int, now
         elif isinstance(ev, KernelEvent | AppEvent):
             see(ev, ev.unit, ev.name)
         elif isinstance(ev, Heartbeat):
-            heartbeat.setdefault((ev.user, ev.server), []).append(ev.t_us)
+            heartbeat.setdefault((ev.user, ev.server), []).append(t_of(ev))
             for kernel in ev.kernels:
                 see(ev, kernel)
             for app in ev.apps:
@@ -293,7 +341,7 @@ def rate_session(conn: Connection, sid: int, prices: PriceBook, now_us: int) -> 
     sess = conn.execute(q).one()
     merged = merge(session_intervals(conn, sess))
     billed = sum(b - a for a, b in merged)
-    amount = prices.cost_micro(sess.gpu_type, sess.gpus, sess.pricing, merged)
+    amount = prices.cost_micro(sess.gpu_type, sess.gpus, sess.pricing, merged, bid_of(sess.options))
     delta = amount - sess.charged_micro
     if delta:
         ledger.post(

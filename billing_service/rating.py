@@ -12,14 +12,21 @@ Rounding rule (the one place money is rounded):
   amount and what the session was already charged, so the charges of a session always add up to
   the rounded amount of its total time, never to a sum of rounded pieces.
 - Presentation rounds micro-units to the currency's cents, half-to-even (``format_money``).
+
+Spot never costs more than the bid: every spot second is rated at min(price in force, the
+server's bid), the bid being the ``max_price`` of the spawn options the hub reported with
+``server_start``. The market reclaims a server whose price rises above its bid only after a
+warning period; those seconds are rated at the bid (``Rated.capped_us`` counts them).
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
-from decimal import ROUND_HALF_EVEN, Decimal
+from decimal import ROUND_FLOOR, ROUND_HALF_EVEN, Decimal, InvalidOperation
+from typing import Any
 
 from gpulab.billing_service.models import MICRO
 from gpulab.hub_config.catalog import Catalog, GpuType
@@ -54,6 +61,31 @@ def round_div(numerator: int, denominator: int) -> int:
     return q
 
 
+def bid_of(options: str | dict[str, Any] | None) -> Decimal | None:
+    """A spot server's bid per card-hour (``max_price`` in its spawn options), or None.
+
+    Rounded down to the micro-unit (a finer bid can only lower the price). Options that carry no
+    usable bid give None: spot time is then capped by the on-demand price alone, as before bids.
+    """
+    if isinstance(options, str):
+        try:
+            options = json.loads(options or "{}")
+        except ValueError:
+            return None
+    raw = (options or {}).get("max_price") if isinstance(options, dict) else None
+    if raw is None or isinstance(raw, bool):
+        return None
+    try:
+        bid = Decimal(str(raw))
+    except InvalidOperation:
+        return None
+    if not bid.is_finite() or bid < 0:
+        return None
+    if bid.as_tuple().exponent < -6:  # finer than a micro-unit: rates are whole micro-units
+        bid = bid.quantize(Decimal("0.000001"), rounding=ROUND_FLOOR)
+    return bid
+
+
 @dataclass(frozen=True)
 class Rated:
     """Billed intervals priced exactly, before the one rounding."""
@@ -62,6 +94,7 @@ class Rated:
     billed_us: int
     price_changes: int  # spot price changes strictly inside the billed intervals
     unpriced_us: int  # spot time before any recorded spot price (rated at on-demand)
+    capped_us: int = 0  # spot time whose price in force was above the bid (rated at the bid)
 
     @property
     def amount_micro(self) -> int:
@@ -137,21 +170,37 @@ class PriceBook:
         ((_, _, price),) = self.segments(gpu_type, pricing, t_us, t_us + 1)
         return self._gpu(gpu_type).on_demand_price if price is None else price
 
+    @staticmethod
+    def capped(price: Decimal, pricing: str, bid: Decimal | None) -> tuple[Decimal, bool]:
+        """The price charged for a second priced ``price``: a spot second never above the bid.
+        Returns (charged price, whether the bid capped it)."""
+        if pricing == "spot" and bid is not None and price > bid:
+            return bid, True
+        return price, False
+
     def change_points(self, gpu_type: str, pricing: str, start_us: int, end_us: int) -> list[int]:
         """Times strictly inside (start, end) where the price changes (none for fixed prices)."""
         return [a for a, _, _ in self.segments(gpu_type, pricing, start_us, end_us)[1:]]
 
-    def rate_micro_per_hour(self, gpu_type: str, gpus: int, pricing: str, t_us: int) -> int:
-        price = to_micro(self.price_at(gpu_type, pricing, t_us))
-        return price * (gpus if gpu_type not in ("", "none") else 1)
+    def rate_micro_per_hour(
+        self, gpu_type: str, gpus: int, pricing: str, t_us: int, bid: Decimal | None = None
+    ) -> int:
+        price, _ = self.capped(self.price_at(gpu_type, pricing, t_us), pricing, bid)
+        return to_micro(price) * (gpus if gpu_type not in ("", "none") else 1)
 
     def rate(
-        self, gpu_type: str, gpus: int, pricing: str, intervals: Iterable[tuple[int, int]]
+        self,
+        gpu_type: str,
+        gpus: int,
+        pricing: str,
+        intervals: Iterable[tuple[int, int]],
+        bid: Decimal | None = None,
     ) -> Rated:
-        """Price these (disjoint) billed intervals exactly, split at every price change."""
+        """Price these (disjoint) billed intervals exactly, split at every price change; spot
+        seconds at min(price in force, ``bid``)."""
         cards = gpus if gpu_type not in ("", "none") else 1
         history = self._history() if pricing == "spot" else None
-        exact = billed = changes = unpriced = 0
+        exact = billed = changes = unpriced = capped_us = 0
         for start, end in intervals:
             pieces = self.segments(gpu_type, pricing, start, end, history)
             changes += max(len(pieces) - 1, 0)
@@ -159,15 +208,23 @@ class PriceBook:
                 if price is None:
                     price = self._gpu(gpu_type).on_demand_price
                     unpriced += b - a
+                price, capped = self.capped(price, pricing, bid)
+                if capped:
+                    capped_us += b - a
                 exact += to_micro(price) * cards * (b - a)
                 billed += b - a
-        return Rated(exact, billed, changes, unpriced)
+        return Rated(exact, billed, changes, unpriced, capped_us)
 
     def cost_micro(
-        self, gpu_type: str, gpus: int, pricing: str, intervals: Iterable[tuple[int, int]]
+        self,
+        gpu_type: str,
+        gpus: int,
+        pricing: str,
+        intervals: Iterable[tuple[int, int]],
+        bid: Decimal | None = None,
     ) -> int:
         """The amount for these (disjoint) billed intervals, rounded once (see module doc)."""
-        return self.rate(gpu_type, gpus, pricing, intervals).amount_micro
+        return self.rate(gpu_type, gpus, pricing, intervals, bid).amount_micro
 
 
 def merge(intervals: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:

@@ -11,7 +11,14 @@ from sqlalchemy import Connection, func, select
 
 from gpulab.billing_service.metering import NEVER
 from gpulab.billing_service.models import MICRO, Account, KernelSpan, LedgerEntry, ServerSession
-from gpulab.billing_service.rating import PriceBook, format_money, from_micro, merge, round_div
+from gpulab.billing_service.rating import (
+    PriceBook,
+    bid_of,
+    format_money,
+    from_micro,
+    merge,
+    round_div,
+)
 from gpulab.billing_service.schemas import APP_PREFIX
 
 DAY_US = 86_400 * MICRO
@@ -110,7 +117,11 @@ def usage(
             "gpus": s.gpus,
             "pricing": s.pricing,
             "price_per_hour": str(
-                from_micro(prices.rate_micro_per_hour(s.gpu_type, s.gpus, s.pricing, s.started_us))
+                from_micro(
+                    prices.rate_micro_per_hour(
+                        s.gpu_type, s.gpus, s.pricing, s.started_us, bid_of(s.options)
+                    )
+                )
             ),
             "started": iso(s.started_us),
             "stopped": iso(s.stopped_us),
@@ -123,6 +134,26 @@ def usage(
         if s.pricing == "spot":
             row["spot"] = spot_summary(prices, s, merge(clipped))
         servers.append(row)
+    # Credits for work a platform reclaim lost, shown with the session they compensate.
+    comp_by_session: dict[int, list] = defaultdict(list)
+    if sessions:
+        for e in conn.execute(
+            select(LedgerEntry)
+            .where(
+                LedgerEntry.kind == "compensation",
+                LedgerEntry.session_id.in_([s.id for s in sessions]),
+            )
+            .order_by(LedgerEntry.id)
+        ).all():
+            comp_by_session[e.session_id].append(e)
+    total_comp = 0
+    for row in servers:
+        entries = comp_by_session.get(row["session"], [])
+        total_comp += sum(e.amount_micro for e in entries)
+        row["compensations"] = [
+            {"amount": money(e.amount_micro), "created": iso(e.created_us), "note": e.note}
+            for e in entries
+        ]
     for created, amount in conn.execute(
         select(LedgerEntry.created_us, LedgerEntry.amount_micro).where(
             LedgerEntry.user == user,
@@ -152,44 +183,68 @@ def usage(
             "billed_seconds": total_billed_us / MICRO,
             "amount": money(total_amount),
         },
+        # Credited for lost work (ledger kind ``compensation``), next to the total charged.
+        "compensation": money(total_comp),
     }
 
 
 def rate_periods(prices: PriceBook, s, merged: list[tuple[int, int]]) -> list[dict[str, Any]]:
     """The prices a session's billed time was rated at: one entry per run of billed time at one
     price (a spot session gets one per spot price in force while it was billed; an on-demand or
-    no-GPU session one per billed interval). ``price_per_card_hour`` is per hour in no-GPU mode;
-    ``spot_price_recorded`` is False for spot time before any recorded spot price (rated at the
-    on-demand price, see ``rating``)."""
+    no-GPU session one per billed interval). ``price_per_card_hour`` is the price charged (per
+    hour in no-GPU mode); ``spot_price_recorded`` is False for spot time before any recorded spot
+    price (rated at the on-demand price, see ``rating``); a spot run whose price in force was
+    above the bid has ``capped: true`` and that ``price_in_force`` (it was charged the bid)."""
+    bid = bid_of(s.options) if s.pricing == "spot" else None
     out: list[dict[str, Any]] = []
     for start, end in merged:
         for a, b, price in prices.segments(s.gpu_type, s.pricing, start, end):
             recorded = price is not None
             if price is None:
                 price = prices.price_at(s.gpu_type, "on-demand", a)
-            out.append(
-                {
-                    "from": iso(a),
-                    "to": iso(b),
-                    "price_per_card_hour": str(price),
-                    "billed_seconds": (b - a) / MICRO,
-                    **({"spot_price_recorded": recorded} if s.pricing == "spot" else {}),
-                }
-            )
+            charged, capped = prices.capped(price, s.pricing, bid)
+            row: dict[str, Any] = {
+                "from": iso(a),
+                "to": iso(b),
+                "price_per_card_hour": str(charged),
+                "billed_seconds": (b - a) / MICRO,
+            }
+            if s.pricing == "spot":
+                row["spot_price_recorded"] = recorded
+                row["capped"] = capped
+                if capped:
+                    row["price_in_force"] = str(price)
+            out.append(row)
     return out
 
 
 def spot_summary(prices: PriceBook, s, merged: list[tuple[int, int]]) -> dict[str, Any]:
     """How a spot session was rated: its average price per card-hour over the billed time, how
-    many times the spot price changed while it was billed, and time rated at the on-demand price
-    because no spot price was recorded yet."""
-    rated = prices.rate(s.gpu_type, s.gpus, s.pricing, merged)
+    many times the spot price changed while it was billed, time rated at the on-demand price
+    because no spot price was recorded yet, its bid, and when and how long a price above the bid
+    was capped at the bid (``capped``: one entry per run of such time)."""
+    bid = bid_of(s.options)
+    rated = prices.rate(s.gpu_type, s.gpus, s.pricing, merged, bid)
     card_us = rated.billed_us * max(s.gpus, 1)
     avg = None if card_us == 0 else str(from_micro(round_div(rated.exact, card_us)))
+    capped = [
+        {
+            "from": r["from"],
+            "to": r["to"],
+            "price_in_force": r["price_in_force"],
+            "charged": r["price_per_card_hour"],
+            "seconds": r["billed_seconds"],
+        }
+        for r in rate_periods(prices, s, merged)
+        if r.get("capped")
+    ]
     return {
         "average_price_per_card_hour": avg,
         "price_changes": rated.price_changes,
         "seconds_without_spot_price": rated.unpriced_us / MICRO,
+        "bid_per_card_hour": None if bid is None else str(bid),
+        "capped_seconds": rated.capped_us / MICRO,
+        "capped": capped,
     }
 
 
@@ -213,7 +268,7 @@ def balance_info(
 ) -> dict[str, Any]:
     bal = conn.execute(select(Account.balance_micro).where(Account.user == user)).scalar() or 0
     burn = sum(
-        prices.rate_micro_per_hour(s.gpu_type, s.gpus, s.pricing, now_us)
+        prices.rate_micro_per_hour(s.gpu_type, s.gpus, s.pricing, now_us, bid_of(s.options))
         for s in burning_sessions(conn, now_us, fresh_us, user)
     )
     time_left = None if burn == 0 else max(0.0, bal / burn * 3600)

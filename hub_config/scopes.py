@@ -14,6 +14,9 @@ from jupyterhub.scopes import define_custom_scopes
 READ_POOL_SCOPE = "custom:gpulab:read-pool"
 SET_PRICE_SCOPE = "custom:gpulab:set-spot-price"
 SETTINGS_SCOPE = "custom:gpulab:spot-settings"
+# Reporting usage to billing is tied to one server: a server's own token holds it as
+# ``!server=USER/NAME`` and billing accepts its reports for that server only.
+REPORT_USAGE_SCOPE = "custom:gpulab:report-usage"
 
 CUSTOM_SCOPES: dict[str, dict[str, str]] = {
     READ_POOL_SCOPE: {
@@ -24,14 +27,19 @@ CUSTOM_SCOPES: dict[str, dict[str, str]] = {
         "description": "Read and change spot settings: the preemption webhook (with its HMAC "
         "secret) and the checkpoint command."
     },
+    REPORT_USAGE_SCOPE: {
+        "description": "Report a server's kernel and app usage to billing (held by each "
+        "server's own token, for that server only).",
+    },
 }
 # Defined at import as well as through JupyterHub.custom_scopes: needs_scope() checks the name
 # when the handlers are declared, before the hub reads its config. Same definition, no conflict.
 define_custom_scopes(CUSTOM_SCOPES)
 
-# What a server's own token may do besides JupyterHub's defaults: read the pool and restart its
-# own server in another mode (the JupyterLab toggle). It does not hold SETTINGS_SCOPE, so code in
-# a notebook can neither read the webhook's signing secret nor redirect the webhook.
+# What a server's own token may do besides JupyterHub's defaults: read the pool, restart its
+# own server in another mode (the JupyterLab toggle) and report that server's usage to billing.
+# It does not hold SETTINGS_SCOPE, so code in a notebook can neither read the webhook's signing
+# secret nor redirect the webhook.
 SERVER_TOKEN_SCOPES = [
     "access:servers!server",
     "users:activity!user",
@@ -39,6 +47,7 @@ SERVER_TOKEN_SCOPES = [
     "read:servers!user",
     "servers!user",
     READ_POOL_SCOPE,
+    f"{REPORT_USAGE_SCOPE}!server",
 ]
 
 MARKET_SERVICE = "gpulab-market"
@@ -50,7 +59,19 @@ def base_roles(admin_name: str, *, admin_service: bool) -> list[dict[str, Any]]:
     # Spot settings hold the webhook's HMAC secret: each user for themself (log-in session and
     # the tokens they create), never a server's own token (see SERVER_TOKEN_SCOPES).
     roles: list[dict[str, Any]] = [
-        {"name": "user", "scopes": ["self", READ_POOL_SCOPE, f"{SETTINGS_SCOPE}!user"]}
+        {
+            "name": "user",
+            "scopes": [
+                "self",
+                READ_POOL_SCOPE,
+                f"{SETTINGS_SCOPE}!user",
+                # JupyterHub gives a server's token only what its owner holds, so the owner must
+                # hold the report scope for SERVER_TOKEN_SCOPES' `!server` grant to survive.
+                # Billing accepts only the `!server=USER/NAME` form, so the user's other tokens
+                # (which carry `!user`) still cannot report.
+                f"{REPORT_USAGE_SCOPE}!user",
+            ],
+        }
     ]
     if admin_service:
         roles.append({"name": "admin", "services": [ADMIN_SERVICE]})

@@ -8,16 +8,19 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from tornado import web
 from traitlets import Any as AnyTrait
 from traitlets import Float, HasTraits, default
 
-from gpulab.spawners.market.hub import MarketAnswer, SpotMarket
-from gpulab.spawners.node.allocator import ENV_ALLOC, ENV_HUB, Allocation, NoCapacity, owner_key
+from gpulab.spawners.form import render_form
+from gpulab.spawners.market.admission import Admission, MarketAnswer
+from gpulab.spawners.market.hub import SpotMarket
+from gpulab.spawners.node.allocator import Allocation, NoCapacity, owner_key
 from gpulab.spawners.node.pool import GpuPool
+from gpulab.spawners.node.procs import ENV_ALLOC, ENV_HUB
 from gpulab.spawners.options import OptionsError, ServerOptions, options_from_form, parse_options
 
 
@@ -41,6 +44,10 @@ class GpuSpawnerMixin(HasTraits):
     # The options of the last server, kept past its stop (clear_state empties the state): a
     # rejected request puts them back as the server's saved choices.
     _stopped_options: dict[str, Any] = {}  # replaced per stop, never mutated
+    # The spot market's answer for the spawn about to begin, from the hub's pre-check
+    # (hub_config.overrides.queue): used instead of asking the market again. Taken (and
+    # cleared) when the start begins, so it serves one start only.
+    gpulab_admission: Admission | None = None
 
     pre_allocate_hook = AnyTrait(
         None,
@@ -98,8 +105,6 @@ class GpuSpawnerMixin(HasTraits):
 
     @default("options_form")
     def _default_options_form(self):
-        from gpulab.spawners.form import render_form
-
         return render_form
 
     @default("options_from_form")
@@ -133,14 +138,22 @@ class GpuSpawnerMixin(HasTraits):
     def owner(self) -> str:
         return owner_key(self.user.name, self.name)
 
-    def _allocate(self) -> Allocation:
+    def _allocate(self, admission: Admission | None = None) -> Allocation:
+        """Take this server's cards, once the spot market admits the spawn. ``admission``: its
+        answer for this spawn, if it was asked already (then it is not asked again)."""
         opts = self.gpulab_options or parse_options(self.user_options, self.pool.catalog)
         self.gpulab_options = opts
-        try:
-            # The spot market decides first: spot price vs bid, queueing, on-demand reclaims.
-            SpotMarket.instance(config=self.config).admit(self, opts)
-        except MarketAnswer as e:
-            raise SpawnError(e.status, e.message) from None
+        refusal = None
+        if admission is not None and admission.options == opts.to_json():
+            refusal = admission.refusal
+        else:
+            try:
+                # The spot market decides first: spot price vs bid, queueing, on-demand reclaims.
+                SpotMarket.instance(config=self.config).admit(self, opts)
+            except MarketAnswer as e:
+                refusal = e
+        if refusal is not None:
+            raise SpawnError(refusal.status, refusal.message)
         try:
             alloc = self.pool.allocator.allocate(self.owner, opts.gpu_type, opts.gpus, opts.pricing)
         except NoCapacity as e:
@@ -306,11 +319,13 @@ class GpuSpawnerMixin(HasTraits):
     async def gpulab_start(self) -> str | tuple[str, int]:
         """Allocate, then launch; on any failure give the GPUs back before raising."""
         self._progress_reset()
+        # Good for this start only, whatever happens to it.
+        admission, self.gpulab_admission = self.gpulab_admission, None
         try:
             if self.pre_allocate_hook is not None:
                 await self.pre_allocate_hook(self)
             self.emit_progress(10, "Allocating GPUs")
-            alloc = self._allocate()
+            alloc = self._allocate(admission)
             self.emit_progress(
                 20,
                 f"Allocated {self.mode_label}"
@@ -339,6 +354,37 @@ class GpuSpawnerMixin(HasTraits):
 
     async def _launch(self, gpu_env: dict[str, str]) -> str | tuple[str, int]:
         """Start the server with ``gpu_env`` added; return its URL or (ip, port), as start()."""
+        raise NotImplementedError
+
+    # ---- preemption warning (spot), called by the market ----------------------------------------
+
+    async def gpulab_signal_processes(self) -> tuple[list[int], list[int]]:
+        """Send SIGUSR1 to this server's processes that catch it, where they run.
+
+        Only processes with a SIGUSR1 handler installed (they opted in, e.g. with
+        ``gpulab_spot.on_preempt``) get it: its default action would kill the others. Returns
+        (signalled, skipped) pids, as the user sees them in the server. May raise; the market
+        records the failure and goes on with the warning."""
+        raise NotImplementedError
+
+    async def gpulab_run_checkpoint(
+        self,
+        command: str,
+        limit: float,
+        env: dict[str, str] | None = None,
+        on_start: Callable[[dict[str, Any]], None] | None = None,
+        on_result: Callable[[dict[str, Any]], None] | None = None,
+    ) -> dict[str, Any]:
+        """Run the user's checkpoint ``command`` where the server runs, and wait for it.
+
+        With bash, as the server's user, in its home, with the server's environment plus
+        ``env``; its output in ``~/.gpulab/checkpoints/<UTC time>.log``; killed with its process
+        group after ``limit`` seconds. ``on_start`` gets the running record (``command``,
+        ``state`` "running", ``log``, ``started_at``) once the command runs. Returns the record
+        with ``exit_code`` (None if killed or it could not run, with ``error``),
+        ``finished_at`` and ``state`` ("done" or "failed"). A spawner that knows the result
+        before it can return (a process still to reap) may pass it to ``on_result`` first, so
+        the user sees "running" no longer than the command ran."""
         raise NotImplementedError
 
     def user_home_name(self) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -15,6 +16,7 @@ import pytest
 
 from gpulab.hub_config.catalog import load_catalog
 from gpulab.hub_config.catalog.price_history import PriceHistory, price_at
+from gpulab.spawners.local.checkpoint import run_checkpoint
 from gpulab.spawners.market.core import (
     REASON_ON_DEMAND,
     REASON_PRICE,
@@ -273,10 +275,6 @@ def test_signature_and_sigcgt() -> None:
 
 def test_local_checkpoint_is_killed_with_its_children_at_the_limit(tmp_path) -> None:
     """A checkpoint command that outlives its limit is stopped, children included, and says so."""
-    import asyncio
-
-    from gpulab.spawners.market.preemption import run_checkpoint
-
     pid_file = tmp_path / "child.pid"
     started: list[dict] = []
     result = asyncio.run(

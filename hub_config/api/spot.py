@@ -29,6 +29,7 @@ from tornado import web
 
 from gpulab.hub_config.api.base import GpulabAPIHandler
 from gpulab.hub_config.scopes import READ_POOL_SCOPE, SET_PRICE_SCOPE, SETTINGS_SCOPE
+from gpulab.spawners.market import views
 from gpulab.spawners.node.allocator import owner_key
 
 
@@ -41,7 +42,7 @@ class PricesHandler(GpulabAPIHandler):
             hours = -1
         if not 0 < hours <= 24 * 31:
             raise web.HTTPError(400, "hours: must be a number of hours between 0 and 744")
-        self.write(json.dumps(self.market.prices_json(hours)))
+        self.write(json.dumps(views.prices_json(self.market, hours)))
 
 
 class PinPriceHandler(GpulabAPIHandler):
@@ -88,7 +89,7 @@ class PinPriceHandler(GpulabAPIHandler):
 class QueueHandler(GpulabAPIHandler):
     @needs_scope(READ_POOL_SCOPE)
     def get(self) -> None:
-        self.write(json.dumps({"queue": self.market.queue_json(self.viewer())}))
+        self.write(json.dumps({"queue": views.queue_json(self.market, self.viewer())}))
 
 
 class QueueEntryHandler(GpulabAPIHandler):
@@ -105,13 +106,13 @@ class StatusHandler(GpulabAPIHandler):
     @needs_scope("read:servers")
     def get(self, user_name: str) -> None:
         owner = owner_key(user_name, self.get_argument("server", ""))
-        self.write(json.dumps(self.market.status_json(owner)))
+        self.write(json.dumps(views.status_json(self.market, owner)))
 
 
 class PreemptionsHandler(GpulabAPIHandler):
     @needs_scope(READ_POOL_SCOPE)
     def get(self) -> None:
-        self.write(json.dumps({"preemptions": self.market.preemptions_json(self.viewer())}))
+        self.write(json.dumps({"preemptions": views.preemptions_json(self.market, self.viewer())}))
 
 
 class SpotSettings(BaseModel):
@@ -145,7 +146,7 @@ class SpotSettings(BaseModel):
 class SettingsHandler(GpulabAPIHandler):
     @needs_scope(SETTINGS_SCOPE)
     def get(self, user_name: str) -> None:
-        self.write(json.dumps(self.market.user_settings(user_name)))
+        self.write(json.dumps(self.market.settings.get(user_name)))
 
     @needs_scope(SETTINGS_SCOPE)
     def put(self, user_name: str) -> None:
@@ -160,7 +161,7 @@ class SettingsHandler(GpulabAPIHandler):
                 f"{field}: {err['msg']}; allowed fields: webhook_url, checkpoint_command",
             ) from None
         changes = {k: getattr(settings, k) for k in body}
-        self.write(json.dumps(self.market.update_settings(user_name, changes)))
+        self.write(json.dumps(self.market.settings.update(user_name, changes)))
 
 
 ROUTES = [

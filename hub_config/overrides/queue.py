@@ -7,14 +7,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpulab.spawners.market.hub import MarketAnswer, SpotMarket
+from gpulab.spawners.market.admission import Admission, MarketAnswer
+from gpulab.spawners.market.hub import SpotMarket
 from gpulab.spawners.options import OptionsError, parse_options
 
 
 def queue_instead_of_spawn(spawner: Any, raw_options: Any) -> dict[str, Any] | None:
     """Ask the market before a spawn begins. When it queues the request, return the queue entry
-    (the caller answers "queued" and starts nothing); otherwise None: the spawn goes ahead, and
-    the spawner asks the market again (a refusal, bad options and every start come from there).
+    (the caller answers "queued" and starts nothing); otherwise None: the spawn goes ahead.
+
+    The market's answer is handed to the spawner (:class:`Admission`), whose start then does
+    not ask the market again: admission changes the market's state, so it runs once per spawn.
+    A refusal is raised by the spawner from that answer, so the user reads it as a failed spawn.
     """
     pool = getattr(spawner, "pool", None)
     if pool is None or not hasattr(spawner, "owner"):
@@ -24,21 +28,21 @@ def queue_instead_of_spawn(spawner: Any, raw_options: Any) -> dict[str, Any] | N
     except OptionsError:
         return None
     market = SpotMarket.instance(config=spawner.config)
+    spawner.gpulab_admission = None
     try:
         market.admit(spawner, options)
     except MarketAnswer as e:
         if e.status != 202:
+            spawner.gpulab_admission = Admission(options.to_json(), refusal=e)
             return None
-        entry = next(
-            (q for q in market.queue_json() if f"{q['user']}/{q['server']}" == spawner.owner),
-            None,
-        )
+        entry = market.queued_entry(spawner.owner)
         if entry is not None:
             entry["message"] = e.message
             market.log.info(
                 "Queued %s for %s (no spawn started): %s", entry["id"], spawner.owner, e.message
             )
         return entry
+    spawner.gpulab_admission = Admission(options.to_json())
     return None
 
 

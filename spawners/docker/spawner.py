@@ -34,8 +34,7 @@ from traitlets import Bool, Float, Integer, Unicode, default, validate
 from gpulab.spawners.docker.images import image_status
 from gpulab.spawners.images import ImageStatus
 from gpulab.spawners.inside import agent as preemption_agent
-from gpulab.spawners.inside.agent import checkpoint_log
-from gpulab.spawners.market.preemption import checkpoint_state
+from gpulab.spawners.inside.agent import checkpoint_log, checkpoint_state
 from gpulab.spawners.mixin import GpuSpawnerMixin, SpawnError
 from gpulab.spawners.node.allocator import Allocation
 from gpulab.spawners.node.pool import GpuPool
@@ -548,12 +547,15 @@ class GpuDockerSpawner(GpuSpawnerMixin, DockerSpawner):
         limit: float,
         env: dict[str, str] | None = None,
         on_start: Callable[[dict[str, Any]], None] | None = None,
+        on_result: Callable[[dict[str, Any]], None] | None = None,
     ) -> dict[str, Any]:
         """The user's checkpoint command, run in the container like a local server's.
 
         As the server's user, in its home, with the server's environment plus ``env``; output
         in ``~/.gpulab/checkpoints/<UTC time>.log`` in the home volume (the path the user sees in
-        JupyterLab); killed after ``limit`` seconds. ``on_start`` gets the running result."""
+        JupyterLab); killed after ``limit`` seconds. ``on_start`` gets the running result.
+        ``on_result`` is not called: the result is known only when the exec ends, and returned
+        then."""
         log = checkpoint_log(self.home_mount)
         result: dict[str, Any] = {
             "command": command,

@@ -26,6 +26,7 @@ from markupsafe import Markup
 from gpulab.hub_config.catalog import Catalog
 from gpulab.spawners.images import ImageStatus
 from gpulab.spawners.market.hub import SpotMarket
+from gpulab.spawners.node.allocator import owner_key
 from gpulab.spawners.options import DEFAULTS
 
 # StrictUndefined: a name missing from the context is a bug to see at once, not an empty string.
@@ -81,7 +82,7 @@ def form_context(
     available: dict[str, ImageStatus],
 ) -> dict[str, Any]:
     """What the template shows, as plain values (the template escapes them)."""
-    queued = next((q for q in market.queue_json(user) if q["server"] == server), None)
+    queued = market.queued_entry(owner_key(user, server))
     # A queued request never became a spawn, so user_options still hold the server before it:
     # the form shows the queued request's choices, else "Start" would quietly submit others.
     last = {**DEFAULTS, **user_options, **((queued or {}).get("options") or {})}

@@ -1,16 +1,23 @@
 """The steps of a preemption warning that run where the server's processes live.
 
-For a local server the hub calls these functions itself. For a server in a container the hub can
-neither see the container's processes (a hub in its own container, as in docker-compose.yml) nor
-read its home volume, so the Docker spawner runs this file inside the container with
+One implementation for every spawner. For a server in a container the hub can neither see the
+container's processes (a hub in its own container, as in docker-compose.yml) nor read its home
+volume, so the Docker spawner runs this file inside the container with
 ``docker exec ... python3 -c <this file's source> signal|checkpoint SPEC``, as the server's user.
-Hence: standard library only, nothing newer than Python 3.8 at run time (annotations are never
-evaluated), and no import of gpulab.
+The local spawner runs the checkpoint the same way, as ``python -I -m gpulab.spawners.inside.agent
+checkpoint SPEC`` with the server's environment, and applies :func:`signal_opted_in` to the
+server's own processes. Hence: standard library only, nothing newer than Python 3.8 at run time
+(annotations are never evaluated), and no import of gpulab.
 
 - ``signal``: SIGUSR1 to every process of the container that *catches* it (bit 10 of ``SigCgt``
   in /proc/PID/status), the same rule as for local servers; prints ``{"signalled", "skipped"}``.
-- ``checkpoint SPEC`` (JSON: command, home, log, limit): runs the command with bash in the home,
-  its output appended to the log, killed (with its process group) at the limit; prints the result.
+- ``checkpoint SPEC`` (JSON: command, home, log, limit, optional report_start): runs the command
+  with bash in the home, its output appended to the log, killed (with its process group) at the
+  limit. Prints the result (``exit_code``, None when killed at the limit, with ``error``;
+  ``finished_at``; ``state`` done or failed), preceded with ``report_start`` by a
+  ``{"state": "running", "pid"}`` line once the command runs (the local spawner reads it while
+  the command runs; ``docker exec`` output is read only at the end, where nothing but the
+  result is expected).
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -69,10 +77,26 @@ def checkpoint_log(home: str, now: float | None = None) -> str:
     return f"{home.rstrip('/')}/{CHECKPOINT_DIR}/{checkpoint_name(now)}"
 
 
-def run_checkpoint_here(command: str, home: str, log: str, limit: float) -> dict[str, Any]:
+def checkpoint_state(result: dict[str, Any]) -> str:
+    """``running`` until an exit code or an error is known, then ``done`` or ``failed``."""
+    if result.get("error"):
+        return "failed"
+    if "exit_code" not in result:
+        return "running"
+    return "done" if result["exit_code"] == 0 else "failed"
+
+
+def run_checkpoint_here(
+    command: str,
+    home: str,
+    log: str,
+    limit: float,
+    on_start: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
     """Run ``command`` with bash in ``home`` (this process's environment), output to ``log``.
 
-    Returns ``exit_code`` (None when killed at the limit, with ``error``) and ``finished_at``."""
+    ``on_start`` gets the command's pid once it runs. Returns ``exit_code`` (None when killed at
+    the limit, with ``error``), ``finished_at`` and ``state``."""
     path = Path(log)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(f"$ {command}\n".encode())
@@ -86,6 +110,8 @@ def run_checkpoint_here(command: str, home: str, log: str, limit: float) -> dict
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
+        if on_start is not None:
+            on_start(proc.pid)
         try:
             result["exit_code"] = proc.wait(timeout=limit)
         except subprocess.TimeoutExpired:
@@ -98,7 +124,13 @@ def run_checkpoint_here(command: str, home: str, log: str, limit: float) -> dict
             result["exit_code"] = None
             result["error"] = f"timed out after {limit:.0f}s"
     result["finished_at"] = time.time()
+    result["state"] = checkpoint_state(result)
     return result
+
+
+def _print_json(obj: dict[str, Any]) -> None:
+    # Flushed: the local spawner reads the "running" line while the command still runs.
+    print(json.dumps(obj), flush=True)
 
 
 def main(argv: list[str]) -> int:
@@ -108,10 +140,20 @@ def main(argv: list[str]) -> int:
         return 0
     if argv[:1] == ["checkpoint"] and len(argv) == 2:
         spec = json.loads(argv[1])
-        result = run_checkpoint_here(spec["command"], spec["home"], spec["log"], spec["limit"])
-        print(json.dumps(result))
+        result = run_checkpoint_here(
+            spec["command"],
+            spec["home"],
+            spec["log"],
+            spec["limit"],
+            on_start=(
+                (lambda pid: _print_json({"state": "running", "pid": pid}))
+                if spec.get("report_start")
+                else None
+            ),
+        )
+        _print_json(result)
         return 0
-    print("usage: preemption_agent signal | checkpoint SPEC", file=sys.stderr)
+    print("usage: agent signal | checkpoint SPEC", file=sys.stderr)
     return 2
 
 

@@ -47,10 +47,11 @@ class _SkipImports(importlib.abc.MetaPathFinder):
         return None
 
 
-def _libc():
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_char_p]
-    return libc
+def libc() -> ctypes.CDLL:
+    """The C library, with errno kept for ``ctypes.get_errno`` (the fork server's too)."""
+    c = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    c.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_char_p]
+    return c
 
 
 def _check(ret: int, what: str) -> None:
@@ -61,15 +62,15 @@ def _check(ret: int, what: str) -> None:
 
 def bind_read_only(mounts: list[tuple[str, str]]) -> None:
     """Enter a private mount namespace and bind each source read-only onto its target."""
-    libc = _libc()
-    _check(libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+    c = libc()
+    _check(c.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
     # Keep our mounts from propagating back to the host's namespace.
-    _check(libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "make / private")
+    _check(c.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "make / private")
     for src, dst in mounts:
         Path(dst).mkdir(parents=True, exist_ok=True)
-        _check(libc.mount(src.encode(), dst.encode(), None, MS_BIND | MS_REC, None), f"bind {src}")
+        _check(c.mount(src.encode(), dst.encode(), None, MS_BIND | MS_REC, None), f"bind {src}")
         flags = MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV
-        _check(libc.mount(None, dst.encode(), None, flags, None), f"remount {dst} read-only")
+        _check(c.mount(None, dst.encode(), None, flags, None), f"remount {dst} read-only")
 
 
 def link_read_only(mounts: list[tuple[str, str]]) -> None:

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ctypes
-import ctypes.util
 import json
 import os
 import signal
@@ -31,18 +29,19 @@ import time
 import traceback
 from pathlib import Path
 
+from gpulab.spawners.inside.launcher import (
+    enter_sandbox,
+    install_import_trimming,
+    libc,
+    prepare_datasets,
+)
+
 PR_SET_PDEATHSIG = 1
 PR_SET_NAME = 15
 
 
-def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-
-
 def preload() -> list[str]:
     """Import the server stack and every enabled jupyter_server extension."""
-    from gpulab.spawners.inside.launcher import install_import_trimming
-
     if os.environ.get("GPULAB_TRIM_IMPORTS", "1") == "1":
         install_import_trimming()
     import jupyterhub.singleuser  # noqa: F401
@@ -89,7 +88,7 @@ def _run_child(request: dict, listener: socket.socket, conn: socket.socket) -> N
         conn.close()
         os.setsid()
         # Children share our command line (no exec); a name in `ps -o comm` tells them apart.
-        _libc().prctl(PR_SET_NAME, b"jupyter-server", 0, 0, 0)
+        libc().prctl(PR_SET_NAME, b"jupyter-server", 0, 0, 0)
         for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
         # What a freshly started Python has: SIGINT raises KeyboardInterrupt, which
@@ -106,8 +105,6 @@ def _run_child(request: dict, listener: socket.socket, conn: socket.socket) -> N
         os.environ.clear()
         os.environ.update(request["env"])
         sys.argv = ["jupyterhub-singleuser", *request["argv"]]
-
-        from gpulab.spawners.inside.launcher import enter_sandbox, prepare_datasets
 
         prepare_datasets(dict(os.environ))
         enter_sandbox(dict(os.environ))
@@ -272,7 +269,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--parent-pid", type=int, default=0, help="the hub's pid")
     args = parser.parse_args(argv)
     # Exit with the hub; the servers we forked live on in their own sessions.
-    _libc().prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    libc().prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     if args.parent_pid and os.getppid() != args.parent_pid:
         sys.exit(0)  # the hub died before the signal was set: we were already re-parented
     t0 = time.perf_counter()

@@ -21,54 +21,12 @@ import os
 import signal
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from gpulab.spawners.activity import Proc
 from gpulab.spawners.inside.launcher import ENV_CGROUP, ENV_RUN_AS
 from gpulab.spawners.local.accounts import Account
 from gpulab.spawners.local.cgroup import CgroupError, ServerCgroup
-from gpulab.spawners.node.allocator import ENV_ALLOC
-
-
-def _boot_time() -> float:
-    for line in Path("/proc/stat").read_text().splitlines():
-        if line.startswith("btime "):
-            return float(line.split()[1])
-    return 0.0
-
-
-_BOOT = _boot_time()
-_HZ = os.sysconf("SC_CLK_TCK")
-
-
-def proc_stat(pid: int) -> tuple[int, float] | None:
-    """(parent pid, start time as Unix time) of a live process, else None (gone or a zombie)."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = raw.rpartition(")")[2].split()
-    if fields[0] in ("Z", "X"):
-        return None
-    return int(fields[1]), _BOOT + int(fields[19]) / _HZ
-
-
-def proc_uid(pid: int) -> int | None:
-    try:
-        return os.stat(f"/proc/{pid}").st_uid
-    except OSError:
-        return None
-
-
-def _all_pids() -> list[int]:
-    return [int(p) for p in os.listdir("/proc") if p.isdigit()]
-
-
-def _environ_has(pid: int, marker: bytes) -> bool:
-    try:
-        return marker in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    except OSError:
-        return False
+from gpulab.spawners.node import procs
 
 
 @dataclass
@@ -90,26 +48,12 @@ class Sandbox:
     def pids(self, server_pid: int | None) -> list[int]:
         """Every live process of this server, the server itself included."""
         if self.cgroup is not None and self.cgroup.exists():
-            return [p for p in self.cgroup.pids() if proc_stat(p) is not None]
-        if self.account is not None:
-            return [p for p in _all_pids() if proc_uid(p) == self.account.uid and proc_stat(p)]
-        return self._tree_and_marked(server_pid)
-
-    def _tree_and_marked(self, server_pid: int | None) -> list[int]:
-        stats = {p: s for p in _all_pids() if (s := proc_stat(p)) is not None}
-        children: dict[int, list[int]] = {}
-        for pid, (ppid, _) in stats.items():
-            children.setdefault(ppid, []).append(pid)
-        found: set[int] = set()
-        stack = [server_pid] if server_pid and server_pid in stats else []
-        while stack:
-            pid = stack.pop()
-            if pid not in found:
-                found.add(pid)
-                stack.extend(children.get(pid, []))
-        marker = f"{ENV_ALLOC}={self.alloc_id}".encode()
-        found.update(p for p in stats if p not in found and _environ_has(p, marker))
-        return sorted(found)
+            found = self.cgroup.pids()
+        elif self.account is not None:
+            found = [p for p in procs.pids() if procs.uid_of(p) == self.account.uid]
+        else:
+            found = procs.server_processes(server_pid, self.alloc_id)
+        return [p for p in found if procs.started_at(p) is not None]
 
     def others(self, server_pid: int | None) -> list[Proc]:
         """The server's processes besides the single-user server itself (observed activity)."""
@@ -117,9 +61,9 @@ class Sandbox:
         for pid in self.pids(server_pid):
             if pid == server_pid:
                 continue
-            st = proc_stat(pid)
-            if st is not None:
-                out.append(Proc(pid=pid, started=st[1], command=_comm(pid)))
+            started = procs.started_at(pid)
+            if started is not None:
+                out.append(Proc(pid=pid, started=started, command=procs.command_name(pid)))
         return out
 
     def kill_all(self, server_pid: int | None, timeout: float = 10.0) -> int:
@@ -153,11 +97,4 @@ class Sandbox:
         return self.cgroup is not None or self.account is not None
 
 
-def _comm(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        return ""
-
-
-__all__ = ["ENV_CGROUP", "ENV_RUN_AS", "CgroupError", "Sandbox", "proc_stat"]
+__all__ = ["ENV_CGROUP", "ENV_RUN_AS", "CgroupError", "Sandbox"]

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,9 @@ from jupyterhub.utils import random_port
 from traitlets import Bool, Float, Integer, List, Unicode, default, validate
 
 from gpulab.spawners.images import ImageStatus
+from gpulab.spawners.inside.agent import signal_opted_in
 from gpulab.spawners.inside.launcher import enter_sandbox
+from gpulab.spawners.local.checkpoint import run_checkpoint
 from gpulab.spawners.local.forkserver import ForkServerClient
 from gpulab.spawners.local.isolation import LocalIsolationMixin
 from gpulab.spawners.mixin import GpuSpawnerMixin, SpawnError
@@ -437,3 +440,40 @@ class GpuLocalSpawner(LocalIsolationMixin, GpuSpawnerMixin, LocalProcessSpawner)
 
     def _launched(self) -> bool:
         return bool(self.pid)
+
+    # ---- preemption warning (spot) -------------------------------------------------------------
+
+    async def gpulab_signal_processes(self) -> tuple[list[int], list[int]]:
+        """SIGUSR1 to the server's processes that catch it: all of its sandbox (its cgroup or
+        account; without those, its process tree and any process carrying its allocation id)."""
+        if self.allocation is None:
+            return [], []
+        sandbox = self.sandbox
+        pids = await asyncio.to_thread(sandbox.pids, self.pid or self.allocation.pid)
+        return signal_opted_in(pids)
+
+    async def gpulab_run_checkpoint(
+        self,
+        command: str,
+        limit: float,
+        env: dict[str, str] | None = None,
+        on_start: Callable[[dict[str, Any]], None] | None = None,
+        on_result: Callable[[dict[str, Any]], None] | None = None,
+    ) -> dict[str, Any]:
+        """The checkpoint command in the user's home with the server's environment, run by the
+        same agent as in containers (see :mod:`gpulab.spawners.local.checkpoint`)."""
+        server_env = self.get_env()
+        if self.allocation is not None:
+            server_env.update(self.gpu_env(self.allocation))
+        server_env.update(env or {})
+        sandbox_env = self.sandbox.env()
+        return await run_checkpoint(
+            command,
+            self.home_dir,
+            server_env,
+            limit,
+            on_start=on_start,
+            on_result=on_result,
+            # As the server's user, inside its cgroup: killed with the server, limited with it.
+            preexec_fn=(lambda: enter_sandbox(sandbox_env)) if sandbox_env else None,
+        )

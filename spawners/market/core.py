@@ -1,6 +1,6 @@
 """The spot market's pure core: the price function, the low-price schedule, and the matching tick.
 
-Nothing here touches the hub, the disk or the clock: the hub (``market_hub.SpotMarket``) and the
+Nothing here touches the hub, the disk or the clock: the hub (:class:`.hub.SpotMarket`) and the
 simulation (``benchmarks/spot_market.py``) feed the same functions, so what the benchmark measures
 is what the hub runs.
 
@@ -182,6 +182,25 @@ class TypeBook:
         if i < len(book) and book[i] == q_key:
             del book[i]
         return o
+
+    @property
+    def queue_length(self) -> int:
+        """How many requests wait for this type."""
+        return len(self.orders) - len(self.running)
+
+    def queue_position(self, owner: str) -> int | None:
+        """A queued request's place (1 = next) in the order the market serves the queue:
+        on-demand requests first (arrival order), then spot bids, highest first (window-only
+        ones among them, though they start only inside a window). None if not queued."""
+        o = self.orders.get(owner)
+        if o is None or self.is_running(owner):
+            return None
+        if o.pricing == "on-demand":
+            return list(self.queued_on_demand).index(owner) + 1
+        key = self._queue_key(o)
+        # Both spot queues are sorted by (-bid, created): a bisect counts the bids ahead.
+        ahead = sum(bisect.bisect_left(q, key) for q in (self.queued, self.queued_windows))
+        return len(self.queued_on_demand) + ahead + 1
 
     def is_running(self, owner: str) -> bool:
         o = self.orders.get(owner)

@@ -1,75 +1,50 @@
-"""The spot market inside the hub: prices every few seconds, the queue, and preemptions.
+"""The spot market inside the hub: :class:`SpotMarket`, its prices, tick, admission and queue.
 
 Runs on the hub's event loop next to the allocator (whose mutations are synchronous there too, so
 the market and spawns never interleave inside one decision). The matching itself is the pure
-:func:`gpulab.spawners.market.decide`; this module feeds it from the allocator and carries out
-what it decides:
+:func:`gpulab.spawners.market.core.decide`; this module feeds it from the allocator and carries
+out what it decides:
 
 - starting a queued request: its cards are reserved in the allocator for the owner, then the
-  server is started through the hub's own REST API with the ``gpulab-market`` service token;
-- preempting: SIGUSR1 to the server's opted-in processes, a signed webhook, the user's checkpoint
-  command, and at the deadline a normal stop through the REST API (billing closes there);
+  server is started through the hub's own REST API (:mod:`.hub_client`) with the
+  ``gpulab-market`` service token;
+- preempting: a warning (:mod:`.preemption`: signals, a signed webhook, the user's checkpoint
+  command) and at the deadline a normal stop through the REST API (billing closes there);
 - cancelling a preemption when the price falls back under the bid before the deadline.
 
-State that must survive a hub crash lives in ``DATA_DIR/spot/``: the price history (append-only,
-fsynced), the queue and bids (``state.json``), preemption records (``preemptions.jsonl``) and
-per-user settings with webhook secrets (``settings.json``, mode 0600).
+State that must survive a hub crash lives in ``DATA_DIR/spot/`` (:mod:`.store`): the price
+history (append-only, fsynced), the queue and bids (``state.json``), preemption records
+(``preemptions.jsonl``) and per-user settings with webhook secrets (``settings.json``, mode
+0600, :mod:`.settings`). The JSON the API shows is built in :mod:`.views`; the answers to a
+spawn that does not start now in :mod:`.admission`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import bisect
-import json
 import random
-import secrets
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict
 from datetime import datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any
-from urllib.parse import quote
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from traitlets import Bool, Float, Instance, List, Unicode, default, validate
 from traitlets.config import SingletonConfigurable
 
 from gpulab.hub_config.catalog.price_history import history_for, market_dir
-from gpulab.spawners.market.core import (
-    Order,
-    Schedule,
-    TypeBook,
-    decide,
-    spot_price,
-    utilization,
-)
-from gpulab.spawners.market.preemption import (
-    Preemption,
-    checkpoint_state,
-    run_checkpoint,
-    send_webhook,
-    server_processes,
-    signal_opted_in,
-)
-from gpulab.spawners.market.store import (
-    append_jsonl,
-    read_json,
-    read_jsonl,
-    write_json_atomic,
-)
+from gpulab.spawners.market.admission import queued, reclaiming, refused, spot_problems
+from gpulab.spawners.market.core import Order, Schedule, TypeBook, decide, spot_price, utilization
+from gpulab.spawners.market.hub_client import HubClient
+from gpulab.spawners.market.preemption import Preemption, Preemptions
+from gpulab.spawners.market.settings import SpotSettings
+from gpulab.spawners.market.store import load_state, save_state
+from gpulab.spawners.market.views import queue_entry_json
 from gpulab.spawners.node.allocator import RESERVED, NoCapacity
 from gpulab.spawners.node.pool import GpuPool
-
-
-class MarketAnswer(Exception):
-    """A spawn that the market does not start now. ``status`` 202: queued; 409: refused."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
+from gpulab.spawners.options import ServerOptions
 
 
 class SpotMarket(SingletonConfigurable):
@@ -205,11 +180,8 @@ class SpotMarket(SingletonConfigurable):
         self.queue: dict[str, dict[str, Any]] = {}  # owner -> {id, options, order}
         self.bids: dict[str, Order] = {}  # owner -> the order of a running spot server
         self.pins: dict[str, Decimal] = {}
-        self.preemptions: dict[str, Preemption] = {}
-        self.active: dict[str, str] = {}  # owner -> id of its preemption in its warning period
-        self._timers: dict[str, asyncio.TimerHandle] = {}
-        # Preemption id -> set once its warning webhook went out (or there was none to send).
-        self._warnings: dict[str, asyncio.Event] = {}
+        self.settings = SpotSettings(self.dir)
+        self.preemptions = Preemptions(self)
         self._spawners: dict[str, Any] = {}
         # owner -> the hub's spawner of that server, or None; set by the hub's plugin (the market
         # sees only spawners that asked it for admission until then).
@@ -218,71 +190,49 @@ class SpotMarket(SingletonConfigurable):
         self.last_tick_seconds: float | None = None
         self._load()
 
-    # ---- persistence -------------------------------------------------------------------------
+    # ---- persistence and the market's links to the hub ----------------------------------------
 
     def _load(self) -> None:
-        state = read_json(self.dir / "state.json", {})
-        self.pins = {k: Decimal(v) for k, v in state.get("pins", {}).items()}
-        for rec in state.get("bids", []):
-            order = _order_from_json(rec)
-            self.bids[order.owner] = order
-        for entry in state.get("queue", []):
-            order = _order_from_json(entry["order"])
+        self.pins, bids, queue = load_state(self.dir)
+        self.bids = {order.owner: order for order in bids}
+        for entry in queue:
+            order = entry["order"]
             if order.gpu_type in self.books:
-                self.queue[order.owner] = {**entry, "order": order}
+                self.queue[order.owner] = entry
                 self.books[order.gpu_type].add_queued(order)
-        for rec in read_jsonl(self.dir / "preemptions.jsonl"):
-            p = Preemption(**rec)
-            self.preemptions[p.id] = p
-        for p in self.preemptions.values():
-            if p.status == "warning":
-                self.active[p.owner] = p.id
 
     def _save_state(self) -> None:
-        write_json_atomic(
-            self.dir / "state.json",
-            {
-                "pins": {k: str(v) for k, v in self.pins.items()},
-                "bids": [_order_to_json(o) for o in self.bids.values()],
-                "queue": [
-                    {**entry, "order": _order_to_json(entry["order"])}
-                    for entry in self.queue.values()
-                ],
-            },
-        )
+        save_state(self.dir, self.pins, self.bids.values(), self.queue.values())
 
-    def _save_preemption(self, p: Preemption) -> None:
-        self.preemptions[p.id] = p
-        append_jsonl(self.dir / "preemptions.jsonl", p.model_dump())
+    @property
+    def hub_client(self) -> HubClient:
+        """The hub's REST API, as the ``gpulab-market`` service (read at each use: the hub's
+        plugin may set the URL after the market exists)."""
+        return HubClient(self.hub_api_url, self.api_token)
 
-    # ---- settings (webhook, checkpoint command) ----------------------------------------------
-
-    def user_settings(self, user: str, create_secret: bool = True) -> dict[str, Any]:
-        all_settings = read_json(self.dir / "settings.json", {})
-        mine = all_settings.get(user, {})
-        if create_secret and not mine.get("webhook_secret"):
-            mine["webhook_secret"] = secrets.token_hex(32)
-            all_settings[user] = mine
-            write_json_atomic(self.dir / "settings.json", all_settings)
-        return {"webhook_url": None, "checkpoint_command": None, **mine}
-
-    def update_settings(self, user: str, changes: dict[str, Any]) -> dict[str, Any]:
-        all_settings = read_json(self.dir / "settings.json", {})
-        mine = {**self.user_settings(user), **changes}
-        all_settings[user] = mine
-        write_json_atomic(self.dir / "settings.json", all_settings)
-        return mine
+    def spawner(self, owner: str) -> Any:
+        """The hub's spawner of ``owner``'s server, or None when the hub has none."""
+        spawner = self._spawners.get(owner)
+        if spawner is not None:
+            return spawner
+        try:
+            return self.find_spawner(owner)
+        except Exception:
+            return None
 
     # ---- prices ------------------------------------------------------------------------------
 
     def local_now(self, t: float) -> datetime:
+        """``t`` in the operator's time zone (`timezone`)."""
         tz = ZoneInfo(self.timezone) if self.timezone else None
         return datetime.fromtimestamp(t, tz) if tz else datetime.fromtimestamp(t).astimezone()
 
     def in_low_window(self, t: float | None = None) -> bool:
+        """Whether ``t`` (default: now) is inside a low-price window."""
         return self.schedule.is_low(self.local_now(time.time() if t is None else t))
 
     def compute_price(self, slug: str, t: float) -> Decimal:
+        """The spot price of GPU type ``slug`` at ``t``: its pin, else from its utilization."""
         gt = self.pool.catalog.gpu_types[slug]
         if slug in self.pins:
             return self.pins[slug]
@@ -297,6 +247,7 @@ class SpotMarket(SingletonConfigurable):
         )
 
     def current_price(self, slug: str) -> Decimal:
+        """The price in force for ``slug`` (the latest recorded one; computed on first use)."""
         price = self.history.latest(slug)
         if price is None:
             price = self.compute_price(slug, time.time())
@@ -312,44 +263,6 @@ class SpotMarket(SingletonConfigurable):
         self._save_state()
         self.tick_type(slug)
 
-    def prices_json(self, hours: float) -> dict[str, Any]:
-        now = time.time()
-        since = now - hours * 3600
-        types = []
-        counts = self.pool.allocator.counts()
-        for slug, gt in self.pool.catalog.gpu_types.items():
-            c = counts.get(slug)
-            if not c:
-                continue
-            types.append(
-                {
-                    "slug": slug,
-                    "display_name": gt.display_name,
-                    "price": str(self.current_price(slug)),
-                    "spot_floor_price": str(gt.spot_floor_price),
-                    "on_demand_price": str(gt.on_demand_price),
-                    "pinned": slug in self.pins,
-                    "total": c["total"],
-                    "free": c["free"],
-                    "queued": len(self.books[slug].orders) - len(self.books[slug].running),
-                    "history": self.history.changes(slug, since),
-                }
-            )
-        return {
-            "currency": self.pool.catalog.currency,
-            "time": now,
-            "low_price_window": self.in_low_window(now),
-            "timezone": self.timezone or str(self.local_now(now).tzinfo),
-            "low_price_windows": list(self.low_price_windows),
-            "weekends_low": self.weekends_low,
-            "warning_seconds": self.warning_seconds,
-            "tick_interval": self.tick_interval,
-            "last_tick_ms": None
-            if self.last_tick_seconds is None
-            else round(self.last_tick_seconds * 1e3, 3),
-            "gpu_types": types,
-        }
-
     # ---- the loop ----------------------------------------------------------------------------
 
     def start(self, after: Awaitable[Any] | None = None) -> None:
@@ -361,9 +274,7 @@ class SpotMarket(SingletonConfigurable):
     async def _loop(self, after: Awaitable[Any] | None) -> None:
         if after is not None:
             await after
-        for p in list(self.preemptions.values()):
-            if p.status == "warning":
-                self._schedule_deadline(p)
+        self.preemptions.resume()
         while True:
             try:
                 self.tick()
@@ -372,6 +283,7 @@ class SpotMarket(SingletonConfigurable):
             await asyncio.sleep(self.tick_interval * (1 + random.uniform(0, 0.1)))
 
     def tick(self) -> None:
+        """Bring the books up to date, then price and match every GPU type."""
         t0 = time.perf_counter()
         self._sync_running()
         for slug in self.books:
@@ -379,6 +291,7 @@ class SpotMarket(SingletonConfigurable):
         self.last_tick_seconds = time.perf_counter() - t0
 
     def tick_type(self, slug: str) -> None:
+        """Price GPU type ``slug`` now and carry out what the order book decides."""
         now = time.time()
         c = self.pool.allocator.counts().get(slug)
         if not c:
@@ -409,7 +322,7 @@ class SpotMarket(SingletonConfigurable):
                     book.remove(owner)
                     self.bids.pop(owner, None)
                     changed = True
-                    self._server_gone(owner)
+                    self.preemptions.server_gone(owner)
         for owner, alloc in spot.items():
             book = self.books[alloc.gpu_type]
             if book.is_running(owner):
@@ -431,16 +344,42 @@ class SpotMarket(SingletonConfigurable):
                 )
                 self.bids[owner] = order
             book.add_running(order)
-            if owner in self.active:
-                book.preempting[owner] = self.preemptions[self.active[owner]].reason
+            reason = self.preemptions.reason(owner)
+            if reason is not None:
+                book.preempting[owner] = reason
             changed = True
         if changed:
             self._save_state()
 
-    # ---- admission (called by the spawner before it allocates) -------------------------------
+    def _preempt(self, owner: str, reason: str, price: Decimal) -> None:
+        alloc = self.pool.allocator.get(owner)
+        order = self.bids.get(owner)
+        if alloc is None or order is None:
+            return
+        self.books[alloc.gpu_type].preempting[owner] = reason
+        self.preemptions.warn(alloc, order, reason, price)
 
-    def admit(self, spawner: Any, options: Any) -> None:
+    def _cancel(self, owner: str, price: Decimal) -> None:
+        alloc = self.pool.allocator.get(owner)
+        if alloc is not None and alloc.gpu_type in self.books:
+            self.books[alloc.gpu_type].preempting.pop(owner, None)
+        self.preemptions.cancel(owner, price)
+
+    def preempted(self, p: Preemption) -> None:
+        """Called once a preempted server was stopped at its deadline: close its record and
+        hand its cards to whoever waits."""
+        self._sync_running()
+        self.preemptions.server_gone(p.owner)
+        self.tick_type(p.gpu_type)
+
+    # ---- admission (once per spawn, before it allocates) --------------------------------------
+
+    def admit(self, spawner: Any, options: ServerOptions) -> None:
         """Decide whether a spawn may allocate now. Raises :class:`MarketAnswer` otherwise.
+
+        Called once per spawn: by the hub's pre-check before JupyterHub's spawn begins (which
+        hands a success to the spawner), or else by the spawner itself. It changes the market's
+        state (bids, the queue, reclaims), so it must not run twice for one spawn.
 
         Spot: a card of the type must be free, the price at most the bid, the low-price window
         open for window-only requests, and no on-demand request waiting for that type. A request
@@ -478,54 +417,33 @@ class SpotMarket(SingletonConfigurable):
             order = Order(owner, slug, options.gpus, "on-demand", None, False, now)
             entry = self._enqueue(order, options)
             self.tick_type(slug)
-            raise MarketAnswer(
-                202,
-                f"No {slug} card is free; a spot server is being reclaimed for you (its user has "
-                f"a {self.warning_seconds:.0f} s warning). Your request is queued as "
-                f"{entry['id']} and your server starts by itself when the card frees. "
-                "See GET /hub/api/gpulab/spot/queue.",
-            )
+            raise reclaiming(slug, entry["id"], self.warning_seconds)
 
         price = self.current_price(slug)
-        bid = options.max_price
-        low = self.in_low_window(now)
-        problems = []
-        if price > bid:
-            problems.append(
-                f"the spot price of {slug} is {price} {cur}/card-hour, above your max_price {bid}"
-            )
-        if c["free"] < options.gpus:
-            problems.append(f"{c['free']} of {c['total']} {slug} cards are free")
-        if options.windows_only and not low:
-            problems.append(
-                "it is outside the low-price windows ("
-                + ", ".join(self.low_price_windows)
-                + (", weekends" if self.weekends_low else "")
-                + f", {self.timezone or 'local time'})"
-            )
-        if book.queued_on_demand:
-            problems.append(f"on-demand requests are waiting for {slug}")
+        windows = ", ".join(self.low_price_windows) + (", weekends" if self.weekends_low else "")
+        problems = spot_problems(
+            slug,
+            price,
+            options.max_price,
+            options.gpus,
+            c,
+            options.windows_only,
+            self.in_low_window(now),
+            f"{windows}, {self.timezone or 'local time'}",
+            bool(book.queued_on_demand),
+            cur,
+        )
         if not problems:
             self._note_bid(owner, options)
             return
         if options.wait or options.windows_only:
-            order = Order(owner, slug, options.gpus, "spot", bid, options.windows_only, now)
-            entry = self._enqueue(order, options)
-            raise MarketAnswer(
-                202,
-                f"Queued as {entry['id']}: " + "; ".join(problems) + ". Your server starts by "
-                "itself when a card is free and the price is at most your max_price. Current "
-                f"spot price: {price} {cur}/card-hour. See or cancel it at "
-                "/hub/api/gpulab/spot/queue.",
+            order = Order(
+                owner, slug, options.gpus, "spot", options.max_price, options.windows_only, now
             )
-        raise MarketAnswer(
-            409,
-            "Spot server not started: " + "; ".join(problems) + f". Current spot price: {price} "
-            f"{cur}/card-hour. Raise the max price, or queue the request (the form's queue "
-            'option; "wait": true in the API).',
-        )
+            raise queued(self._enqueue(order, options)["id"], problems, price, cur)
+        raise refused(problems, price, cur)
 
-    def _note_bid(self, owner: str, options: Any) -> None:
+    def _note_bid(self, owner: str, options: ServerOptions) -> None:
         if options.pricing != "spot":
             self.bids.pop(owner, None)
             return
@@ -542,7 +460,7 @@ class SpotMarket(SingletonConfigurable):
 
     # ---- the queue ---------------------------------------------------------------------------
 
-    def _enqueue(self, order: Order, options: Any) -> dict[str, Any]:
+    def _enqueue(self, order: Order, options: ServerOptions) -> dict[str, Any]:
         entry = {"id": "q-" + uuid.uuid4().hex[:10], "options": options.to_json(), "order": order}
         self.queue[order.owner] = entry
         self.books[order.gpu_type].add_queued(order)
@@ -557,56 +475,16 @@ class SpotMarket(SingletonConfigurable):
         return entry
 
     def cancel_queued(self, owner: str) -> dict[str, Any] | None:
+        """Withdraw ``owner``'s queued request; returns it, or None if there was none."""
         entry = self._dequeue(owner)
         if entry is not None:
             self.log.info("Queued request %s of %s cancelled", entry["id"], owner)
         return entry
 
-    def queue_position(self, owner: str) -> tuple[int, int] | None:
-        """(position, length) of a queued request in its GPU type's queue, in the order the
-        market serves it: on-demand requests first (arrival order), then spot bids, highest
-        first (window-only ones among them, though they start only inside a window)."""
+    def queued_entry(self, owner: str) -> dict[str, Any] | None:
+        """``owner``'s ("user/server") queued request as the API shows it, or None."""
         entry = self.queue.get(owner)
-        if entry is None:
-            return None
-        order = entry["order"]
-        book = self.books[order.gpu_type]
-        length = len(book.orders) - len(book.running)
-        if order.pricing == "on-demand":
-            return list(book.queued_on_demand).index(owner) + 1, length
-        key = book._queue_key(order)
-        ahead = len(book.queued_on_demand)
-        # Both spot books are sorted by (-bid, created): a bisect counts the bids ahead.
-        ahead += sum(bisect.bisect_left(lst, key) for lst in (book.queued, book.queued_windows))
-        return ahead + 1, length
-
-    def queue_json(self, user: str | None = None) -> list[dict[str, Any]]:
-        out = []
-        for entry in sorted(self.queue.values(), key=lambda e: e["order"].created):
-            order = entry["order"]
-            name, _, server = order.owner.partition("/")
-            if user is not None and name != user:
-                continue
-            position, length = self.queue_position(order.owner) or (None, None)
-            out.append(
-                {
-                    "id": entry["id"],
-                    "user": name,
-                    "server": server,
-                    "gpu_type": order.gpu_type,
-                    "gpus": order.cards,
-                    "pricing": order.pricing,
-                    "max_price": None if order.max_price is None else str(order.max_price),
-                    "windows_only": order.windows_only,
-                    "queued_at": order.created,
-                    "current_price": str(self.current_price(order.gpu_type)),
-                    "waiting_for": "reclaim" if order.pricing == "on-demand" else "match",
-                    "position": position,
-                    "queue_length": length,
-                    "options": entry["options"],
-                }
-            )
-        return out
+        return queue_entry_json(self, entry) if entry is not None else None
 
     def _start_queued(self, order: Order) -> None:
         entry = self._dequeue(order.owner)
@@ -625,306 +503,9 @@ class SpotMarket(SingletonConfigurable):
         asyncio.get_running_loop().create_task(self._spawn(order.owner, entry))
 
     async def _spawn(self, owner: str, entry: dict[str, Any]) -> None:
-        name, _, server = owner.partition("/")
-        path = (
-            f"/users/{quote(name)}/servers/{quote(server)}"
-            if server
-            else f"/users/{quote(name)}/server"
-        )
-        code, body = await self._hub_api("POST", path, entry["options"])
+        code, body = await self.hub_client.start_server(owner, entry["options"])
         if code not in (201, 202):
             self.log.warning(
                 "Starting queued %s for %s failed: %s %s", entry["id"], owner, code, body
             )
             self.pool.allocator.release(owner + RESERVED)
-
-    async def _hub_api(self, method: str, path: str, body: Any = None) -> tuple[int, str]:
-        from tornado.httpclient import AsyncHTTPClient, HTTPClientError
-
-        base = self.hub_api_url
-        try:
-            resp = await AsyncHTTPClient().fetch(
-                base.rstrip("/") + path,
-                method=method,
-                headers={"Authorization": f"token {self.api_token}"},
-                body=None if body is None else json.dumps(body),
-                allow_nonstandard_methods=True,
-                request_timeout=120,
-            )
-            return resp.code, resp.body.decode(errors="replace")
-        except HTTPClientError as e:
-            text = e.response.body.decode(errors="replace") if e.response is not None else str(e)
-            return e.code, text
-
-    # ---- preemption --------------------------------------------------------------------------
-
-    def _spawner(self, owner: str) -> Any:
-        spawner = self._spawners.get(owner)
-        if spawner is not None:
-            return spawner
-        try:
-            return self.find_spawner(owner)
-        except Exception:
-            return None
-
-    def _preempt(self, owner: str, reason: str, price: Decimal) -> None:
-        alloc = self.pool.allocator.get(owner)
-        order = self.bids.get(owner)
-        if alloc is None or order is None:
-            return
-        book = self.books[alloc.gpu_type]
-        book.preempting[owner] = reason
-        now = time.time()
-        name, _, server = owner.partition("/")
-        p = Preemption(
-            id="p-" + uuid.uuid4().hex[:12],
-            owner=owner,
-            user=name,
-            server=server,
-            gpu_type=alloc.gpu_type,
-            reason=reason,
-            status="warning",
-            price=str(price),
-            max_price=None if order.max_price is None else str(order.max_price),
-            warned_at=now,
-            deadline=now + self.warning_seconds,
-        )
-        self.active[owner] = p.id
-        self._save_preemption(p)
-        self.log.warning(
-            "Preempting %s (%s): stops at %s unless cancelled",
-            owner,
-            reason,
-            time.strftime("%H:%M:%S", time.localtime(p.deadline)),
-        )
-        self._schedule_deadline(p)
-        self._warnings[p.id] = asyncio.Event()
-        asyncio.get_running_loop().create_task(self._warn(p, alloc))
-
-    async def _warn(self, p: Preemption, alloc: Any) -> None:
-        """Signal, run the checkpoint command and send the webhook, concurrently."""
-        checkpoint = None
-        try:
-            signalled, skipped = await self._signal(p, alloc)
-            p = p.model_copy(update={"signalled_pids": signalled, "skipped_pids": skipped})
-            self._update(p)
-            settings = self.user_settings(p.user)
-            if settings.get("checkpoint_command"):
-                checkpoint = asyncio.get_running_loop().create_task(
-                    self._checkpoint(p, settings["checkpoint_command"])
-                )
-            if settings.get("webhook_url"):
-                await self._webhook(p, "preemption-warning", settings)
-        finally:
-            # A cancellation webhook waits for this one, never for the checkpoint.
-            sent = self._warnings.pop(p.id, None)
-            if sent is not None:
-                sent.set()
-        if checkpoint is not None:
-            await checkpoint
-
-    async def _signal(self, p: Preemption, alloc: Any) -> tuple[list[int], list[int]]:
-        """SIGUSR1 to the server's opted-in processes: (signalled, skipped) pids."""
-        signaller = getattr(self._spawner(p.owner), "gpulab_signal_processes", None)
-        if signaller is None:
-            pids = await asyncio.to_thread(server_processes, alloc.pid, alloc.alloc_id)
-            return signal_opted_in(pids)
-        # A spawner whose servers live elsewhere (a container) signals them there; its pids are
-        # the ones the user sees there. A failure must not hold back the webhook or checkpoint.
-        try:
-            return await signaller()
-        except Exception:
-            self.log.exception("Signalling the processes of %s failed", p.owner)
-            return [], []
-
-    def _update(self, p: Preemption) -> None:
-        """Save a changed record unless a newer state (cancelled, stopped) was saved meanwhile."""
-        latest = self.preemptions.get(p.id)
-        if latest is not None and latest.status != p.status:
-            p = p.model_copy(
-                update={
-                    "status": latest.status,
-                    "cancelled_at": latest.cancelled_at,
-                    "stopped_at": latest.stopped_at,
-                }
-            )
-        self._save_preemption(p)
-
-    async def _webhook(self, p: Preemption, event: str, settings: dict[str, Any]) -> None:
-        payload = {
-            "server": p.owner,
-            "user": p.user,
-            "server_name": p.server,
-            "gpu_type": p.gpu_type,
-            "reason": p.reason,
-            "price": p.price,
-            "max_price": p.max_price,
-            "warned_at": p.warned_at,
-            "deadline": p.deadline,
-            "status": "cancelled" if event == "preemption-cancelled" else "warning",
-        }
-        result = await send_webhook(
-            settings["webhook_url"], settings["webhook_secret"], event, p.id, payload
-        )
-        latest = self.preemptions[p.id]
-        if event == "preemption-warning":
-            self._save_preemption(latest.model_copy(update={"webhook": result}))
-
-    def _checkpoint_progress(self, pid: str, result: dict[str, Any]) -> None:
-        """Record the checkpoint's state as it goes (running, then its result) on the latest
-        version of the record, so a stop or cancellation saved meanwhile is kept."""
-        latest = self.preemptions[pid]
-        result = {**result, "state": result.get("state") or checkpoint_state(result)}
-        self._save_preemption(latest.model_copy(update={"checkpoint": result}))
-
-    async def _checkpoint(self, p: Preemption, command: str) -> None:
-        spawner = self._spawner(p.owner)
-        runner = getattr(spawner, "gpulab_run_checkpoint", None)
-        running = {"command": command, "state": "running", "started_at": time.time()}
-        preemption_env = {
-            "GPULAB_PREEMPTION_DEADLINE": str(p.deadline),
-            "GPULAB_PREEMPTION_REASON": p.reason,
-        }
-        try:
-            if runner is not None:
-                # A spawner whose servers live elsewhere (a container) runs it there, with the
-                # server's environment plus `env`, and calls `on_start` once it runs.
-                self._checkpoint_progress(p.id, running)
-                result = await runner(
-                    command,
-                    self.checkpoint_timeout,
-                    env=preemption_env,
-                    on_start=lambda r: self._checkpoint_progress(p.id, r),
-                )
-            elif spawner is not None and getattr(spawner, "home_dir", None):
-                env = spawner.get_env()
-                if spawner.allocation is not None:
-                    env.update(spawner.gpu_env(spawner.allocation))
-                env.update(preemption_env)
-                result = await run_checkpoint(
-                    command,
-                    spawner.home_dir,
-                    env,
-                    limit=self.checkpoint_timeout,
-                    on_start=lambda r: self._checkpoint_progress(p.id, r),
-                )
-            else:
-                result = {"command": command, "error": "server not found"}
-        except Exception as e:
-            self.log.exception("Checkpoint command of %s failed", p.owner)
-            result = {"command": command, "error": f"{type(e).__name__}: {e}"}
-        self._checkpoint_progress(p.id, result)
-
-    async def _cancelled_webhook(self, p: Preemption, settings: dict[str, Any]) -> None:
-        # The receiver must never see "cancelled" before the warning it cancels.
-        sent = self._warnings.get(p.id)
-        if sent is not None:
-            await sent.wait()
-        await self._webhook(p, "preemption-cancelled", settings)
-
-    def _schedule_deadline(self, p: Preemption) -> None:
-        delay = max(0.0, p.deadline - time.time())
-        loop = asyncio.get_running_loop()
-        self._timers[p.id] = loop.call_later(delay, lambda: loop.create_task(self._deadline(p.id)))
-
-    async def _deadline(self, pid: str) -> None:
-        self._timers.pop(pid, None)
-        p = self.preemptions.get(pid)
-        if p is None or p.status != "warning":
-            return
-        self.log.warning("Preemption deadline of %s: stopping it", p.owner)
-        path = (
-            f"/users/{quote(p.user)}/servers/{quote(p.server)}"
-            if p.server
-            else f"/users/{quote(p.user)}/server"
-        )
-        code, body = await self._hub_api("DELETE", path)
-        if code not in (202, 204, 400, 404):
-            self.log.error("Stopping preempted %s failed: %s %s", p.owner, code, body)
-        # The stop releases the cards; the record is closed when the allocation is gone.
-        for _ in range(600):
-            if self.pool.allocator.get(p.owner) is None:
-                break
-            await asyncio.sleep(0.1)
-        self._sync_running()
-        self._server_gone(p.owner)
-        self.tick_type(p.gpu_type)
-
-    def _server_gone(self, owner: str) -> None:
-        pid = self.active.pop(owner, None)
-        if pid is None:
-            return
-        p = self.preemptions[pid]
-        if p.status == "warning":
-            self._save_preemption(
-                p.model_copy(update={"status": "stopped", "stopped_at": time.time()})
-            )
-            timer = self._timers.pop(pid, None)
-            if timer is not None:
-                timer.cancel()
-
-    def _cancel(self, owner: str, price: Decimal) -> None:
-        pid = self.active.pop(owner, None)
-        alloc = self.pool.allocator.get(owner)
-        if alloc is not None and alloc.gpu_type in self.books:
-            self.books[alloc.gpu_type].preempting.pop(owner, None)
-        if pid is None:
-            return
-        timer = self._timers.pop(pid, None)
-        if timer is not None:
-            timer.cancel()
-        p = self.preemptions[pid].model_copy(
-            update={"status": "cancelled", "cancelled_at": time.time()}
-        )
-        self._save_preemption(p)
-        self.log.info("Preemption of %s cancelled (spot price now %s)", owner, price)
-        settings = self.user_settings(p.user)
-        if settings.get("webhook_url"):
-            asyncio.get_running_loop().create_task(self._cancelled_webhook(p, settings))
-
-    def status_json(self, owner: str) -> dict[str, Any]:
-        name = owner.partition("/")[0]
-        alloc = self.pool.allocator.get(owner)
-        order = self.bids.get(owner) if alloc is not None else None
-        records = sorted(
-            (p for p in self.preemptions.values() if p.owner == owner), key=lambda p: p.warned_at
-        )
-        queued = [e for e in self.queue_json(name) if f"{e['user']}/{e['server']}" == owner]
-        gpu_type = alloc.gpu_type if alloc is not None else None
-        return {
-            "server": owner,
-            "running": alloc is not None,
-            "pricing": alloc.pricing if alloc is not None else None,
-            "gpu_type": gpu_type,
-            "max_price": None if order is None or order.max_price is None else str(order.max_price),
-            "windows_only": bool(order and order.windows_only),
-            "price": str(self.current_price(gpu_type)) if gpu_type in self.books else None,
-            "currency": self.pool.catalog.currency,
-            "low_price_window": self.in_low_window(),
-            "warning_seconds": self.warning_seconds,
-            # The JupyterLab extension saves open documents with changes this often on spot.
-            "save_interval_seconds": self.save_interval,
-            "time": time.time(),  # the hub's clock, for a countdown that ignores client skew
-            # The JupyterLab extension saves open documents when this turns to a warning.
-            "preemption": records[-1].public() if records else None,
-            "queued": queued[0] if queued else None,
-        }
-
-    def preemptions_json(self, user: str | None = None) -> list[dict[str, Any]]:
-        return [
-            p.public()
-            for p in sorted(self.preemptions.values(), key=lambda p: p.warned_at)
-            if user is None or p.user == user
-        ]
-
-
-def _order_to_json(o: Order) -> dict[str, Any]:
-    out = asdict(o)
-    out["max_price"] = None if o.max_price is None else str(o.max_price)
-    return out
-
-
-def _order_from_json(rec: dict[str, Any]) -> Order:
-    rec = dict(rec)
-    rec["max_price"] = None if rec.get("max_price") is None else Decimal(rec["max_price"])
-    return Order(**rec)

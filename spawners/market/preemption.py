@@ -1,18 +1,27 @@
-"""What a spot server is told before it is reclaimed: signals, a signed webhook, a checkpoint.
+"""What a spot server is told before it is reclaimed, and the records of it: :class:`Preemptions`.
 
-- SIGUSR1 goes only to the server's processes that *catch* it (bit 10 of ``SigCgt`` in
-  /proc/PID/status): SIGUSR1's default action terminates a process, so a kernel that did not opt
-  in (``gpulab_spot.on_preempt``) must never receive it.
-- The webhook is a JSON POST signed with HMAC-SHA256 over the exact body bytes::
+A preemption starts with a warning and ends at its deadline (the server is stopped through the
+hub's API) or earlier, cancelled, when the price falls back under the bid. During the warning,
+concurrently:
+
+- SIGUSR1 to the server's processes that *catch* it (bit 10 of ``SigCgt`` in /proc/PID/status):
+  SIGUSR1's default action terminates a process, so a kernel that did not opt in
+  (``gpulab_spot.on_preempt``) must never receive it. The spawner does it where its processes
+  live (:meth:`GpuSpawnerMixin.gpulab_signal_processes`).
+- A JSON POST to the user's webhook, signed with HMAC-SHA256 over the exact body bytes::
 
       X-Gpulab-Event: preemption-warning | preemption-cancelled | preempted
       X-Gpulab-Delivery: <record id>
       X-Gpulab-Signature: sha256=<hex hmac of the body with the user's webhook secret>
 
-- The checkpoint command runs with the server's environment in the user's home, its output kept
-  in ``~/.gpulab/checkpoints/<UTC time>.log``. Its result says ``state``: ``running`` from the
-  moment it starts (the hub records that at once, so the user sees it during the warning),
-  then ``done`` (exit 0) or ``failed`` (another exit code, an error, a timeout).
+- The user's checkpoint command, run by the spawner with the server's environment in the user's
+  home (:meth:`GpuSpawnerMixin.gpulab_run_checkpoint`), its output kept in
+  ``~/.gpulab/checkpoints/<UTC time>.log``. Its record says ``state``: ``running`` from the
+  moment it starts (recorded at once, so the user sees it during the warning), then ``done``
+  (exit 0) or ``failed`` (another exit code, an error, a timeout).
+
+Every version of a record is appended to ``DATA_DIR/spot/preemptions.jsonl``; the latest wins on
+load, so warnings and their deadlines survive a hub crash.
 """
 
 from __future__ import annotations
@@ -21,22 +30,27 @@ import asyncio
 import hashlib
 import hmac
 import json
-import os
-import signal
 import time
-from collections.abc import Callable
-from pathlib import Path
-from typing import Any
+import uuid
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 
-# Re-exported: the hub applies the same rule to local servers.
+# Re-exported: the rule for who gets SIGUSR1, and the checkpoint record's state, are the agent's.
 from gpulab.spawners.inside.agent import catches as catches
-from gpulab.spawners.inside.agent import checkpoint_log
-from gpulab.spawners.inside.agent import signal_opted_in as signal_opted_in
-from gpulab.spawners.node.allocator import ENV_ALLOC, _pids, _process_env
+from gpulab.spawners.inside.agent import checkpoint_state as checkpoint_state
+from gpulab.spawners.market.store import PREEMPTIONS_FILE, append_jsonl, read_jsonl
 
-SIGUSR1_BIT = 1 << (signal.SIGUSR1 - 1)
+if TYPE_CHECKING:
+    from gpulab.spawners.market.core import Order
+    from gpulab.spawners.market.hub import SpotMarket
+    from gpulab.spawners.node.allocator import Allocation
+
+# The stop at a deadline releases the cards a moment later; how long to wait for that (0.1 s
+# steps) before the market looks at the books again.
+RELEASE_WAIT_STEPS = 600
 
 
 class Preemption(BaseModel):
@@ -68,49 +82,11 @@ class Preemption(BaseModel):
         return out
 
 
-# ---- signals ---------------------------------------------------------------------------------
-
-
-# The rule itself (SigCgt, never the default action) lives in the agent module, which also runs
-# inside containers: one rule for local servers and containers alike.
-
-
-def _parents() -> dict[int, int]:
-    out = {}
-    for pid in _pids():
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            continue
-        out[pid] = int(stat.rpartition(")")[2].split()[1])
-    return out
-
-
-def server_processes(root_pid: int | None, alloc_id: str) -> list[int]:
-    """The server process, its descendants (kernels, terminals) and anything else that carries
-    the server's allocation id in its environment."""
-    found: set[int] = set()
-    if root_pid:
-        children: dict[int, list[int]] = {}
-        for pid, ppid in _parents().items():
-            children.setdefault(ppid, []).append(pid)
-        stack = [root_pid]
-        while stack:
-            pid = stack.pop()
-            if pid in found:
-                continue
-            found.add(pid)
-            stack.extend(children.get(pid, []))
-    for pid in _pids():
-        if _process_env(pid).get(ENV_ALLOC) == alloc_id:
-            found.add(pid)
-    return sorted(p for p in found if Path(f"/proc/{p}").exists())
-
-
 # ---- webhook ---------------------------------------------------------------------------------
 
 
 def sign(body: bytes, secret: str) -> str:
+    """The ``X-Gpulab-Signature`` of ``body``: HMAC-SHA256 with the user's webhook secret."""
     return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
 
 
@@ -118,8 +94,6 @@ async def send_webhook(
     url: str, secret: str, event: str, delivery: str, payload: dict[str, Any], limit: float = 10
 ) -> dict[str, Any]:
     """POST the signed event; never raises (the result is recorded instead)."""
-    from tornado.httpclient import AsyncHTTPClient, HTTPClientError
-
     body = json.dumps({"event": event, **payload}, sort_keys=True).encode()
     headers = {
         "Content-Type": "application/json",
@@ -142,65 +116,249 @@ async def send_webhook(
     return result
 
 
-# ---- checkpoint ------------------------------------------------------------------------------
+# ---- the records and the warning period --------------------------------------------------------
 
 
-def checkpoint_state(result: dict[str, Any]) -> str:
-    """``running`` until an exit code or an error is known, then ``done`` or ``failed``."""
-    if result.get("error"):
-        return "failed"
-    if "exit_code" not in result:
-        return "running"
-    return "done" if result["exit_code"] == 0 else "failed"
+class Preemptions:
+    """The market's preemption records, and each warning carried out until its end.
 
+    Owned by :class:`SpotMarket`, which decides who is preempted or spared (its books); this
+    class warns the server, stops it at the deadline and keeps the records.
+    """
 
-async def run_checkpoint(
-    command: str,
-    home: str,
-    env: dict[str, str],
-    limit: float,
-    on_start: Callable[[dict[str, Any]], None] | None = None,
-) -> dict[str, Any]:
-    """Run ``command`` with bash in ``home``; keep its output under ~/.gpulab/checkpoints/.
+    def __init__(self, market: SpotMarket) -> None:
+        self.market = market
+        self.log = market.log
+        self.path = market.dir / PREEMPTIONS_FILE
+        self.records: dict[str, Preemption] = {}
+        self.active: dict[str, str] = {}  # owner -> id of its preemption in its warning period
+        self._timers: dict[str, asyncio.TimerHandle] = {}
+        # Preemption id -> set once its warning webhook went out (or there was none to send).
+        self._warnings: dict[str, asyncio.Event] = {}
+        for rec in read_jsonl(self.path):
+            p = Preemption(**rec)
+            self.records[p.id] = p
+        for p in self.records.values():
+            if p.status == "warning":
+                self.active[p.owner] = p.id
 
-    ``on_start`` is called with the running result (command, log path, pid) once the process
-    exists, so the caller can show "running" while it runs."""
-    log_path = Path(checkpoint_log(home))
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    result: dict[str, Any] = {
-        "command": command,
-        "state": "running",
-        "log": str(log_path),
-        "started_at": time.time(),
-    }
-    # A local file: these writes are not worth a thread.
-    log_path.write_bytes(f"$ {command}\n".encode())  # noqa: ASYNC240
-    with log_path.open("ab") as log:  # noqa: ASYNC230
-        proc = await asyncio.create_subprocess_exec(
-            "/bin/bash",
-            "-c",
-            command,
-            cwd=home,
-            env=env,
-            stdout=log,
-            stderr=asyncio.subprocess.STDOUT,
-            stdin=asyncio.subprocess.DEVNULL,
-            start_new_session=True,
+    def _save(self, p: Preemption) -> None:
+        self.records[p.id] = p
+        append_jsonl(self.path, p.model_dump())
+
+    def reason(self, owner: str) -> str | None:
+        """Why ``owner`` is being preempted, while its warning runs."""
+        pid = self.active.get(owner)
+        return self.records[pid].reason if pid is not None else None
+
+    def of_owner(self, owner: str) -> list[Preemption]:
+        """``owner``'s preemptions, oldest first."""
+        return sorted(
+            (p for p in self.records.values() if p.owner == owner), key=lambda p: p.warned_at
         )
-        if on_start is not None:
-            on_start({**result, "pid": proc.pid})
+
+    def public(self, user: str | None = None) -> list[dict[str, Any]]:
+        """All records (or ``user``'s), oldest first, as the API shows them."""
+        return [
+            p.public()
+            for p in sorted(self.records.values(), key=lambda p: p.warned_at)
+            if user is None or p.user == user
+        ]
+
+    def resume(self) -> None:
+        """After a restart: the deadlines of warnings still running count down again."""
+        for p in list(self.records.values()):
+            if p.status == "warning":
+                self._schedule_deadline(p)
+
+    # ---- the warning ---------------------------------------------------------------------------
+
+    def warn(self, alloc: Allocation, order: Order, reason: str, price: Decimal) -> Preemption:
+        """Start the warning period of ``alloc``'s server (needs a running event loop)."""
+        now = time.time()
+        name, _, server = alloc.owner.partition("/")
+        p = Preemption(
+            id="p-" + uuid.uuid4().hex[:12],
+            owner=alloc.owner,
+            user=name,
+            server=server,
+            gpu_type=alloc.gpu_type,
+            reason=reason,
+            status="warning",
+            price=str(price),
+            max_price=None if order.max_price is None else str(order.max_price),
+            warned_at=now,
+            deadline=now + self.market.warning_seconds,
+        )
+        self.active[alloc.owner] = p.id
+        self._save(p)
+        self.log.warning(
+            "Preempting %s (%s): stops at %s unless cancelled",
+            alloc.owner,
+            reason,
+            time.strftime("%H:%M:%S", time.localtime(p.deadline)),
+        )
+        self._schedule_deadline(p)
+        self._warnings[p.id] = asyncio.Event()
+        asyncio.get_running_loop().create_task(self._warn(p))
+        return p
+
+    async def _warn(self, p: Preemption) -> None:
+        """Signal, run the checkpoint command and send the webhook, concurrently."""
+        checkpoint = None
         try:
-            result["exit_code"] = await asyncio.wait_for(proc.wait(), limit)
-        except TimeoutError:
-            # The whole group, as in a container (preemption_agent): the command's children
-            # must not outlive its time either.
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            await proc.wait()
-            result["exit_code"] = None
-            result["error"] = f"timed out after {limit:.0f}s"
-    result["finished_at"] = time.time()
-    result["state"] = checkpoint_state(result)
-    return result
+            signalled, skipped = await self._signal(p)
+            p = p.model_copy(update={"signalled_pids": signalled, "skipped_pids": skipped})
+            self._update(p)
+            settings = self.market.settings.get(p.user)
+            if settings.get("checkpoint_command"):
+                checkpoint = asyncio.get_running_loop().create_task(
+                    self._checkpoint(p, settings["checkpoint_command"])
+                )
+            if settings.get("webhook_url"):
+                await self._webhook(p, "preemption-warning", settings)
+        finally:
+            # A cancellation webhook waits for this one, never for the checkpoint.
+            sent = self._warnings.pop(p.id, None)
+            if sent is not None:
+                sent.set()
+        if checkpoint is not None:
+            await checkpoint
+
+    async def _signal(self, p: Preemption) -> tuple[list[int], list[int]]:
+        """SIGUSR1 to the server's opted-in processes: (signalled, skipped) pids, as the server
+        sees them. A failure must not hold back the webhook or the checkpoint."""
+        spawner = self.market.spawner(p.owner)
+        if spawner is None:
+            self.log.warning("Not signalling %s: its spawner is not known", p.owner)
+            return [], []
+        try:
+            return await spawner.gpulab_signal_processes()
+        except Exception:
+            self.log.exception("Signalling the processes of %s failed", p.owner)
+            return [], []
+
+    def _update(self, p: Preemption) -> None:
+        """Save a changed record unless a newer state (cancelled, stopped) was saved meanwhile."""
+        latest = self.records.get(p.id)
+        if latest is not None and latest.status != p.status:
+            p = p.model_copy(
+                update={
+                    "status": latest.status,
+                    "cancelled_at": latest.cancelled_at,
+                    "stopped_at": latest.stopped_at,
+                }
+            )
+        self._save(p)
+
+    async def _webhook(self, p: Preemption, event: str, settings: dict[str, Any]) -> None:
+        payload = {
+            "server": p.owner,
+            "user": p.user,
+            "server_name": p.server,
+            "gpu_type": p.gpu_type,
+            "reason": p.reason,
+            "price": p.price,
+            "max_price": p.max_price,
+            "warned_at": p.warned_at,
+            "deadline": p.deadline,
+            "status": "cancelled" if event == "preemption-cancelled" else "warning",
+        }
+        result = await send_webhook(
+            settings["webhook_url"], settings["webhook_secret"], event, p.id, payload
+        )
+        latest = self.records[p.id]
+        if event == "preemption-warning":
+            self._save(latest.model_copy(update={"webhook": result}))
+
+    def _checkpoint_progress(self, pid: str, result: dict[str, Any]) -> None:
+        """Record the checkpoint's state as it goes (running, then its result) on the latest
+        version of the record, so a stop or cancellation saved meanwhile is kept."""
+        latest = self.records[pid]
+        result = {**result, "state": result.get("state") or checkpoint_state(result)}
+        if latest.checkpoint != result:  # the result may come twice (on_result, then returned)
+            self._save(latest.model_copy(update={"checkpoint": result}))
+
+    async def _checkpoint(self, p: Preemption, command: str) -> None:
+        spawner = self.market.spawner(p.owner)
+        try:
+            if spawner is None:
+                result = {"command": command, "error": "server not found"}
+            else:
+                # Where the server lives (a local process, a container), with its environment
+                # plus these; "running" is recorded as soon as the command runs.
+                result = await spawner.gpulab_run_checkpoint(
+                    command,
+                    self.market.checkpoint_timeout,
+                    env={
+                        "GPULAB_PREEMPTION_DEADLINE": str(p.deadline),
+                        "GPULAB_PREEMPTION_REASON": p.reason,
+                    },
+                    on_start=lambda r: self._checkpoint_progress(p.id, r),
+                    on_result=lambda r: self._checkpoint_progress(p.id, r),
+                )
+        except Exception as e:
+            self.log.exception("Checkpoint command of %s failed", p.owner)
+            result = {"command": command, "error": f"{type(e).__name__}: {e}"}
+        self._checkpoint_progress(p.id, result)
+
+    # ---- the end: deadline, stop, cancellation ---------------------------------------------------
+
+    def _schedule_deadline(self, p: Preemption) -> None:
+        delay = max(0.0, p.deadline - time.time())
+        loop = asyncio.get_running_loop()
+        self._timers[p.id] = loop.call_later(delay, lambda: loop.create_task(self._deadline(p.id)))
+
+    def _cancel_timer(self, pid: str) -> None:
+        timer = self._timers.pop(pid, None)
+        if timer is not None:
+            timer.cancel()
+
+    async def _deadline(self, pid: str) -> None:
+        self._timers.pop(pid, None)
+        p = self.records.get(pid)
+        if p is None or p.status != "warning":
+            return
+        self.log.warning("Preemption deadline of %s: stopping it", p.owner)
+        code, body = await self.market.hub_client.stop_server(p.owner)
+        if code not in (202, 204, 400, 404):
+            self.log.error("Stopping preempted %s failed: %s %s", p.owner, code, body)
+        # The stop releases the cards; the record is closed when the allocation is gone.
+        allocator = self.market.pool.allocator
+        for _ in range(RELEASE_WAIT_STEPS):
+            if allocator.get(p.owner) is None:
+                break
+            await asyncio.sleep(0.1)
+        self.market.preempted(p)
+
+    def server_gone(self, owner: str) -> None:
+        """``owner``'s server stopped: close its warning as stopped, if one runs."""
+        pid = self.active.pop(owner, None)
+        if pid is None:
+            return
+        p = self.records[pid]
+        if p.status == "warning":
+            self._save(p.model_copy(update={"status": "stopped", "stopped_at": time.time()}))
+            self._cancel_timer(pid)
+
+    def cancel(self, owner: str, price: Decimal) -> None:
+        """The price fell back under ``owner``'s bid: end its warning; the server keeps running."""
+        pid = self.active.pop(owner, None)
+        if pid is None:
+            return
+        self._cancel_timer(pid)
+        p = self.records[pid].model_copy(
+            update={"status": "cancelled", "cancelled_at": time.time()}
+        )
+        self._save(p)
+        self.log.info("Preemption of %s cancelled (spot price now %s)", owner, price)
+        settings = self.market.settings.get(p.user)
+        if settings.get("webhook_url"):
+            asyncio.get_running_loop().create_task(self._cancelled_webhook(p, settings))
+
+    async def _cancelled_webhook(self, p: Preemption, settings: dict[str, Any]) -> None:
+        # The receiver must never see "cancelled" before the warning it cancels.
+        sent = self._warnings.get(p.id)
+        if sent is not None:
+            await sent.wait()
+        await self._webhook(p, "preemption-cancelled", settings)

@@ -12,8 +12,8 @@ interleave inside one allocation: a card can't go to two servers however many sp
 from __future__ import annotations
 
 import json
+import logging
 import os
-import signal
 import time
 import uuid
 from collections.abc import Iterable
@@ -21,6 +21,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from gpulab.spawners.node.inventory import GpuDevice
+from gpulab.spawners.node.procs import (
+    allocation_ids_running,
+    kill_allocation_processes,
+    kill_recorded_pid,
+    process_start_time,
+)
 
 
 @dataclass
@@ -63,8 +69,6 @@ class GpuAllocator:
     """Hands out whole GPUs by UUID and remembers who holds what across hub restarts."""
 
     def __init__(self, devices: Iterable[GpuDevice], ledger_path: str | Path, log=None) -> None:
-        import logging
-
         self.devices = [d for d in devices if d.gpu_type is not None]
         self.ledger_path = Path(ledger_path)
         self.log = log or logging.getLogger("gpulab.allocator")
@@ -273,7 +277,9 @@ class GpuAllocator:
         """Stop the processes of unclaimed records and free them. Call once spawners are restored."""
         swept = []
         for alloc in self.orphans():
-            killed = kill_allocation_processes(hub_id, alloc.alloc_id) + kill_recorded_pid(alloc)
+            killed = kill_allocation_processes(hub_id, alloc.alloc_id) + kill_recorded_pid(
+                alloc.pid, alloc.pid_start
+            )
             self.log.warning(
                 "Orphaned allocation %s of %s (GPUs: %s): no server claims it after restart; "
                 "stopped %d process(es) and freed it.",
@@ -296,79 +302,6 @@ class GpuAllocator:
 
     def _evict(self, alloc: Allocation) -> None:
         kill_allocation_processes(None, alloc.alloc_id)
-        kill_recorded_pid(alloc)
+        kill_recorded_pid(alloc.pid, alloc.pid_start)
         del self._state.allocations[alloc.owner]
         self._adopted.discard(alloc.alloc_id)
-
-
-# ---- processes by allocation id -----------------------------------------------------------------
-
-ENV_ALLOC = "GPULAB_ALLOCATION_ID"
-ENV_HUB = "GPULAB_HUB_ID"
-
-
-def _process_env(pid: int) -> dict[str, str]:
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return {}
-    env = {}
-    for item in raw.split(b"\0"):
-        key, sep, value = item.partition(b"=")
-        if sep and key in (ENV_ALLOC.encode(), ENV_HUB.encode()):
-            env[key.decode()] = value.decode(errors="replace")
-    return env
-
-
-def _pids() -> list[int]:
-    return [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()]
-
-
-def allocation_ids_running(hub_id: str) -> set[str]:
-    ids = set()
-    for pid in _pids():
-        env = _process_env(pid)
-        if env.get(ENV_HUB) == hub_id and ENV_ALLOC in env:
-            ids.add(env[ENV_ALLOC])
-    return ids
-
-
-def process_start_time(pid: int) -> int | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # Field 22 (starttime), counted after the parenthesised command name.
-    return int(stat.rpartition(")")[2].split()[19])
-
-
-def kill_recorded_pid(alloc: Allocation) -> int:
-    """SIGKILL the recorded server process if it is still the same process.
-
-    Servers forked by the fork server never exec, so their /proc environ doesn't show the
-    allocation id; the pid with its start time identifies them instead.
-    """
-    if not alloc.pid or alloc.pid_start is None:
-        return 0
-    if process_start_time(alloc.pid) != alloc.pid_start:
-        return 0
-    try:
-        os.kill(alloc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        return 0
-    return 1
-
-
-def kill_allocation_processes(hub_id: str | None, alloc_id: str) -> int:
-    """SIGKILL every process whose environment carries ``alloc_id`` (server and kernels)."""
-    killed = 0
-    for pid in _pids():
-        env = _process_env(pid)
-        if env.get(ENV_ALLOC) != alloc_id or (hub_id is not None and env.get(ENV_HUB) != hub_id):
-            continue
-        try:
-            os.kill(pid, signal.SIGKILL)
-            killed += 1
-        except ProcessLookupError:
-            pass
-    return killed

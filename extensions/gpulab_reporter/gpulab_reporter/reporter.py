@@ -204,7 +204,7 @@ class Reporter:
                 request_timeout=30,
             )
             try:
-                await client.fetch(req)
+                resp = await client.fetch(req)
             except HTTPClientError as e:
                 if e.code in (400, 403, 413):
                     # The service will never take these: keep them aside for an operator.
@@ -223,6 +223,19 @@ class Reporter:
                 self.log.warning("gpulab_reporter: billing unreachable (%s); retrying", e)
                 backoff = min(max(2 * backoff, 1.0), self.max_backoff)
                 continue
+            self._log_rejected(resp.body)
             self.spool.done(files)
             backoff = 0.0
             self.wake.set()  # more may be waiting
+
+    def _log_rejected(self, body: bytes | None) -> None:
+        """Billing takes a batch but may reject single events (outside this server's session,
+        e.g. left in the spool by an earlier run): say which, since they are dropped."""
+        try:
+            rejected = json.loads(body or b"{}").get("rejected") or []
+        except (ValueError, AttributeError):
+            return
+        for r in rejected[:10]:
+            self.log.warning("gpulab_reporter: billing rejected an event: %s", r.get("message"))
+        if len(rejected) > 10:
+            self.log.warning("gpulab_reporter: ... and %i more", len(rejected) - 10)

@@ -1,0 +1,147 @@
+"""Compensation: a credit for work lost to a platform reclaim whose checkpoint did not save it.
+
+When the platform takes a server away (spot preemption, the zero-balance move to no-GPU, a node
+failure) and the user's checkpoint failed or timed out, the work since the last good save is lost
+through no choice of the user's. The hub posts a compensation for that server session
+(``POST api/v1/users/NAME/compensations``, admins and the hub's services only); billing credits
+the amount its rule gives (``BillingService.compensation_rule``) as a ``compensation`` ledger entry
+tied to the session, once per idempotency key.
+
+Rules (one string, so that an operator sets one traitlet):
+
+- ``last-minutes:N``: what the session was charged for its last N minutes of billed time (before
+  its stop, or before the reclaim time the hub gives while the stop is not in yet), at the prices
+  it was rated at (spot capped at the bid); nothing billed then, nothing credited;
+- ``fixed:AMOUNT``: a fixed amount in the catalog currency, e.g. ``fixed:1.00``.
+
+The amount is computed when the compensation is posted and never re-computed: a replay of the
+same key answers the entry already made.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+
+from sqlalchemy import Connection, select
+
+from gpulab.billing_service import ledger
+from gpulab.billing_service.metering import session_intervals
+from gpulab.billing_service.models import MICRO, LedgerEntry, ServerSession
+from gpulab.billing_service.rating import PriceBook, bid_of, format_money, merge, to_micro
+
+KIND = "compensation"
+REASONS = ("spot-preemption", "zero-balance", "node-failure")
+CHECKPOINT_OUTCOMES = ("failed", "timeout")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A parsed ``BillingService.compensation_rule``."""
+
+    minutes: float | None = None
+    fixed_micro: int | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> Rule:
+        kind, _, value = text.partition(":")
+        try:
+            if kind == "last-minutes":
+                minutes = float(value)
+                if not 0 < minutes <= 24 * 60:
+                    raise ValueError
+                return cls(minutes=minutes)
+            if kind == "fixed":
+                micro = to_micro(Decimal(value))
+                if micro <= 0:
+                    raise ValueError
+                return cls(fixed_micro=micro)
+        except (ValueError, InvalidOperation):
+            pass
+        raise ValueError(
+            f"compensation_rule: {text!r}; expected 'last-minutes:N' (0 < N <= 1440) or "
+            "'fixed:AMOUNT' (a positive amount with at most 6 decimals, e.g. 'fixed:1.00')"
+        )
+
+    def describe(self, currency: str) -> str:
+        if self.minutes is not None:
+            return f"the charge of the session's last {self.minutes:g} minutes"
+        return f"a fixed {currency} {format_money(self.fixed_micro or 0)}"
+
+    def amount(self, conn: Connection, prices: PriceBook, sess, until_us: int) -> int:
+        """The credit for ``sess`` under this rule; ``until_us`` ends the window of an open
+        session (the reclaim time, else now)."""
+        if self.fixed_micro is not None:
+            return self.fixed_micro
+        end = sess.stopped_us if sess.stopped_us is not None else until_us
+        start = end - round((self.minutes or 0) * 60 * MICRO)
+        window = [
+            (max(a, start), min(b, end))
+            for a, b in merge(session_intervals(conn, sess))
+            if min(b, end) > max(a, start)
+        ]
+        return prices.cost_micro(
+            sess.gpu_type, sess.gpus, sess.pricing, window, bid_of(sess.options)
+        )
+
+
+def find_session(conn: Connection, user: str, server: str, at_us: int | None):
+    """The session of ``user``'s ``server`` in force at ``at_us`` (the latest one started at or
+    before it), or the server's latest session when no time is given; None if there is none."""
+    q = select(ServerSession).where(ServerSession.user == user, ServerSession.server == server)
+    if at_us is not None:
+        q = q.where(ServerSession.started_us <= at_us)
+    return conn.execute(
+        q.order_by(ServerSession.started_us.desc(), ServerSession.id.desc()).limit(1)
+    ).first()
+
+
+def compensate(
+    conn: Connection,
+    prices: PriceBook,
+    rule: Rule,
+    sess,
+    *,
+    reason: str,
+    checkpoint: str,
+    key: str,
+    note: str,
+    actor: str,
+    now_us: int,
+    until_us: int,
+) -> tuple[LedgerEntry, bool]:
+    """Credit ``sess``'s owner once per ``key``: (the ledger entry, whether it was made now).
+
+    Raises ``ledger.IdempotencyConflict`` when the key was used for another session or kind."""
+    stored_key = f"{KIND}:{key}"
+    row = conn.execute(select(LedgerEntry).where(LedgerEntry.idempotency_key == stored_key)).first()
+    if row is None:
+        amount = rule.amount(conn, prices, sess, until_us)
+        text = (
+            f"{reason}, checkpoint {checkpoint}: {rule.describe(prices.catalog.currency)} "
+            f"(session {sess.id}, server {sess.server or 'default'})"
+        )
+        if note:
+            text += f"; {note}"
+        entry_id = ledger.post(
+            conn,
+            sess.user,
+            KIND,
+            amount,
+            now_us,
+            session_id=sess.id,
+            key=stored_key,
+            note=text,
+            actor=actor,
+        )
+        row = conn.execute(
+            select(LedgerEntry).where(LedgerEntry.idempotency_key == stored_key)
+        ).one()
+        if entry_id is not None:
+            return row, True
+    if (row.kind, row.user, row.session_id) != (KIND, sess.user, sess.id):
+        raise ledger.IdempotencyConflict(
+            f"idempotency_key {key!r} was already used for a {row.kind} of {row.user}'s "
+            f"session {row.session_id}"
+        )
+    return row, False

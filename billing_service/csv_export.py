@@ -1,0 +1,166 @@
+"""The statement as CSV (``/services/billing/statement.csv``), for users and admins alike.
+
+One ``server`` row per session (its pricing, the price per card-hour it was rated at (the average
+for spot), its bid, capped seconds, billed seconds and amount), then a ``rate`` row per run of
+billed time at one price (each spot price in force; a price above the bid is charged at the bid
+and the row gives the ``price_in_force`` it replaced), a ``kernel`` row per kernel, an ``app`` row
+per app run and a ``compensation`` row per credit for lost work (its amount negative: it lowers
+what the session cost). Prices are per card-hour (per hour in no-GPU mode).
+
+Spreadsheet formulas: kernel and app ids, server names and notes come from users, so any cell
+that a spreadsheet would read as a formula (starting with ``=``, ``+``, ``-``, ``@``, a tab or a
+carriage return) is prefixed with ``'``, which spreadsheets show as text. Cells that are plain
+decimal numbers (amounts, seconds, prices, and negative ones among them) are left as they are, so
+numeric columns stay numbers: a number is never a formula.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+from typing import Any
+
+from tornado import web
+
+from gpulab.billing_service import statements
+from gpulab.billing_service.handlers import BaseHandler, month_start, now_us, parse_time
+
+# What a spreadsheet may take for the start of a formula (OWASP "CSV injection").
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+NUMBER = re.compile(r"-?\d+(\.\d+)?([eE][-+]?\d+)?\Z")
+
+
+def safe_cell(value: Any) -> str:
+    """A CSV cell that no spreadsheet evaluates: text that could start a formula gets a leading
+    apostrophe; plain decimal numbers (also negative ones) stay numbers."""
+    if value is None:
+        return ""
+    text = str(value)
+    if text.startswith(FORMULA_START) and not NUMBER.match(text):
+        return "'" + text
+    return text
+
+
+COLUMNS = (
+    "session",
+    "server",
+    "mode",
+    "pricing",
+    "row",
+    "started",
+    "stopped",
+    "kernel_id",
+    "kernel_seconds",
+    "app_id",
+    "app_seconds",
+    "price_per_card_hour",
+    "billed_seconds",
+)
+# After the amount, so that readers of the older layout find every column where it was.
+EXTRA = ("bid_per_card_hour", "price_in_force", "capped_seconds", "note")
+
+
+def statement_rows(usage: dict[str, Any]) -> list[dict[str, Any]]:
+    """The CSV's rows (unescaped) from a usage statement (``statements.usage``)."""
+    amount = f"amount_{usage['currency']}"
+    rows: list[dict[str, Any]] = []
+    for s in usage["servers"]:
+        base = {
+            "session": s["session"],
+            "server": s["server"],
+            "mode": s["mode"],
+            "pricing": s["pricing"],
+        }
+        spot = s.get("spot", {})
+        per_card = spot.get("average_price_per_card_hour")
+        if per_card is None:
+            per_card = s["rates"][0]["price_per_card_hour"] if s["rates"] else ""
+        rows.append(
+            {
+                **base,
+                "row": "server",
+                "started": s["started"],
+                "stopped": s["stopped"],
+                "price_per_card_hour": per_card,
+                "billed_seconds": s["billed_seconds"],
+                amount: s["amount"]["exact"],
+                "bid_per_card_hour": spot.get("bid_per_card_hour"),
+                "capped_seconds": spot.get("capped_seconds", ""),
+            }
+        )
+        for r in s["rates"]:
+            rows.append(
+                {
+                    **base,
+                    "row": "rate",
+                    "started": r["from"],
+                    "stopped": r["to"],
+                    "price_per_card_hour": r["price_per_card_hour"],
+                    "billed_seconds": r["billed_seconds"],
+                    "price_in_force": r.get("price_in_force", ""),
+                    "capped_seconds": r["billed_seconds"] if r.get("capped") else "",
+                }
+            )
+        for k in s["kernels"]:
+            rows.append(
+                {
+                    **base,
+                    "row": "kernel",
+                    "started": k["first_seen"],
+                    "stopped": k["last_seen"],
+                    "kernel_id": k["kernel_id"],
+                    "kernel_seconds": k["kernel_seconds"],
+                }
+            )
+        for a in s["apps"]:
+            rows.append(
+                {
+                    **base,
+                    "row": "app",
+                    "started": a["first_seen"],
+                    "stopped": a["last_seen"],
+                    "app_id": a["app_id"],
+                    "app_seconds": a["app_seconds"],
+                }
+            )
+        for c in s.get("compensations", []):
+            rows.append(
+                {
+                    **base,
+                    "row": "compensation",
+                    "started": c["created"],
+                    amount: f"-{c['amount']['exact']}" if c["amount"]["micro"] else "0",
+                    "note": c["note"],
+                }
+            )
+    return rows
+
+
+def render(usage: dict[str, Any]) -> str:
+    """The statement as CSV text, every cell neutralised (``safe_cell``)."""
+    buf = io.StringIO()
+    header = [*COLUMNS, f"amount_{usage['currency']}", *EXTRA]
+    w = csv.DictWriter(buf, header, restval="")
+    w.writeheader()
+    for row in statement_rows(usage):
+        w.writerow({k: safe_cell(v) for k, v in row.items()})
+    return buf.getvalue()
+
+
+class CsvHandler(BaseHandler):
+    """``statement.csv?user=&from=&to=``: a user's own statement, or any user's for an admin."""
+
+    @web.authenticated
+    async def get(self) -> None:
+        name = self.get_argument("user", self.current_user["name"])
+        self.require_user(name)
+        now = now_us()
+        to_us = parse_time("to", self.get_argument("to", None), now)
+        from_us = parse_time("from", self.get_argument("from", None), month_start(now))
+        usage = await self.billing.read(statements.usage, self.billing.prices, name, from_us, to_us)
+        self.set_header("Content-Type", "text/csv; charset=utf-8")
+        # The file name carries the user name: keep it to characters a header cannot misread.
+        safe_name = re.sub(r"[^A-Za-z0-9._-]", "_", name)
+        self.set_header("Content-Disposition", f'attachment; filename="statement-{safe_name}.csv"')
+        self.finish(render(usage))

@@ -1,0 +1,94 @@
+"""What the market answers a spawn: :class:`MarketAnswer` when it may not allocate now, and
+:class:`Admission`, an answer handed on to the spawner.
+
+:meth:`SpotMarket.admit` decides and changes the market's state; this module holds the pure part:
+the reasons a spot request cannot start (:func:`spot_problems`) and the messages the user reads
+(in the spawn form, or the REST API's answer) when a request is queued or refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+
+class MarketAnswer(Exception):
+    """A spawn that the market does not start now. ``status`` 202: queued; 409: refused."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Admission:
+    """The market's answer to one spawn, asked before JupyterHub's spawn began and handed to the
+    spawner, so that its start does not ask again: admission changes the market's state (bids,
+    the queue, reclaims) and must run once per spawn."""
+
+    options: dict[str, Any]  # the spawn options it answered, as ServerOptions.to_json() gives
+    refusal: MarketAnswer | None = None  # None: admitted
+
+
+def spot_problems(
+    slug: str,
+    price: Decimal,
+    bid: Decimal,
+    cards: int,
+    counts: dict[str, int],
+    windows_only: bool,
+    low_window: bool,
+    windows: str,
+    on_demand_waiting: bool,
+    currency: str,
+) -> list[str]:
+    """Why a spot request for ``cards`` of ``slug`` at ``bid`` cannot start now (empty: it
+    can). ``counts`` has the type's total and free cards; ``windows`` describes the low-price
+    windows for the user."""
+    problems = []
+    if price > bid:
+        problems.append(
+            f"the spot price of {slug} is {price} {currency}/card-hour, above your max_price {bid}"
+        )
+    if counts["free"] < cards:
+        problems.append(f"{counts['free']} of {counts['total']} {slug} cards are free")
+    if windows_only and not low_window:
+        problems.append(f"it is outside the low-price windows ({windows})")
+    if on_demand_waiting:
+        problems.append(f"on-demand requests are waiting for {slug}")
+    return problems
+
+
+def reclaiming(slug: str, entry_id: str, warning_seconds: float) -> MarketAnswer:
+    """An on-demand request queued while a spot server is reclaimed for it."""
+    return MarketAnswer(
+        202,
+        f"No {slug} card is free; a spot server is being reclaimed for you (its user has "
+        f"a {warning_seconds:.0f} s warning). Your request is queued as "
+        f"{entry_id} and your server starts by itself when the card frees. "
+        "See GET /hub/api/gpulab/spot/queue.",
+    )
+
+
+def queued(entry_id: str, problems: Sequence[str], price: Decimal, currency: str) -> MarketAnswer:
+    """A spot request that waits (it asked to, or is window-only) for its price or a card."""
+    return MarketAnswer(
+        202,
+        f"Queued as {entry_id}: " + "; ".join(problems) + ". Your server starts by "
+        "itself when a card is free and the price is at most your max_price. Current "
+        f"spot price: {price} {currency}/card-hour. See or cancel it at "
+        "/hub/api/gpulab/spot/queue.",
+    )
+
+
+def refused(problems: Sequence[str], price: Decimal, currency: str) -> MarketAnswer:
+    """A spot request that cannot start now and did not ask to wait."""
+    return MarketAnswer(
+        409,
+        "Spot server not started: " + "; ".join(problems) + f". Current spot price: {price} "
+        f"{currency}/card-hour. Raise the max price, or queue the request (the form's queue "
+        'option; "wait": true in the API).',
+    )
