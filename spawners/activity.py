@@ -55,7 +55,7 @@ class Span:
             "server": server,
             "span": self.id,
             "first": self.first,
-            "last": self.last,
+            "t": self.last,
         }
 
 

@@ -58,6 +58,16 @@ class GpuSpawnerMixin(HasTraits):
         message for the user (gpulab's billing uses it to refuse starts the balance cannot pay).""",
     )
 
+    afford_hook = AnyTrait(
+        None,
+        allow_none=True,
+        config=True,
+        help="""An async callable(spawner, options) that raises SpawnError (402) when the user
+        cannot pay for a server with these ServerOptions (gpulab's billing sets it). gpulab asks
+        it before anything is stopped, reserved or reclaimed for a request: a switch, a spot
+        market pre-check, a start.""",
+    )
+
     ready_redirect_wait = Float(
         3.0,
         config=True,
@@ -70,6 +80,11 @@ class GpuSpawnerMixin(HasTraits):
     @property
     def pool(self) -> GpuPool:
         return GpuPool.instance(config=self.config)
+
+    async def check_affordable(self, options: ServerOptions) -> None:
+        """Raise SpawnError (402) when the user cannot pay for ``options`` (see afford_hook)."""
+        if self.afford_hook is not None:
+            await self.afford_hook(self, options)
 
     # ---- node hooks, called by the hub's plugin ------------------------------------------------
 

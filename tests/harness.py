@@ -214,6 +214,52 @@ class Hub:
         return Kernel(self, name)
 
 
+class ConfigFileHub(Hub):
+    """A hub started as ``jupyterhub -f CONFIG``, with gpulab's settings in GPULAB_* variables."""
+
+    def __init__(
+        self, data_dir: Path, config_file: Path, env: dict[str, str] | None = None
+    ) -> None:
+        super().__init__(
+            data_dir, cli=[str(VENV_BIN / "jupyterhub"), "-f", str(config_file)], env=env
+        )
+        self.config_file = config_file
+
+    def start(self, timeout: float = 90) -> ConfigFileHub:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        passable_for_accounts(self.data_dir)
+        env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("GPULAB_")},
+            # Only the data dir is required; the ports keep clear of other hubs on this machine.
+            "GPULAB_DATA_DIR": str(self.data_dir),
+            "GPULAB_PORT": str(self.port),
+            "GPULAB_HUB_PORT": str(self.hub_port),
+            "GPULAB_PROXY_API_PORT": str(self.proxy_api_port),
+            "PATH": os.pathsep.join([str(VENV_BIN), os.environ.get("PATH", os.defpath)]),
+            **self.extra_env,
+        }
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                self.cli,
+                env=env,
+                cwd=self.config_file.parent,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+        def up() -> bool:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"hub exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                return requests.get(f"{self.url}/hub/api/", timeout=2).status_code == 200
+            except requests.RequestException:
+                return False
+
+        wait_for(up, timeout, what="the hub to answer")
+        return self
+
+
 class Kernel:
     """A real kernel in a user's server, driven over the Jupyter kernel websocket API."""
 
