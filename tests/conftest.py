@@ -62,7 +62,11 @@ def hub(tmp_path_factory, chp_installed) -> Hub:
     h = Hub(
         data,
         simulate="A100-80G:2,RTX-4090:2",
-        extra_args=["--GpuLocalSpawner.ready_redirect_wait=20"],
+        extra_args=[
+            "--GpuLocalSpawner.ready_redirect_wait=20",
+            # The spot tests' webhook receivers listen on loopback, which is refused by default.
+            "--SpotMarket.webhook_allowed_networks=127.0.0.0/8",
+        ],
     ).start()
     yield h
     h.stop()
