@@ -1,5 +1,8 @@
 # gpulab: `make run` starts the platform on http://127.0.0.1:8000, `make test` runs the whole suite.
-PYTHON ?= python3
+# A root hub runs each user's server as that user's own Unix account, which must be able to run
+# this Python: prefer the system's interpreter (under /usr) to one in a private home (pyenv in
+# /root, mode 0700).
+PYTHON ?= $(shell for p in /usr/bin/python3 python3; do $$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null && { echo $$p; break; }; done)
 VENV ?= .venv
 BIN := $(VENV)/bin
 ARGS ?=

@@ -32,6 +32,7 @@ from gpulab.billing_service.models import Event, KernelSpan, ServerSession
 from gpulab.billing_service.rating import PriceBook, bid_of, merge
 from gpulab.billing_service.schemas import (
     APP_PREFIX,
+    ActivityEvent,
     AppEvent,
     Heartbeat,
     KernelEvent,
@@ -167,6 +168,11 @@ def _apply(
             resession.add((ev.user, ev.server))
         elif isinstance(ev, ServerStop):
             resession.add((ev.user, ev.server))
+        elif isinstance(ev, ActivityEvent):
+            see(ev, ev.unit, "observed activity")
+            spans[(ev.user, ev.server, ev.unit)][0] = min(
+                spans[(ev.user, ev.server, ev.unit)][0], ev.first_us
+            )
         elif isinstance(ev, KernelEvent | AppEvent):
             see(ev, ev.unit, ev.name)
         elif isinstance(ev, Heartbeat):

@@ -23,6 +23,14 @@ Hub events (from the hub's spawner hooks, with a token holding ``admin:users``):
     {"id": "…", "kind": "server_start", "user": "alice", "server": "", "t": …,
      "gpu": "a100-80g" | "none", "gpus": 1, "pricing": "on-demand", "options": {…}}
     {"id": "…", "kind": "server_stop", "user": "alice", "server": "", "t": …}
+    {"id": "…", "kind": "activity", "user": "alice", "server": "", "t": LAST,
+     "span": "ALLOC-1", "first": FIRST}
+
+``activity`` is what the hub itself saw (``gpulab.spawners.activity``): the server had processes
+besides the single-user server (kernels, terminals, apps, anything they started) from ``first``
+to ``t``. It is stored as a span keyed ``observed:SPAN`` next to kernel spans, so a server is
+billed for the union of what the hub observed and what its reporter reported: reports add detail
+but can never remove observed time.
 
 ``t`` is seconds since the Unix epoch (a number); it is stored as integer microseconds.
 """
@@ -50,20 +58,23 @@ REPORTER_KINDS = (
     "app_stop",
     "heartbeat",
 )
-HUB_KINDS = ("server_start", "server_stop")
+HUB_KINDS = ("server_start", "server_stop", "activity")
 MAX_BATCH = 10_000
 # Events from further ahead than this (clock skew) are refused: they could extend a span forever.
 MAX_FUTURE_S = 300
 
 Id = Annotated[str, Field(min_length=1, max_length=128)]
 Name = Annotated[str, Field(max_length=255)]
-# Spans of app runs are stored under this prefix, next to kernel spans (see the module doc).
+# Spans of app runs and of the hub's observed activity are stored under these prefixes, next to
+# kernel spans (see the module doc).
 APP_PREFIX = "app:"
+OBSERVED_PREFIX = "observed:"
 
 
 def _not_app_id(value: str) -> str:
-    if value.startswith(APP_PREFIX):
-        raise ValueError(f"a kernel id may not start with {APP_PREFIX!r} (reserved for apps)")
+    for prefix, what in ((APP_PREFIX, "apps"), (OBSERVED_PREFIX, "the hub's observations")):
+        if value.startswith(prefix):
+            raise ValueError(f"a kernel id may not start with {prefix!r} (reserved for {what})")
     return value
 
 
@@ -141,8 +152,30 @@ class ServerStop(_Event):
     kind: Literal["server_stop"]
 
 
+class ActivityEvent(_Event):
+    """The hub observed the server active from ``first`` to ``t`` (one span, growing)."""
+
+    kind: Literal["activity"]
+    span: Id
+    first: float
+
+    @field_validator("first", mode="before")
+    @classmethod
+    def _first_is_a_time(cls, value: Any) -> Any:
+        return _Event._finite_number(value)
+
+    @property
+    def unit(self) -> str:
+        return OBSERVED_PREFIX + self.span
+
+    @property
+    def first_us(self) -> int:
+        return min(round(self.first * 1_000_000), self.t_us)
+
+
 AnyEvent = Annotated[
-    KernelEvent | AppEvent | Heartbeat | ServerStart | ServerStop, Field(discriminator="kind")
+    KernelEvent | AppEvent | Heartbeat | ServerStart | ServerStop | ActivityEvent,
+    Field(discriminator="kind"),
 ]
 _ADAPTER = TypeAdapter(AnyEvent)
 KINDS = (*REPORTER_KINDS, *HUB_KINDS)

@@ -19,7 +19,7 @@ from gpulab.billing_service.rating import (
     merge,
     round_div,
 )
-from gpulab.billing_service.schemas import APP_PREFIX
+from gpulab.billing_service.schemas import APP_PREFIX, OBSERVED_PREFIX
 
 DAY_US = 86_400 * MICRO
 
@@ -69,13 +69,25 @@ def usage(
 
     servers = []
     per_day: dict[str, dict[str, int]] = defaultdict(lambda: {"billed_us": 0, "charged_micro": 0})
-    total_kernel_us = total_app_us = total_billed_us = total_amount = 0
+    total_kernel_us = total_app_us = total_observed_us = total_billed_us = total_amount = 0
     for s in sessions:
         hi = s.stopped_us if s.stopped_us is not None else NEVER
-        kernels, apps = [], []
+        kernels, apps, observed = [], [], []
         for k in by_session.get(s.id, []):
             a, b = max(k.first_us, s.started_us), min(k.last_us, hi)
             k_us = max(0, b - a)
+            if k.kernel_id.startswith(OBSERVED_PREFIX):
+                # What the hub itself saw running in the server (billed with the kernels).
+                total_observed_us += k_us
+                observed.append(
+                    {
+                        "span": k.kernel_id.removeprefix(OBSERVED_PREFIX),
+                        "first_seen": iso(k.first_us),
+                        "last_seen": iso(k.last_us),
+                        "observed_seconds": k_us / MICRO,
+                    }
+                )
+                continue
             if k.kernel_id.startswith(APP_PREFIX):
                 total_app_us += k_us
                 apps.append(
@@ -129,6 +141,7 @@ def usage(
             "amount": money(s.charged_micro),
             "kernels": kernels,
             "apps": apps,
+            "observed": observed,
             "rates": rate_periods(prices, s, merge(clipped)),
         }
         if s.pricing == "spot":
@@ -180,6 +193,7 @@ def usage(
         "total": {
             "kernel_seconds": total_kernel_us / MICRO,
             "app_seconds": total_app_us / MICRO,
+            "observed_seconds": total_observed_us / MICRO,
             "billed_seconds": total_billed_us / MICRO,
             "amount": money(total_amount),
         },

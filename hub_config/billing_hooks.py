@@ -114,8 +114,16 @@ class BillingHooks:
                 await asyncio.sleep(0.5)
 
     async def before_start(self, spawner) -> None:
+        """Refuse a start the balance cannot pay; else tell billing what the server costs."""
         catalog = spawner.pool.catalog
         opts = spawner.gpulab_options or parse_options(spawner.user_options, catalog)
+        await self.check_balance(spawner, opts)
+        await self.report_start(spawner, opts)
+
+    async def check_balance(self, spawner, opts: ServerOptions) -> None:
+        """Raise SpawnError 402 when the balance cannot pay ``min_minutes`` of ``opts`` (503 when
+        billing cannot be asked): the spawner's ``afford_hook``."""
+        catalog = spawner.pool.catalog
         name = spawner.user.name
         per_hour, price_kind = hourly_price(opts, catalog)
         need = per_hour * Decimal(str(self.min_minutes)) / 60
@@ -137,6 +145,9 @@ class BillingHooks:
                 f"for {self.min_minutes:g} minutes). Top up, or choose {catalog.no_gpu.display_name} "
                 f"({cur} {catalog.no_gpu.price_per_hour}/h).",
             )
+
+    async def report_start(self, spawner, opts: ServerOptions) -> None:
+        name = spawner.user.name
         event = {
             "id": f"hub-start-{uuid.uuid4()}",
             "kind": "server_start",
@@ -164,26 +175,31 @@ class BillingHooks:
             "server": spawner.name or "",
             "t": time.time(),
         }
+        await self.report_events([event], what=f"server_stop of {spawner.owner}")
+
+    async def report_events(self, events: list[dict], what: str = "activity") -> None:
+        """Deliver hub events (server stops, observed activity); when billing is away, keep
+        trying in the background (the same event ids: each is applied once). Never waits for
+        a billing that is down: stops and observation must go on."""
         try:
-            await self._call("POST", "api/v1/events", {"events": [event]})
+            await self._call("POST", "api/v1/events", {"events": events})
         except BillingUnavailable as e:
-            # Keep trying in the background (same event id: applied once); stopping must not wait.
-            log.warning("server_stop of %s not delivered yet: %s", spawner.owner, e)
-            task = asyncio.ensure_future(self._retry(event))
+            log.warning("%s not delivered yet: %s", what, e)
+            task = asyncio.ensure_future(self._retry(events))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _retry(self, event: dict) -> None:
+    async def _retry(self, events: list[dict]) -> None:
         deadline = time.monotonic() + self.retry_for
         delay = 1.0
         while time.monotonic() < deadline:
             await asyncio.sleep(delay)
             try:
-                await self._call("POST", "api/v1/events", {"events": [event]})
+                await self._call("POST", "api/v1/events", {"events": events})
                 return
             except BillingUnavailable:
                 delay = min(delay * 2, 30.0)
-        log.error("gave up delivering %s", event)
+        log.error("gave up delivering %d event(s): %s", len(events), events[:3])
 
 
 def configure_billing(c, data_dir: str, catalog: str, roles: list[dict]) -> None:
@@ -246,7 +262,10 @@ def configure_billing(c, data_dir: str, catalog: str, roles: list[dict]) -> None
         f"{service['url']}/services/billing/", service["api_token"], min_minutes=float(min_minutes)
     )
     c.Spawner.pre_allocate_hook = hooks.before_start
+    c.Spawner.afford_hook = hooks.check_balance
     c.Spawner.post_stop_hook = hooks.after_stop
+    # What the hub observes in each server is billed too (hub_config/observer.py).
+    c.ActivityObserver.report_hook = hooks.report_events
     server_env = dict(c.Spawner.environment) if "environment" in c.Spawner else {}
     server_env["GPULAB_BILLING_URL"] = server_url
     for key in ("GPULAB_REPORTER_HEARTBEAT", "GPULAB_REPORTER_MAX_BACKOFF"):

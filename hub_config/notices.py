@@ -36,3 +36,15 @@ class Notices:
     def for_user(self, user: str, since: float = 0.0) -> list[dict[str, Any]]:
         with self._lock:
             return [n for n in self._data.get(user, []) if n["t"] > since]
+
+
+_STORES: dict[Path, Notices] = {}
+
+
+def notices_for(data_dir: str | os.PathLike) -> Notices:
+    """The notices of a hub's data dir (one store per process)."""
+    path = Path(data_dir) / "notices.json"
+    store = _STORES.get(path)
+    if store is None:
+        store = _STORES[path] = Notices(path)
+    return store

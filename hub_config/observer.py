@@ -2,7 +2,7 @@
 record, and GPUs that nobody uses going back to the pool.
 
 Every ``interval`` seconds (jittered) each running gpulab server is asked for its processes
-other than the single-user server itself (``GpuSpawnerMixin.observe``: its cgroup, its
+other than the single-user server itself (``GpuSpawnerMixin.observe_activity``: its cgroup, its
 container, NVML's processes on its cards). From those samples:
 
 - **billing** gets ``activity`` spans (a hub-only event kind), so a server is billed for what it
@@ -25,19 +25,19 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
+from traitlets import Any as AnyTrait
 from traitlets import Float, Integer
-from traitlets.config import LoggingConfigurable
+from traitlets.config import SingletonConfigurable
 
 from gpulab.hub_config.notices import Notices
 from gpulab.spawners.activity import ActivityTracker, Span
+from gpulab.spawners.market.hub_client import server_path
 
 # (method, path under the hub API, JSON body) -> (status, text)
 HubAPI = Callable[[str, str, Any], Awaitable[tuple[int, str]]]
-# a batch of billing events -> delivered (or queued for retry)
-Report = Callable[[list[dict[str, Any]]], Awaitable[None]]
 
 
-class ActivityObserver(LoggingConfigurable):
+class ActivityObserver(SingletonConfigurable):
     """Samples every running server's processes; see the module docstring."""
 
     interval = Float(
@@ -70,17 +70,34 @@ class ActivityObserver(LoggingConfigurable):
         0 turns this off.""",
     )
 
+    report_interval = Float(
+        15.0,
+        config=True,
+        help="""At most this often (seconds) billing hears that an open span grew; a span that
+        opens or closes is reported at once. Nothing is lost in between if the hub dies: spans
+        reopen from the processes' own start times.""",
+    )
+
+    report_hook = AnyTrait(
+        None,
+        allow_none=True,
+        config=True,
+        help="""An async callable(events) that delivers ``activity`` events to billing (set by
+        gpulab's billing wiring). None: activity is observed (last_activity, idle GPUs) but not
+        billed.""",
+    )
+
     max_concurrent = Integer(
         16,
         config=True,
         help="How many servers are sampled at the same time (each sample may be a Docker call).",
     )
 
-    def __init__(self, *, hub_api: HubAPI, report: Report, notices: Notices, **kwargs) -> None:
+    def __init__(self, *, hub_api: HubAPI, notices: Notices, **kwargs) -> None:
         super().__init__(**kwargs)
         self.hub_api = hub_api
-        self.report = report
         self.notices = notices
+        self._reported: dict[str, float] = {}  # span id -> its last reported ``last``
         self.trackers: dict[str, ActivityTracker] = {}  # owner -> its current session's tracker
         self._activity_sent: dict[str, float] = {}
         self._acting: set[str] = set()
@@ -115,19 +132,27 @@ class ActivityObserver(LoggingConfigurable):
         for owner in list(self.trackers):
             if owner not in seen:
                 events.extend(self._end(owner))
-        if events:
-            await self.report(events)
+        if events and self.report_hook is not None:
+            await self.report_hook(events)
 
-    def session_ended(self, spawner: Any) -> list[dict[str, Any]]:
-        """The server stopped: its open span closes at the last sample (events to report)."""
-        return self._end(spawner.owner)
+    def _due(self, span: Span, now: float) -> bool:
+        last = self._reported.get(span.id)
+        if span.closed:
+            self._reported.pop(span.id, None)
+            return last != span.last
+        if last is None or now - last >= self.report_interval:
+            self._reported[span.id] = span.last
+            return True
+        return False
 
     def _end(self, owner: str) -> list[dict[str, Any]]:
         tracker = self.trackers.pop(owner, None)
         self._activity_sent.pop(owner, None)
         span = tracker.close() if tracker is not None else None
         user, _, server = owner.partition("/")
-        return [span.to_event(user, server)] if span is not None else []
+        if span is None or not self._due(span, span.last):
+            return []
+        return [span.to_event(user, server)]
 
     async def _observe(self, spawner: Any) -> list[dict[str, Any]]:
         alloc = spawner.allocation
@@ -142,12 +167,14 @@ class ActivityObserver(LoggingConfigurable):
             )
         else:
             ended = []
-        obs = await spawner.observe()
+        obs = await spawner.observe_activity()
         if obs is None:
             return ended
         span: Span | None = tracker.update(obs)
         user, _, server = owner.partition("/")
-        events = [*ended, *([span.to_event(user, server)] if span is not None else [])]
+        events = list(ended)
+        if span is not None and self._due(span, obs.t):
+            events.append(span.to_event(user, server))
         if obs.active:
             await self._note_activity(owner, obs.t)
         elif owner not in self._acting:
@@ -187,6 +214,10 @@ class ActivityObserver(LoggingConfigurable):
             path = f"/gpulab/users/{quote(user)}/switch"
             code, text = await self.hub_api("POST", path, {"gpu": "none"})
             kind = "gpu-idle"
+            if code == 402:
+                # Not even no-GPU mode can be paid: the cards go back all the same.
+                message = f"No activity on your GPU server for {minutes}: it was stopped."
+                code, text = await self.hub_api("DELETE", server_path(user, server), None)
         else:
             message = f"No activity on your server for {minutes}: it was stopped."
             path = (

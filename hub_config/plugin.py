@@ -7,8 +7,9 @@ Two moments:
   service and spawner hooks.
 - **hub start**, :func:`attach` (called by the authenticator's ``get_handlers``: JupyterHub asks
   only its authenticator for routes mounted *ahead* of its own, and hands it the app): the GPU pool
-  and its orphan sweep, the spawner class's node hooks, the spot market's loop, and the routes of
-  :mod:`.api` (gpulab's JSON API) and :mod:`.overrides` (JupyterHub pages gpulab changes).
+  and its orphan sweep, the spawner class's node hooks, the spot market's loop, the activity
+  observer (:mod:`.observer`), and the routes of :mod:`.api` (gpulab's JSON API) and
+  :mod:`.overrides` (JupyterHub pages gpulab changes).
 
 Sweeps and the market wait until the hub answers on its own REST API: JupyterHub restores its
 spawners before it listens (``init_spawners_timeout = -1``, set here), so from then on an
@@ -24,6 +25,8 @@ from tornado.httpclient import AsyncHTTPClient
 
 from gpulab.hub_config import api, overrides
 from gpulab.hub_config.billing_hooks import configure_billing
+from gpulab.hub_config.notices import notices_for
+from gpulab.hub_config.observer import ActivityObserver
 from gpulab.hub_config.scopes import (
     CUSTOM_SCOPES,
     MARKET_SERVICE,
@@ -31,6 +34,8 @@ from gpulab.hub_config.scopes import (
     base_roles,
 )
 from gpulab.spawners.market.hub import SpotMarket
+from gpulab.spawners.market.hub_client import HubClient
+from gpulab.spawners.mixin import GpuSpawnerMixin
 from gpulab.spawners.node.pool import GpuPool
 
 AUTHENTICATOR = "gpulab.hub_config.auth.GpulabAuthenticator"
@@ -83,7 +88,23 @@ def attach(app: Any) -> list[tuple[str, type]]:
             market.hub_api_url = app.hub.api_url
         market.find_spawner = lambda owner: _find_spawner(app, owner)
         market.start(after=ready)
+        observer = ActivityObserver.instance(
+            config=app.config,
+            hub_api=HubClient(market.hub_api_url, market.api_token).request,
+            notices=notices_for(pool.data_dir),
+        )
+        observer.start(lambda: running_spawners(app), after=ready)
     return routes()
+
+
+def running_spawners(app: Any) -> list[Any]:
+    """The hub's gpulab servers that are up (not starting or stopping)."""
+    return [
+        spawner
+        for user in list(app.users.values())
+        for spawner in list(user.spawners.values())
+        if isinstance(spawner, GpuSpawnerMixin) and spawner.ready
+    ]
 
 
 def _find_spawner(app: Any, owner: str) -> Any:

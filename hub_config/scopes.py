@@ -88,11 +88,12 @@ def base_roles(admin_name: str, *, admin_service: bool) -> list[dict[str, Any]]:
             "services": [ADMIN_SERVICE] if admin_service else [],
         }
     )
-    # The spot market starts queued servers and stops reclaimed ones through the REST API.
+    # The spot market starts queued servers and stops reclaimed ones through the REST API; the
+    # activity observer (same service) records servers' activity and moves idle GPUs.
     roles.append(
         {
             "name": MARKET_SERVICE,
-            "scopes": ["admin:servers", "read:users", READ_POOL_SCOPE],
+            "scopes": ["admin:servers", "read:users", "users:activity", READ_POOL_SCOPE],
             "services": [MARKET_SERVICE],
         }
     )

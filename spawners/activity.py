@@ -4,7 +4,7 @@ Billing must not rest on what a user's server says about itself. So the hub look
 a server is *active* while it has any process besides the single-user server itself (a kernel, a
 terminal, a proxied app, anything they started, however detached), found where the user cannot
 hide it (the server's cgroup or container). Each spawner class lists those processes
-(``GpuSpawnerMixin.observe``); this module turns the samples into spans.
+(``GpuSpawnerMixin.observe_activity``); this module turns the samples into spans.
 
 A span never claims more than was seen: it starts at the earliest start time of the processes
 that opened it (read from the kernel, so a sample that comes late, or a hub restart in the middle,
@@ -55,7 +55,7 @@ class Span:
             "server": server,
             "span": self.id,
             "first": self.first,
-            "last": self.last,
+            "t": self.last,
         }
 
 

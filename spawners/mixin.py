@@ -58,6 +58,16 @@ class GpuSpawnerMixin(HasTraits):
         message for the user (gpulab's billing uses it to refuse starts the balance cannot pay).""",
     )
 
+    afford_hook = AnyTrait(
+        None,
+        allow_none=True,
+        config=True,
+        help="""An async callable(spawner, options) that raises SpawnError (402) when the user
+        cannot pay for a server with these ServerOptions (gpulab's billing sets it). gpulab asks
+        it before anything is stopped, reserved or reclaimed for a request: a switch, a spot
+        market pre-check, a start.""",
+    )
+
     ready_redirect_wait = Float(
         3.0,
         config=True,
@@ -70,6 +80,11 @@ class GpuSpawnerMixin(HasTraits):
     @property
     def pool(self) -> GpuPool:
         return GpuPool.instance(config=self.config)
+
+    async def check_affordable(self, options: ServerOptions) -> None:
+        """Raise SpawnError (402) when the user cannot pay for ``options`` (see afford_hook)."""
+        if self.afford_hook is not None:
+            await self.afford_hook(self, options)
 
     # ---- node hooks, called by the hub's plugin ------------------------------------------------
 
@@ -182,6 +197,16 @@ class GpuSpawnerMixin(HasTraits):
                     ", ".join(released.uuids) or "none",
                 )
             self.allocation = None
+
+    def resource_limits(self, alloc: Allocation) -> tuple[float, str]:
+        """(CPUs, memory such as "32G") of a server with this allocation, from the catalog."""
+        catalog = self.pool.catalog
+        if alloc.gpu_type is None:
+            return catalog.no_gpu.cpus, catalog.no_gpu.mem
+        gpu_type = catalog.gpu_types[alloc.gpu_type]
+        n = len(alloc.uuids)
+        number, unit = gpu_type.mem_per_card[:-1], gpu_type.mem_per_card[-1]
+        return gpu_type.cpus_per_card * n, f"{float(number) * n:g}{unit}"
 
     def gpu_env(self, alloc: Allocation) -> dict[str, str]:
         """The environment that pins a server to its cards (and says what it is)."""

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
+import time
 import uuid
 from pathlib import Path
 
@@ -85,7 +87,11 @@ def hub(tmp_path_factory, chp_installed) -> Hub:
     yield factory(
         "hub",
         simulate="A100-80G:2,RTX-4090:2",
-        extra_args=["--GpuLocalSpawner.ready_redirect_wait=20"],
+        extra_args=[
+            "--GpuLocalSpawner.ready_redirect_wait=20",
+            # The spot tests' webhook receivers listen on loopback, which is refused by default.
+            "--SpotMarket.webhook_allowed_networks=127.0.0.0/8",
+        ],
     )
     factory.close()
 
@@ -166,3 +172,27 @@ def pytest_sessionfinish(session, exitstatus) -> None:
         reporter.stats.setdefault("error", []).append(report)
     if session.exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+# A root hub runs each server as its user's own account, whose home is in the test's data dir:
+# pytest's own temp root (/tmp/pytest-of-root) is private (0700, reset at every session start),
+# so sessions run as root use a temp root of their own that those accounts may pass through
+# (0711: no listing).
+SHARED_TMP = Path("/tmp/gpulab-pytest")
+
+
+def pytest_configure(config) -> None:
+    if os.geteuid() != 0 or config.option.basetemp:
+        return
+    SHARED_TMP.mkdir(mode=0o711, exist_ok=True)
+    SHARED_TMP.chmod(0o711)
+    for old in SHARED_TMP.iterdir():  # runs of other days
+        if time.time() - old.stat().st_mtime > 12 * 3600:
+            shutil.rmtree(old, ignore_errors=True)
+    config.option.basetemp = tempfile.mkdtemp(prefix="run-", dir=SHARED_TMP)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def homes_reachable(tmp_path_factory) -> None:
+    if os.geteuid() == 0:
+        tmp_path_factory.getbasetemp().chmod(0o711)

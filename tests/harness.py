@@ -70,6 +70,19 @@ def wait_for(predicate, timeout: float = 30, interval: float = 0.1, what: str = 
         time.sleep(interval)
 
 
+def passable_for_accounts(path: Path) -> None:
+    """A root hub's servers run as their users' own accounts, with homes in the data dir: let
+    them pass through the test's temp folders (pytest makes each 0700) down to it."""
+    if os.geteuid() != 0:
+        return
+    for folder in [path, *path.parents]:
+        if folder == Path("/") or not folder.is_relative_to("/tmp"):
+            break
+        mode = folder.stat().st_mode & 0o777
+        if not mode & 0o001:
+            folder.chmod(mode | 0o011)
+
+
 class Hub:
     """A gpulab hub in its own data dir, on free loopback ports, with an admin API token."""
 
@@ -105,6 +118,7 @@ class Hub:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         if self.data_dir not in STARTED_DATA_DIRS:
             STARTED_DATA_DIRS.append(self.data_dir)
+        passable_for_accounts(self.data_dir)
         env = {**os.environ, "GPULAB_ADMIN_TOKEN": self.token, **self.extra_env}
         args = [
             *self.cli,
@@ -259,6 +273,54 @@ class HubFactory:
             raise errors[0]
 
 
+class ConfigFileHub(Hub):
+    """A hub started as ``jupyterhub -f CONFIG``, with gpulab's settings in GPULAB_* variables."""
+
+    def __init__(
+        self, data_dir: Path, config_file: Path, env: dict[str, str] | None = None
+    ) -> None:
+        super().__init__(
+            data_dir, cli=[str(VENV_BIN / "jupyterhub"), "-f", str(config_file)], env=env
+        )
+        self.config_file = config_file
+
+    def start(self, timeout: float = 90) -> ConfigFileHub:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        if self.data_dir not in STARTED_DATA_DIRS:
+            STARTED_DATA_DIRS.append(self.data_dir)
+        passable_for_accounts(self.data_dir)
+        env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("GPULAB_")},
+            # Only the data dir is required; the ports keep clear of other hubs on this machine.
+            "GPULAB_DATA_DIR": str(self.data_dir),
+            "GPULAB_PORT": str(self.port),
+            "GPULAB_HUB_PORT": str(self.hub_port),
+            "GPULAB_PROXY_API_PORT": str(self.proxy_api_port),
+            "PATH": os.pathsep.join([str(VENV_BIN), os.environ.get("PATH", os.defpath)]),
+            **self.extra_env,
+        }
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                self.cli,
+                env=env,
+                cwd=self.config_file.parent,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+        def up() -> bool:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"hub exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                return requests.get(f"{self.url}/hub/api/", timeout=2).status_code == 200
+            except requests.RequestException:
+                return False
+
+        wait_for(up, timeout, what="the hub to answer")
+        return self
+
+
 class Kernel:
     """A real kernel in a user's server, driven over the Jupyter kernel websocket API."""
 
@@ -276,8 +338,8 @@ class Kernel:
             ws_url, header=[f"Authorization: token {hub.token}"], timeout=60
         )
 
-    def execute(self, code: str, timeout: float = 60) -> str:
-        """Run ``code``; return its stdout plus the repr of its result. Raise on a kernel error."""
+    def send(self, code: str) -> str:
+        """Start running ``code`` without waiting for it; returns the request's message id."""
         msg_id = uuid.uuid4().hex
         self.ws.send(
             json.dumps(
@@ -304,6 +366,11 @@ class Kernel:
                 }
             )
         )
+        return msg_id
+
+    def execute(self, code: str, timeout: float = 60) -> str:
+        """Run ``code``; return its stdout plus the repr of its result. Raise on a kernel error."""
+        msg_id = self.send(code)
         out: list[str] = []
         error = None
         got_reply = got_idle = False
@@ -334,7 +401,11 @@ class Kernel:
         try:
             self.ws.close()
         finally:
-            requests.delete(f"{self.base}/kernels/{self.id}", headers=self.headers, timeout=30)
+            # The server may be gone already (a test stopped it).
+            try:
+                requests.delete(f"{self.base}/kernels/{self.id}", headers=self.headers, timeout=30)
+            except requests.RequestException:
+                pass
 
     def __enter__(self) -> Kernel:
         return self

@@ -19,7 +19,7 @@ from tornado import web
 
 from gpulab.hub_config.api.base import GpulabAPIHandler
 from gpulab.hub_config.scopes import READ_POOL_SCOPE
-from gpulab.spawners.node.allocator import NoCapacity, owner_key
+from gpulab.spawners.node.allocator import RESERVED, NoCapacity, owner_key
 from gpulab.spawners.options import OptionsError, parse_options
 
 
@@ -79,6 +79,8 @@ class SwitchAPIHandler(GpulabAPIHandler):
                 "A running server cannot be switched onto spot pricing; stop it and start a spot "
                 "server (the market then answers with the current price or a queue place)",
             )
+        # Money first: nothing is reserved or stopped for a mode the user cannot pay (402).
+        await spawner.check_affordable(options)
         owner = owner_key(user.name, "")
         try:
             self.pool.allocator.reserve(owner, options.gpu_type, options.gpus)
@@ -97,6 +99,8 @@ class SwitchAPIHandler(GpulabAPIHandler):
             await self.spawn_single_user(user, "", options=options)
         except Exception:
             self.log.exception("Switching %s's server failed", user.name)
+            # Whatever failed, the cards held for the new server go back at once.
+            self.pool.allocator.release(owner_key(user.name, "") + RESERVED)
 
 
 ROUTES = [

@@ -12,7 +12,7 @@ from gpulab.spawners.market.hub import SpotMarket
 from gpulab.spawners.options import OptionsError, parse_options
 
 
-def queue_instead_of_spawn(spawner: Any, raw_options: Any) -> dict[str, Any] | None:
+async def queue_instead_of_spawn(spawner: Any, raw_options: Any) -> dict[str, Any] | None:
     """Ask the market before a spawn begins. When it queues the request, return the queue entry
     (the caller answers "queued" and starts nothing); otherwise None: the spawn goes ahead.
 
@@ -27,8 +27,14 @@ def queue_instead_of_spawn(spawner: Any, raw_options: Any) -> dict[str, Any] | N
         options = parse_options(raw_options or {}, pool.catalog)
     except OptionsError:
         return None
-    market = SpotMarket.instance(config=spawner.config)
     spawner.gpulab_admission = None
+    try:
+        # Money first: a request the user cannot pay must not queue, reserve or reclaim anything
+        # (the spawn then goes ahead and is refused, 402, before it reaches the market).
+        await spawner.check_affordable(options)
+    except Exception:
+        return None
+    market = SpotMarket.instance(config=spawner.config)
     try:
         market.admit(spawner, options)
     except MarketAnswer as e:

@@ -19,7 +19,7 @@ class ServerAPIHandler(UserServerAPIHandler):
         spawner = idle_spawner(self.find_user(user_name), server_name)
         if spawner is not None:
             body = self.get_server_json_body() or {}
-            entry = queue_instead_of_spawn(spawner, body.get("user_options"))
+            entry = await queue_instead_of_spawn(spawner, body.get("user_options"))
             if entry is not None:
                 self.set_status(202)
                 self.finish(

@@ -81,7 +81,7 @@ class SpawnPageHandler(SpawnHandler):
                 options = await maybe_future(spawner.run_options_from_form(form_options))
             except Exception:
                 options = None  # JupyterHub's own handling reports it
-            if options is not None and queue_instead_of_spawn(spawner, options) is not None:
+            if options is not None and await queue_instead_of_spawn(spawner, options) is not None:
                 # 303 to the form (which shows the queued request): answering the POST with the
                 # page itself made a reload post the form again and queue a second request.
                 self.redirect(self.request.path, status=303)

@@ -6,6 +6,9 @@ thread exists, which is what ``unshare(CLONE_NEWNS)`` needs. Datasets arrive in 
 - ``GPULAB_DATASET_MOUNTS``: JSON list of ``[source_dir, target_dir]``;
 - ``GPULAB_DATASET_MODE``: ``bind`` (a private mount namespace with read-only bind mounts, so even
   root inside the server gets EROFS) or ``symlink`` (links to read-only directories).
+
+Then, when the hub runs as root, the server enters its sandbox before any of the user's code runs
+(:func:`enter_sandbox`): it joins its cgroup and becomes its user's own account for good.
 """
 
 from __future__ import annotations
@@ -17,6 +20,9 @@ import json
 import os
 import sys
 from pathlib import Path
+
+ENV_RUN_AS = "GPULAB_RUN_AS"  # "uid:gid:name" of the account the server runs as
+ENV_CGROUP = "GPULAB_CGROUP_PROCS"  # os.pathsep-joined cgroup.procs files the server joins
 
 CLONE_NEWNS = 0x00020000
 MS_RDONLY = 0x1
@@ -106,6 +112,36 @@ def prepare_datasets(env: dict[str, str]) -> None:
         link_read_only(mounts)
 
 
+def enter_sandbox(env: dict[str, str]) -> None:
+    """Join the server's cgroup and drop to its account (when the hub asked for them).
+
+    Runs in the server process, as root, after the datasets are mounted and before anything of
+    the user's runs: whatever the server starts later is inside the group and that account.
+    """
+    for procs in filter(None, env.get(ENV_CGROUP, "").split(os.pathsep)):
+        with open(procs, "w") as f:
+            f.write("0")
+    run_as = env.get(ENV_RUN_AS)
+    if not run_as:
+        return
+    uid_s, gid_s, name = run_as.split(":", 2)
+    uid, gid = int(uid_s), int(gid_s)
+    datasets = Path(env.get("HOME") or os.getcwd()) / "datasets"
+    if datasets.is_dir():
+        # Made by root just now; the links (or mount points) inside stay read-only.
+        os.lchown(datasets, uid, gid)
+        for entry in datasets.iterdir():
+            if entry.is_symlink():
+                os.lchown(entry, uid, gid)
+    os.setgroups([gid])
+    os.setgid(gid)
+    os.setuid(uid)
+    if os.getuid() != uid or os.geteuid() != uid:
+        raise SystemExit(f"gpulab: could not become {name}")
+    os.environ["USER"] = os.environ["LOGNAME"] = name
+    os.umask(0o022)
+
+
 def install_import_trimming() -> None:
     if not any(isinstance(f, _SkipImports) for f in sys.meta_path):
         sys.meta_path.insert(0, _SkipImports())
@@ -114,6 +150,7 @@ def install_import_trimming() -> None:
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     prepare_datasets(dict(os.environ))
+    enter_sandbox(dict(os.environ))
     if os.environ.get("GPULAB_TRIM_IMPORTS", "1") == "1":
         install_import_trimming()
     sys.argv = ["jupyterhub-singleuser", *argv]

@@ -91,6 +91,23 @@ def ensure_account(name: str, home: str | os.PathLike) -> Account:
         return found
 
 
+def blocked_at(path: str | os.PathLike, account: Account) -> Path | None:
+    """The first folder on the way to ``path`` that ``account`` may not pass through (no
+    execute bit for it), or None when it can reach ``path``."""
+    target = Path(path).absolute()
+    for folder in [*reversed(target.parents)]:
+        st = folder.stat()
+        if st.st_uid == account.uid:
+            bit = 0o100
+        elif st.st_gid == account.gid:
+            bit = 0o010
+        else:
+            bit = 0o001
+        if not st.st_mode & bit:
+            return folder
+    return None
+
+
 def prepare_home(home: Path, account: Account) -> None:
     """The home exists, belongs to the account and is private (0700)."""
     home.mkdir(parents=True, exist_ok=True)

@@ -31,8 +31,10 @@ async def run_checkpoint(
     limit: float,
     on_start: Callable[[dict[str, Any]], None] | None = None,
     on_result: Callable[[dict[str, Any]], None] | None = None,
+    preexec_fn: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
-    """Run ``command`` with bash in ``home`` and environment ``env``, through the agent.
+    """Run ``command`` with bash in ``home`` and environment ``env``, through the agent
+    (``preexec_fn`` puts it where the server runs: its cgroup and its user's account).
 
     ``on_start`` is called with the running result (command, log path, the command's pid) once
     the command runs, so the caller can show "running" while it runs; ``on_result`` with the
@@ -58,6 +60,7 @@ async def run_checkpoint(
         spec,
         cwd="/",
         env=env,
+        preexec_fn=preexec_fn,
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,

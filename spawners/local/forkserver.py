@@ -29,7 +29,12 @@ import time
 import traceback
 from pathlib import Path
 
-from gpulab.spawners.inside.launcher import install_import_trimming, libc, prepare_datasets
+from gpulab.spawners.inside.launcher import (
+    enter_sandbox,
+    install_import_trimming,
+    libc,
+    prepare_datasets,
+)
 
 PR_SET_PDEATHSIG = 1
 PR_SET_NAME = 15
@@ -102,6 +107,7 @@ def _run_child(request: dict, listener: socket.socket, conn: socket.socket) -> N
         sys.argv = ["jupyterhub-singleuser", *request["argv"]]
 
         prepare_datasets(dict(os.environ))
+        enter_sandbox(dict(os.environ))
         from jupyterhub.singleuser import main
 
         result = main()

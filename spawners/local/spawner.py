@@ -35,11 +35,12 @@ from traitlets import Bool, Float, Integer, List, Unicode, default, validate
 
 from gpulab.spawners.images import ImageStatus
 from gpulab.spawners.inside.agent import signal_opted_in
+from gpulab.spawners.inside.launcher import enter_sandbox
 from gpulab.spawners.local.checkpoint import run_checkpoint
 from gpulab.spawners.local.forkserver import ForkServerClient
+from gpulab.spawners.local.isolation import LocalIsolationMixin
 from gpulab.spawners.mixin import GpuSpawnerMixin, SpawnError
 from gpulab.spawners.node.pool import GpuPool
-from gpulab.spawners.node.procs import server_processes
 
 _FORKSERVERS: dict[str, ForkServerClient] = {}
 
@@ -87,8 +88,9 @@ def _can_unshare_mounts() -> bool:
         return False
 
 
-class GpuLocalSpawner(GpuSpawnerMixin, LocalProcessSpawner):
-    """Runs each server as a local process of the hub's own user, with its GPUs pinned."""
+class GpuLocalSpawner(LocalIsolationMixin, GpuSpawnerMixin, LocalProcessSpawner):
+    """Runs each server as a local process, with its GPUs pinned: as its user's own Unix account
+    in its own cgroup when the hub runs as root (:mod:`.isolation`), else as the hub's user."""
 
     home_dir_template = Unicode(
         "{data_dir}/users/{username}",
@@ -224,21 +226,24 @@ class GpuLocalSpawner(GpuSpawnerMixin, LocalProcessSpawner):
     # ---- environment -------------------------------------------------------------------------
 
     def user_env(self, env: dict[str, str]) -> dict[str, str]:
-        env["USER"] = self.user.name
+        env["USER"] = self.account_name if self.user_accounts else self.user.name
         env["HOME"] = self.home_dir
         env["SHELL"] = "/bin/bash"
         return env
 
     def make_preexec_fn(self, name: str):
-        return None
-
-    def move_certs(self, paths: dict[str, str]) -> dict[str, str]:
-        return paths
+        # gpulab's launcher enters the sandbox itself (after mounting datasets as root); any
+        # other command enters it here, between fork and exec.
+        env = self.sandbox.env()
+        if not env or self.cmd == self._default_cmd():
+            return None
+        return lambda: enter_sandbox(env)
 
     def get_args(self) -> list[str]:
         args = list(super().get_args())
-        if os.geteuid() == 0 and "--allow-root" not in args:
-            # The hub runs as root (as in CI containers); jupyter_server refuses without this.
+        if os.geteuid() == 0 and not self.user_accounts and "--allow-root" not in args:
+            # Servers of a root hub without user accounts run as root; jupyter_server refuses
+            # without this.
             args.append("--allow-root")
         return args
 
@@ -304,10 +309,12 @@ class GpuLocalSpawner(GpuSpawnerMixin, LocalProcessSpawner):
         else:
             mode = "symlink"
 
+        sandbox = await asyncio.to_thread(self._make_sandbox, home)
         if self.port == 0:
             self.port = random_port()
         env = self.get_env()
         env.update(gpu_env)
+        env.update(sandbox.env())
         env["GPULAB_DATASET_MODE"] = mode
         env["GPULAB_DATASET_MOUNTS"] = json.dumps(mounts)
         env["GPULAB_TRIM_IMPORTS"] = "1" if self.trim_imports else "0"
@@ -419,6 +426,7 @@ class GpuLocalSpawner(GpuSpawnerMixin, LocalProcessSpawner):
         if self.proc is None and self.pid and not pid_alive(self.pid):
             # kill(pid, 0) succeeds on a zombie nobody reaped; a forked server's parent is the
             # fork server (or, after a hub restart, init), not us.
+            await self.end_processes()
             self.clear_state()
             return 0
         return await super().poll()
@@ -436,12 +444,12 @@ class GpuLocalSpawner(GpuSpawnerMixin, LocalProcessSpawner):
     # ---- preemption warning (spot) -------------------------------------------------------------
 
     async def gpulab_signal_processes(self) -> tuple[list[int], list[int]]:
-        """SIGUSR1 to the server's processes that catch it: the server, its descendants
-        (kernels, terminals) and any process carrying its allocation id."""
+        """SIGUSR1 to the server's processes that catch it: all of its sandbox (its cgroup or
+        account; without those, its process tree and any process carrying its allocation id)."""
         if self.allocation is None:
             return [], []
-        alloc = self.allocation
-        pids = await asyncio.to_thread(server_processes, alloc.pid, alloc.alloc_id)
+        sandbox = self.sandbox
+        pids = await asyncio.to_thread(sandbox.pids, self.pid or self.allocation.pid)
         return signal_opted_in(pids)
 
     async def gpulab_run_checkpoint(
@@ -458,6 +466,14 @@ class GpuLocalSpawner(GpuSpawnerMixin, LocalProcessSpawner):
         if self.allocation is not None:
             server_env.update(self.gpu_env(self.allocation))
         server_env.update(env or {})
+        sandbox_env = self.sandbox.env()
         return await run_checkpoint(
-            command, self.home_dir, server_env, limit, on_start=on_start, on_result=on_result
+            command,
+            self.home_dir,
+            server_env,
+            limit,
+            on_start=on_start,
+            on_result=on_result,
+            # As the server's user, inside its cgroup: killed with the server, limited with it.
+            preexec_fn=(lambda: enter_sandbox(sandbox_env)) if sandbox_env else None,
         )

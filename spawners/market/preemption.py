@@ -30,17 +30,18 @@ import asyncio
 import hashlib
 import hmac
 import json
+import logging
 import time
 import uuid
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
-from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 
 # Re-exported: the rule for who gets SIGUSR1, and the checkpoint record's state, are the agent's.
 from gpulab.spawners.inside.agent import catches as catches
 from gpulab.spawners.inside.agent import checkpoint_state as checkpoint_state
+from gpulab.spawners.market import outbound
 from gpulab.spawners.market.store import PREEMPTIONS_FILE, append_jsonl, read_jsonl
 
 if TYPE_CHECKING:
@@ -82,6 +83,9 @@ class Preemption(BaseModel):
         return out
 
 
+log = logging.getLogger("gpulab.spot")
+
+
 # ---- webhook ---------------------------------------------------------------------------------
 
 
@@ -91,9 +95,16 @@ def sign(body: bytes, secret: str) -> str:
 
 
 async def send_webhook(
-    url: str, secret: str, event: str, delivery: str, payload: dict[str, Any], limit: float = 10
+    url: str,
+    secret: str,
+    event: str,
+    delivery: str,
+    payload: dict[str, Any],
+    allowed: list[outbound.Network],
+    limit: float = 5,
 ) -> dict[str, Any]:
-    """POST the signed event; never raises (the result is recorded instead)."""
+    """POST the signed event (see :mod:`.outbound` for what may be called and how); never
+    raises. The result the user sees says only whether it was delivered."""
     body = json.dumps({"event": event, **payload}, sort_keys=True).encode()
     headers = {
         "Content-Type": "application/json",
@@ -102,18 +113,9 @@ async def send_webhook(
         "X-Gpulab-Delivery": delivery,
         "X-Gpulab-Signature": sign(body, secret),
     }
-    result: dict[str, Any] = {"url": url, "event": event, "sent_at": time.time()}
-    try:
-        resp = await AsyncHTTPClient().fetch(
-            url, method="POST", body=body, headers=headers, request_timeout=limit
-        )
-        result["status"] = resp.code
-    except HTTPClientError as e:
-        result["status"] = e.code
-        result["error"] = str(e)
-    except Exception as e:  # unreachable host, TLS, DNS: recorded, never fatal
-        result["error"] = f"{type(e).__name__}: {e}"
-    return result
+    outcome = await outbound.post(url, body, headers, allowed=allowed, timeout=limit)
+    log.info("Webhook %s %s to %s: %s", event, delivery, url, outcome.detail)
+    return {"url": url, "event": event, "sent_at": time.time(), **outcome.public()}
 
 
 # ---- the records and the warning period --------------------------------------------------------
@@ -265,7 +267,12 @@ class Preemptions:
             "status": "cancelled" if event == "preemption-cancelled" else "warning",
         }
         result = await send_webhook(
-            settings["webhook_url"], settings["webhook_secret"], event, p.id, payload
+            settings["webhook_url"],
+            settings["webhook_secret"],
+            event,
+            p.id,
+            payload,
+            self.market.webhook_networks,
         )
         latest = self.records[p.id]
         if event == "preemption-warning":

@@ -32,6 +32,8 @@ class GpuDevice:
     memory_total_mib: int
     gpu_type: str | None
     simulated: bool
+    # /dev/nvidiaN's N (not always the NVML index); None for simulated cards.
+    minor: int | None = None
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -112,6 +114,10 @@ def _nvml_devices(catalog: Catalog) -> list[GpuDevice]:
         dev_uuid = pynvml.nvmlDeviceGetUUID(handle)
         dev_uuid = dev_uuid.decode() if isinstance(dev_uuid, bytes) else dev_uuid
         mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
+        try:
+            minor = int(pynvml.nvmlDeviceGetMinorNumber(handle))
+        except pynvml.NVMLError:
+            minor = None
         matched = catalog.gpu_type_for_nvml_name(name)
         devices.append(
             GpuDevice(
@@ -121,9 +127,33 @@ def _nvml_devices(catalog: Catalog) -> list[GpuDevice]:
                 memory_total_mib=int(mem.total // (1024 * 1024)),
                 gpu_type=matched.slug if matched else None,
                 simulated=False,
+                minor=minor,
             )
         )
     return devices
+
+
+def nvml_compute_pids(uuids: list[str]) -> list[int]:
+    """Pids (host namespace) of the compute and graphics processes on these real cards; blocking.
+    Empty where NVML is unavailable."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:
+        return []
+    pids: set[int] = set()
+    for dev_uuid in uuids:
+        try:
+            handle = pynvml.nvmlDeviceGetHandleByUUID(dev_uuid)
+            for getter in (
+                pynvml.nvmlDeviceGetComputeRunningProcesses,
+                pynvml.nvmlDeviceGetGraphicsRunningProcesses,
+            ):
+                pids.update(int(p.pid) for p in getter(handle))
+        except pynvml.NVMLError:
+            continue
+    return sorted(pids)
 
 
 def _nvml_usage(uuids: list[str]) -> list[GpuUsage]:

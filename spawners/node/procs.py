@@ -46,6 +46,44 @@ def process_start_time(pid: int) -> int | None:
     return int(stat.rpartition(")")[2].split()[19])
 
 
+def _boot_time() -> float:
+    for line in Path("/proc/stat").read_text().splitlines():
+        if line.startswith("btime "):
+            return float(line.split()[1])
+    return 0.0
+
+
+_BOOT = _boot_time()
+_HZ = os.sysconf("SC_CLK_TCK")
+
+
+def started_at(pid: int) -> float | None:
+    """When ``pid`` started, as Unix time; None once it is gone (a zombie counts as gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rpartition(")")[2].split()
+    if fields[0] in ("Z", "X"):
+        return None
+    return _BOOT + int(fields[19]) / _HZ
+
+
+def uid_of(pid: int) -> int | None:
+    """The (real) owner of ``pid``, or None once it is gone."""
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
+
+
+def command_name(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
 def parents() -> dict[int, int]:
     """pid -> parent pid, for every visible process."""
     out = {}

@@ -4,12 +4,9 @@ node: the admin logs in with the generated password and starts a no-GPU server f
 
 from __future__ import annotations
 
-import os
-import subprocess
 from pathlib import Path
 
-import requests
-from harness import VENV_BIN, Hub, admin_web, wait_for
+from harness import ConfigFileHub, Hub, admin_web, wait_for
 
 CONFIG = """\
 # A hand-written JupyterHub config for a gpulab node.
@@ -19,45 +16,6 @@ configure(c)
 # Anything may be overridden after configure(c).
 c.Spawner.start_timeout = 90
 """
-
-
-class ConfigFileHub(Hub):
-    """A hub started as ``jupyterhub -f CONFIG``, with gpulab's settings in GPULAB_* variables."""
-
-    def __init__(self, data_dir: Path, config_file: Path) -> None:
-        super().__init__(data_dir, cli=[str(VENV_BIN / "jupyterhub"), "-f", str(config_file)])
-        self.config_file = config_file
-
-    def start(self, timeout: float = 90) -> ConfigFileHub:
-        env = {
-            **{k: v for k, v in os.environ.items() if not k.startswith("GPULAB_")},
-            # Only the data dir is required; the ports keep clear of other hubs on this machine.
-            "GPULAB_DATA_DIR": str(self.data_dir),
-            "GPULAB_PORT": str(self.port),
-            "GPULAB_HUB_PORT": str(self.hub_port),
-            "GPULAB_PROXY_API_PORT": str(self.proxy_api_port),
-            "PATH": os.pathsep.join([str(VENV_BIN), os.environ.get("PATH", os.defpath)]),
-        }
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                self.cli,
-                env=env,
-                cwd=self.config_file.parent,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-
-        def up() -> bool:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"hub exited with {self.proc.returncode}:\n{self.log_tail()}")
-            try:
-                return requests.get(f"{self.url}/hub/api/", timeout=2).status_code == 200
-            except requests.RequestException:
-                return False
-
-        wait_for(up, timeout, what="the hub to answer")
-        return self
 
 
 class AdminBrowser:

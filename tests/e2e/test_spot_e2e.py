@@ -180,7 +180,7 @@ def test_price_rise_warns_checkpoints_and_stops_at_the_deadline(hub: Hub, receiv
     record = preemptions(hub, user)[-1]
     assert record["status"] == "stopped"
     assert record["deadline"] <= record["stopped_at"] <= stopped + 1
-    assert record["webhook"]["status"] == 204
+    assert record["webhook"]["delivered"] is True
     assert record["checkpoint"]["exit_code"] == 0 and record["checkpoint"]["state"] == "done"
     assert record["checkpoint"]["log"] == running["log"]
     log = Path(record["checkpoint"]["log"])

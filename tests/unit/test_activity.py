@@ -54,4 +54,5 @@ def test_the_billing_event_is_idempotent_per_extension() -> None:
     a = tr.update(obs(1005.0, 1001.0)).to_event("alice", "")
     b = tr.update(obs(1010.0, 1001.0)).to_event("alice", "")
     assert a["span"] == b["span"] == "s-1"
-    assert a["id"] != b["id"] and b["last"] == 1010.0 and b["kind"] == "activity"
+    assert a["id"] != b["id"] and b["t"] == 1010.0 and b["first"] == 1001.0
+    assert b["kind"] == "activity"

@@ -72,7 +72,7 @@ def spot(max_price: str, **extra: Any) -> dict[str, Any]:
 
 def start(spawner: FakeSpawner, raw: dict[str, Any]) -> str:
     """The hub's spawn: the pre-check (as the REST API and spawn page do), then the start."""
-    entry = queue_instead_of_spawn(spawner, raw)
+    entry = asyncio.run(queue_instead_of_spawn(spawner, raw))
     assert entry is None, entry
     spawner.spawn_request(raw)
     return asyncio.run(spawner.gpulab_start())
@@ -91,7 +91,7 @@ def test_a_queued_request_then_its_start_by_the_market_are_admitted_once_each(
 ) -> None:
     start(spawner_for(market, "alice"), spot("0.40"))
     bob = spawner_for(market, "bob")
-    entry = queue_instead_of_spawn(bob, spot("0.40", wait=True))
+    entry = asyncio.run(queue_instead_of_spawn(bob, spot("0.40", wait=True)))
     assert entry is not None and entry["user"] == "bob" and "message" in entry
     assert market.admit_calls == ["alice/", "bob/"]
     assert market.queued_entry("bob/")["id"] == entry["id"]
@@ -111,7 +111,7 @@ def test_a_refusal_from_the_pre_check_fails_the_start_without_asking_again(
 ) -> None:
     carol = spawner_for(market, "carol")
     raw = spot("0.20")  # under the pinned price, and not waiting: refused
-    assert queue_instead_of_spawn(carol, raw) is None
+    assert asyncio.run(queue_instead_of_spawn(carol, raw)) is None
     carol.spawn_request(raw)
     with pytest.raises(SpawnError) as e:
         asyncio.run(carol.gpulab_start())
@@ -129,7 +129,7 @@ def test_a_start_without_the_pre_check_asks_the_market_itself(market: SpotMarket
 
 def test_an_answer_serves_one_start_with_the_same_options_only(market: SpotMarket) -> None:
     erin = spawner_for(market, "erin")
-    assert queue_instead_of_spawn(erin, spot("0.40")) is None
+    assert asyncio.run(queue_instead_of_spawn(erin, spot("0.40"))) is None
     # The spawn that followed asked for something else: the market is asked about that.
     erin.spawn_request(spot("0.50"))
     asyncio.run(erin.gpulab_start())
@@ -141,7 +141,7 @@ def test_an_answer_serves_one_start_with_the_same_options_only(market: SpotMarke
 def test_one_lookup_of_a_queued_request_for_views_and_the_pre_check(market: SpotMarket) -> None:
     start(spawner_for(market, "alice"), spot("0.40"))
     for user, bid in [("bob", "0.35"), ("carol", "0.45")]:
-        assert queue_instead_of_spawn(spawner_for(market, user), spot(bid, wait=True))
+        assert asyncio.run(queue_instead_of_spawn(spawner_for(market, user), spot(bid, wait=True)))
     listed = {q["user"]: q for q in views.queue_json(market)}
     assert market.queued_entry("bob/") == listed["bob"]
     assert market.queued_entry("alice/") is None

@@ -1,0 +1,100 @@
+"""Where one local server runs, and how the hub finds and ends every process of it.
+
+Three levels, the strongest the node allows:
+
+1. **hub runs as root with cgroups**: the server runs as its user's own account
+   (:mod:`.accounts`) inside its own cgroup (:mod:`.cgroup`). Its processes are exactly the
+   group's; a stop kills the group.
+2. **root without a writable cgroup tree**: its own account; its processes are that account's
+   processes (one server per user at a time on a node, so the account is the server).
+3. **not root** (a laptop): the hub's own user; its processes are the server's process tree plus
+   any process still carrying the server's allocation id (what the orphan sweep used before).
+
+The server process joins the cgroup and drops to the account itself, before it runs any of the
+user's code (:func:`gpulab.spawners.inside.launcher.enter_sandbox`), so nothing it starts can be
+outside.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass
+
+from gpulab.spawners.activity import Proc
+from gpulab.spawners.inside.launcher import ENV_CGROUP, ENV_RUN_AS
+from gpulab.spawners.local.accounts import Account
+from gpulab.spawners.local.cgroup import CgroupError, ServerCgroup
+from gpulab.spawners.node import procs
+
+
+@dataclass
+class Sandbox:
+    alloc_id: str
+    account: Account | None = None
+    cgroup: ServerCgroup | None = None
+
+    def env(self) -> dict[str, str]:
+        """What the server process needs to enter the sandbox itself."""
+        env = {}
+        if self.account is not None:
+            a = self.account
+            env[ENV_RUN_AS] = f"{a.uid}:{a.gid}:{a.name}"
+        if self.cgroup is not None:
+            env[ENV_CGROUP] = os.pathsep.join(self.cgroup.procs_files)
+        return env
+
+    def pids(self, server_pid: int | None) -> list[int]:
+        """Every live process of this server, the server itself included."""
+        if self.cgroup is not None and self.cgroup.exists():
+            found = self.cgroup.pids()
+        elif self.account is not None:
+            found = [p for p in procs.pids() if procs.uid_of(p) == self.account.uid]
+        else:
+            found = procs.server_processes(server_pid, self.alloc_id)
+        return [p for p in found if procs.started_at(p) is not None]
+
+    def others(self, server_pid: int | None) -> list[Proc]:
+        """The server's processes besides the single-user server itself (observed activity)."""
+        out = []
+        for pid in self.pids(server_pid):
+            if pid == server_pid:
+                continue
+            started = procs.started_at(pid)
+            if started is not None:
+                out.append(Proc(pid=pid, started=started, command=procs.command_name(pid)))
+        return out
+
+    def kill_all(self, server_pid: int | None, timeout: float = 10.0) -> int:
+        """End every process of this server, however it detached; blocking. Returns how many."""
+        if self.cgroup is not None and self.cgroup.exists():
+            try:
+                n = self.cgroup.kill_all(timeout)
+            finally:
+                try:
+                    self.cgroup.remove()
+                except OSError:
+                    pass
+            return n
+        killed: set[int] = set()
+        deadline = time.monotonic() + timeout
+        while True:
+            victims = [p for p in self.pids(server_pid) if p != os.getpid()]
+            if not victims or time.monotonic() > deadline:
+                break
+            for pid in victims:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    killed.add(pid)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.02)
+        return len(killed)
+
+    def sweep_safe(self) -> bool:
+        """Whether kill_all can be trusted to find everything (not just the process tree)."""
+        return self.cgroup is not None or self.account is not None
+
+
+__all__ = ["ENV_CGROUP", "ENV_RUN_AS", "CgroupError", "Sandbox"]

@@ -1,0 +1,179 @@
+"""Metering truth: the hub watches every server itself. What the user's own server says (or
+keeps quiet about) can add detail to the bill but never remove time, and cannot keep a card.
+
+One hub with billing, an observer sampling every 0.5 s, a 6 s GPU idle timeout and a 1 s
+last-activity update, so each attack plays out in seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from datetime import datetime
+
+import pytest
+import requests
+import websocket
+from billing.client import Billing
+from harness import Hub, wait_for
+
+ENV = {
+    "GPULAB_REPORTER_HEARTBEAT": "1",
+    "GPULAB_BILLING_MIN_MINUTES": "1",
+    "GPULAB_BILLING_ARGS": "--BillingService.heartbeat_interval=1 --BillingService.enforce_interval=1",
+}
+OBSERVER = [
+    "--ActivityObserver.interval=0.5",
+    "--ActivityObserver.report_interval=1",
+    "--ActivityObserver.gpu_idle_timeout=6",
+    "--ActivityObserver.idle_timeout=0",
+    "--ActivityObserver.activity_update_interval=1",
+]
+
+
+@pytest.fixture(scope="module")
+def ohub(module_hub_factory):
+    h = module_hub_factory("observer-hub", env=ENV, extra_args=OBSERVER)
+    wait_for(Billing(h).up, 30, 0.2, "the billing service")
+    return h
+
+
+@pytest.fixture
+def ouser(ohub):
+    name = ohub.create_user(f"o{uuid.uuid4().hex[:8]}")
+    yield name
+    if ohub.server(name) is not None:
+        ohub.stop_server(name)
+
+
+def observed(billing: Billing, user: str) -> list[dict]:
+    return [o for s in billing.usage(user)["servers"] for o in s["observed"]]
+
+
+def observed_seconds(billing: Billing, user: str) -> float:
+    return sum(o["observed_seconds"] for o in observed(billing, user))
+
+
+def server_api(hub: Hub, user: str) -> tuple[str, dict]:
+    token = hub.api("POST", f"/users/{user}/tokens", json={"note": "test"}).json()["token"]
+    return f"{hub.url}/user/{user}/api", {"Authorization": f"token {token}"}
+
+
+def test_a_terminal_running_sleep_20_is_billed_about_20_seconds(ohub, ouser) -> None:
+    billing = Billing(ohub)
+    ohub.spawn_ready(ouser, {"gpu": "none"})
+    base, headers = server_api(ohub, ouser)
+    name = requests.post(f"{base}/terminals", headers=headers, timeout=30).json()["name"]
+    ws = websocket.create_connection(
+        f"ws://127.0.0.1:{ohub.port}/user/{ouser}/terminals/websocket/{name}",
+        header=[f"{k}: {v}" for k, v in headers.items()],
+    )
+    t0 = time.time()
+    ws.send(json.dumps(["stdin", "sleep 20; exit\r"]))
+    # The terminal ends with its shell, after the sleep.
+    wait_for(
+        lambda: not requests.get(f"{base}/terminals", headers=headers, timeout=30).json(),
+        60,
+        0.5,
+        "the terminal to end",
+    )
+    ended = time.time()
+    ws.close()
+    secs = wait_for(
+        lambda: observed_seconds(billing, ouser) >= 19 and observed_seconds(billing, ouser),
+        30,
+        0.5,
+        "observed time",
+    )
+    # Billed from the shell's start to the last sample that saw it; no kernel was ever reported.
+    assert 19 <= secs <= (ended - t0) + 1.5, (secs, ended - t0)
+    usage = billing.usage(ouser)
+    (server,) = usage["servers"]
+    assert server["kernels"] == []
+    assert abs(server["billed_seconds"] - secs) < 0.01
+
+
+DETACH = """
+import subprocess, sys
+code = "import time\\nend = time.time() + 12\\nwhile time.time() < end: pass"
+p = subprocess.Popen([sys.executable, "-c", code], start_new_session=True, env={},
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+print(p.pid)
+"""
+
+
+def test_a_detached_process_keeps_the_server_billed_while_it_lives(ohub, ouser) -> None:
+    billing = Billing(ohub)
+    ohub.spawn_ready(ouser, {"gpu": "rtx-4090"})
+    with ohub.kernel(ouser) as k:
+        k.execute(DETACH)
+    # The kernel is gone; the detached process runs on for about 12 s and is billed.
+    secs = wait_for(
+        lambda: (s := observed_seconds(billing, ouser)) >= 11 and s,
+        40,
+        0.5,
+        "the detached process billed",
+    )
+    assert secs < 20
+    (server,) = billing.usage(ouser)["servers"]
+    assert server["billed_seconds"] >= secs - 0.01
+
+
+def test_an_idle_gpu_goes_back_even_with_forged_heartbeats(ohub, ouser) -> None:
+    billing = Billing(ohub)
+    ohub.spawn_ready(ouser, {"gpu": "a100-80g"})
+    uuid_held = ohub.server(ouser)["state"]["allocation"]["uuids"][0]
+    # The attacker's notebook hands over the server's own token, then its kernel shuts down.
+    with ohub.kernel(ouser) as k:
+        token = k.execute("import os; print(os.environ['JUPYTERHUB_API_TOKEN'])").strip()
+    stop = time.time() + 30
+
+    def forged_heartbeat() -> None:
+        billing.post(
+            "api/v1/events",
+            {
+                "events": [
+                    {
+                        "id": uuid.uuid4().hex,
+                        "kind": "heartbeat",
+                        "user": ouser,
+                        "server": "",
+                        "t": time.time(),
+                        "kernels": [uuid.uuid4().hex],
+                    }
+                ]
+            },
+            token=token,
+        )
+
+    def moved() -> bool:
+        forged_heartbeat()
+        model = ohub.server(ouser)
+        return bool(model and model["ready"] and model["state"]["allocation"]["gpu_type"] is None)
+
+    wait_for(moved, stop - time.time(), 0.5, "the idle GPU server moved to no-GPU mode")
+    card = next(g for g in ohub.pool()["gpus"] if g["uuid"] == uuid_held)
+    assert not card["held"]
+    notices = ohub.api("GET", f"/gpulab/users/{ouser}/notices").json()["notices"]
+    assert notices and notices[-1]["kind"] == "gpu-idle"
+    assert "no-GPU mode" in notices[-1]["message"]
+    # Only the short-lived kernel ran: that is all the GPU session was billed for.
+    gpu_sessions = [s for s in billing.usage(ouser)["servers"] if s["gpu_type"] == "a100-80g"]
+    assert gpu_sessions and all(s["billed_seconds"] < 6 for s in gpu_sessions), gpu_sessions
+
+
+def last_activity(hub: Hub, user: str) -> float:
+    stamp = hub.user(user)["servers"][""]["last_activity"]
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def test_a_kernel_busy_in_a_silent_loop_moves_the_hubs_last_activity(ohub, ouser) -> None:
+    ohub.spawn_ready(ouser, {"gpu": "none"})
+    k = ohub.kernel(ouser)
+    try:
+        k.send("import time\nend = time.time() + 60\nwhile time.time() < end: pass")
+        t0 = time.time()
+        wait_for(lambda: last_activity(ohub, ouser) > t0 + 2, 30, 0.5, "last_activity to move")
+    finally:
+        k.close()
