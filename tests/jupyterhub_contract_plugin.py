@@ -40,6 +40,13 @@ class ContractSpawner(GpuLocalSpawner):
     def _default_wait_until_listening(self) -> bool:
         return WAIT
 
+    @default("user_accounts")
+    def _default_user_accounts(self) -> bool:
+        # JupyterHub's tests hand their servers files in root's private pytest temp folders (a
+        # shell rc file, say), which a server running as its user's own account may not read.
+        # The contract is the spawner API; the accounts are tested in tests/e2e/test_isolation.py.
+        return False
+
 
 jupyterhub.spawner.LocalProcessSpawner = ContractSpawner
 jupyterhub.spawner.SimpleLocalProcessSpawner = ContractSpawner

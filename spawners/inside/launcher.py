@@ -23,6 +23,7 @@ from pathlib import Path
 
 ENV_RUN_AS = "GPULAB_RUN_AS"  # "uid:gid:name" of the account the server runs as
 ENV_CGROUP = "GPULAB_CGROUP_PROCS"  # os.pathsep-joined cgroup.procs files the server joins
+ENV_UMASK = "GPULAB_UMASK"  # octal umask of the user's processes
 
 CLONE_NEWNS = 0x00020000
 MS_RDONLY = 0x1
@@ -139,7 +140,9 @@ def enter_sandbox(env: dict[str, str]) -> None:
     if os.getuid() != uid or os.geteuid() != uid:
         raise SystemExit(f"gpulab: could not become {name}")
     os.environ["USER"] = os.environ["LOGNAME"] = name
-    os.umask(0o022)
+    if env.get(ENV_UMASK):
+        # The hub's own umask (077) is for its private files, not the user's.
+        os.umask(int(env[ENV_UMASK], 8))
 
 
 def install_import_trimming() -> None:

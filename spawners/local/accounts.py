@@ -12,6 +12,7 @@ import hashlib
 import os
 import pwd
 import re
+import shutil
 import subprocess
 import threading
 from dataclasses import dataclass
@@ -23,6 +24,8 @@ MAX_LEN = 32
 _UNSAFE = re.compile(r"[^a-z0-9_-]")
 
 _lock = threading.Lock()
+# useradd lives in sbin, which a hub started from a user's shell may not have on its PATH.
+_SBIN = os.pathsep.join(["/usr/local/sbin", "/usr/sbin", "/sbin"])
 
 
 class AccountError(RuntimeError):
@@ -66,8 +69,11 @@ def ensure_account(name: str, home: str | os.PathLike) -> Account:
         found = lookup(name)
         if found is not None:
             return found
+        useradd = shutil.which("useradd", path=_SBIN) or shutil.which("useradd")
+        if useradd is None:
+            raise AccountError("useradd is missing (Debian: apt-get install passwd)")
         cmd = [
-            "useradd",
+            useradd,
             "--system",
             "--no-create-home",
             "--home-dir",

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 
 from gpulab.spawners.activity import Proc
-from gpulab.spawners.inside.launcher import ENV_CGROUP, ENV_RUN_AS
+from gpulab.spawners.inside.launcher import ENV_CGROUP, ENV_RUN_AS, ENV_UMASK
 from gpulab.spawners.local.accounts import Account
 from gpulab.spawners.local.cgroup import CgroupError, ServerCgroup
 from gpulab.spawners.node import procs
@@ -41,6 +41,7 @@ class Sandbox:
         if self.account is not None:
             a = self.account
             env[ENV_RUN_AS] = f"{a.uid}:{a.gid}:{a.name}"
+            env[ENV_UMASK] = "022"
         if self.cgroup is not None:
             env[ENV_CGROUP] = os.pathsep.join(self.cgroup.procs_files)
         return env

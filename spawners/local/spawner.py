@@ -315,6 +315,8 @@ class GpuLocalSpawner(LocalIsolationMixin, GpuSpawnerMixin, LocalProcessSpawner)
         env = self.get_env()
         env.update(gpu_env)
         env.update(sandbox.env())
+        if "umask" in self.popen_kwargs:
+            env.pop("GPULAB_UMASK", None)  # the operator's umask (popen_kwargs) stands
         env["GPULAB_DATASET_MODE"] = mode
         env["GPULAB_DATASET_MOUNTS"] = json.dumps(mounts)
         env["GPULAB_TRIM_IMPORTS"] = "1" if self.trim_imports else "0"

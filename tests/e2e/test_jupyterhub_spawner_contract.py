@@ -29,7 +29,7 @@ from pathlib import Path
 
 import jupyterhub
 from conftest import require
-from harness import REPO
+from harness import REPO, passable_for_accounts
 
 from gpulab.hub_config.catalog import load_catalog
 from gpulab.spawners.local import GpuLocalSpawner
@@ -78,7 +78,8 @@ def run_jupyterhub_tests(tmp_path: Path, name: str, **env: str) -> tuple[int, st
     # Their async tests and fixtures need it; without it every one of them errors.
     require(importlib.util.find_spec("pytest_asyncio") is not None, "pytest-asyncio (.[test])")
     work = tmp_path / name
-    work.mkdir()
+    (work / "data").mkdir(parents=True)
+    passable_for_accounts(work / "data")  # homes of the servers' own accounts (a root hub)
     (work / "pytest.ini").write_text(PYTEST_INI)
     node_bin = REPO / "node_modules" / ".bin"  # configurable-http-proxy for their mock hub
     full_env = {
