@@ -177,6 +177,21 @@ class BillingHooks:
         }
         await self.report_events([event], what=f"server_stop of {spawner.owner}")
 
+    async def compensate(
+        self, *, user: str, server: str, at: float, reason: str, checkpoint: str, key: str
+    ) -> None:
+        """Credit ``user`` for work a platform reclaim lost (billing picks the amount); the
+        ``key`` makes a retry harmless."""
+        body = {
+            "server": server,
+            "at": at,
+            "reason": reason,
+            "checkpoint": checkpoint,
+            "idempotency_key": key,
+        }
+        await self._call_when_up("POST", f"api/v1/users/{user}/compensations", body)
+        log.info("Compensated %s/%s for %s (checkpoint %s)", user, server, reason, checkpoint)
+
     async def report_events(self, events: list[dict], what: str = "activity") -> None:
         """Deliver hub events (server stops, observed activity); when billing is away, keep
         trying in the background (the same event ids: each is applied once). Never waits for
@@ -266,6 +281,7 @@ def configure_billing(c, data_dir: str, catalog: str, roles: list[dict]) -> None
     c.Spawner.post_stop_hook = hooks.after_stop
     # What the hub observes in each server is billed too (hub_config/observer.py).
     c.ActivityObserver.report_hook = hooks.report_events
+    c.SpotMarket.compensation_hook = hooks.compensate
     server_env = dict(c.Spawner.environment) if "environment" in c.Spawner else {}
     server_env["GPULAB_BILLING_URL"] = server_url
     for key in ("GPULAB_REPORTER_HEARTBEAT", "GPULAB_REPORTER_MAX_BACKOFF"):

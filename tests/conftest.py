@@ -87,11 +87,7 @@ def hub(tmp_path_factory, chp_installed) -> Hub:
     yield factory(
         "hub",
         simulate="A100-80G:2,RTX-4090:2",
-        extra_args=[
-            "--GpuLocalSpawner.ready_redirect_wait=20",
-            # The spot tests' webhook receivers listen on loopback, which is refused by default.
-            "--SpotMarket.webhook_allowed_networks=127.0.0.0/8",
-        ],
+        extra_args=["--GpuLocalSpawner.ready_redirect_wait=20"],
     )
     factory.close()
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from decimal import Decimal, InvalidOperation
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from traitlets import Bool, Float, Instance, List, Unicode, default, validate
+from traitlets import Any, Bool, Float, Instance, List, Unicode, default, validate
 from traitlets.config import SingletonConfigurable
 
 from gpulab.spawners.market.core import Schedule
@@ -83,6 +83,15 @@ class SpotMarketConfig(SingletonConfigurable):
         public addresses. Empty: only public addresses; loopback, private, link-local and other
         internal addresses are refused, so a user's webhook URL cannot probe the hub's host or
         network (the proxy's and hub's APIs, PostgreSQL, billing).""",
+    )
+
+    compensation_hook = Any(
+        None,
+        allow_none=True,
+        config=True,
+        help="""An async callable(user, server, at, reason, checkpoint, key) that credits a user
+        whose reclaimed spot server lost work because its checkpoint failed or timed out (set by
+        gpulab's billing wiring; ``key`` makes it idempotent). None: no compensation.""",
     )
 
     reservation_ttl = Float(

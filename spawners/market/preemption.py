@@ -337,6 +337,26 @@ class Preemptions:
                 break
             await asyncio.sleep(0.1)
         self.market.preempted(p)
+        await self._compensate(self.records.get(pid, p))
+
+    async def _compensate(self, p: Preemption) -> None:
+        """The server was reclaimed and its checkpoint failed or ran out of time: its work is
+        lost through the platform's doing, so the user is credited (once per preemption)."""
+        checkpoint = p.checkpoint or {}
+        if checkpoint.get("state") != "failed" or self.market.compensation_hook is None:
+            return
+        reason = "timeout" if "timed out" in str(checkpoint.get("error", "")) else "failed"
+        try:
+            await self.market.compensation_hook(
+                user=p.user,
+                server=p.server,
+                at=p.deadline,
+                reason="spot-preemption",
+                checkpoint=reason,
+                key=f"preemption-{p.id}",
+            )
+        except Exception:
+            self.log.exception("Could not compensate %s for preemption %s", p.owner, p.id)
 
     def server_gone(self, owner: str) -> None:
         """``owner``'s server stopped: close its warning as stopped, if one runs."""

@@ -158,6 +158,12 @@ def test_an_idle_gpu_goes_back_even_with_forged_heartbeats(ohub, ouser) -> None:
     notices = ohub.api("GET", f"/gpulab/users/{ouser}/notices").json()["notices"]
     assert notices and notices[-1]["kind"] == "gpu-idle"
     assert "no-GPU mode" in notices[-1]["message"]
+    # JupyterLab reads it through the server's own extension, with the user's credentials.
+    _, headers = server_api(ohub, ouser)
+    seen = requests.get(
+        f"{ohub.url}/user/{ouser}/gpulab/api/notices", headers=headers, timeout=30
+    ).json()["notices"]
+    assert seen[-1]["message"] == notices[-1]["message"]
     # Only the short-lived kernel ran: that is all the GPU session was billed for.
     gpu_sessions = [s for s in billing.usage(ouser)["servers"] if s["gpu_type"] == "a100-80g"]
     assert gpu_sessions and all(s["billed_seconds"] < 6 for s in gpu_sessions), gpu_sessions
@@ -177,3 +183,40 @@ def test_a_kernel_busy_in_a_silent_loop_moves_the_hubs_last_activity(ohub, ouser
         wait_for(lambda: last_activity(ohub, ouser) > t0 + 2, 30, 0.5, "last_activity to move")
     finally:
         k.close()
+
+
+def test_money_comes_first_a_switch_or_reclaim_the_balance_cannot_pay_changes_nothing(
+    ohub, ouser
+) -> None:
+    billing = Billing(ohub)
+    ohub.spawn_ready(ouser, {"gpu": "none"})
+    before = ohub.server(ouser)
+    billing.credit(ouser, "-9.99")  # CNY 0.01 left
+    free = ohub.free("a100-80g")
+    r = ohub.api("POST", f"/gpulab/users/{ouser}/switch", json={"gpu": "a100-80g", "gpus": 2})
+    assert r.status_code == 402, r.text
+    assert "balance" in r.json()["message"]
+    # The old server runs on, untouched, and no card was reserved for the switch.
+    after = ohub.server(ouser)
+    assert after["ready"] and after["started"] == before["started"]
+    assert after["state"]["pid"] == before["state"]["pid"]
+    assert ohub.free("a100-80g") == free
+
+    # Every RTX 4090 on spot for someone else: an on-demand request would reclaim one, but the
+    # poor user's request is refused before the market is asked, and nobody is warned.
+    renters = [ohub.create_user() for _ in range(2)]
+    assert ohub.api("PUT", "/gpulab/spot/prices/rtx-4090", json={"price": "0.30"}).ok
+    try:
+        for renter in renters:
+            ohub.spawn_ready(renter, {"gpu": "rtx-4090", "pricing": "spot", "max_price": "0.40"})
+        ohub.stop_server(ouser)
+        r = ohub.spawn(ouser, {"gpu": "rtx-4090"})
+        assert r.status_code == 402, r.text
+        warned = ohub.api("GET", "/gpulab/spot/preemptions").json()["preemptions"]
+        assert not [p for p in warned if p["user"] in renters]
+        assert ohub.api("GET", "/gpulab/spot/queue").json()["queue"] == []
+    finally:
+        assert ohub.api("PUT", "/gpulab/spot/prices/rtx-4090", json={"price": None}).ok
+        for renter in renters:
+            if ohub.server(renter) is not None:
+                ohub.stop_server(renter)

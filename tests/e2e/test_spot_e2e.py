@@ -35,6 +35,8 @@ def spot_hub(module_hub_factory) -> Hub:
             f"--SpotMarket.warning_seconds={WARNING}",
             "--SpotMarket.tick_interval=0.5",
             "--SpotMarket.timezone=Asia/Shanghai",
+            # The webhook receivers below listen on loopback, which is refused by default.
+            "--SpotMarket.webhook_allowed_networks=127.0.0.0/8",
         ],
     )
 
@@ -545,3 +547,33 @@ def test_window_only_server_is_reclaimed_when_its_low_price_window_ends(
     assert record["status"] == "stopped" and record["stopped_at"] >= record["deadline"]
     assert h.free("rtx-4090") == 1
     assert h.api("GET", "/gpulab/spot/prices").json()["low_price_window"] is False
+
+
+def test_a_preemption_whose_checkpoint_fails_is_compensated_once(hub: Hub) -> None:
+    from billing.client import Billing
+
+    billing = Billing(hub)
+    user = hub.create_user()
+    r = hub.api(
+        "PUT", f"/gpulab/spot/settings/{user}", json={"checkpoint_command": "echo half; exit 3"}
+    )
+    assert r.status_code == 200, r.text
+    pin(hub, "rtx-4090", "0.30")
+    hub.spawn_ready(user, spot("0.40"))
+    with hub.kernel(user) as k:
+        k.execute("x = sum(range(10))")  # some billed time to compensate
+        time.sleep(1)
+    pin(hub, "rtx-4090", "0.60")  # above the bid: warned, then reclaimed at the deadline
+    wait_for(lambda: hub.server(user) is None, timeout=WARNING + 20, what="the reclaim")
+    record = preemptions(hub, user)[-1]
+    assert record["checkpoint"]["state"] == "failed" and record["checkpoint"]["exit_code"] == 3
+
+    def compensated():
+        entries = [c for s in billing.usage(user)["servers"] for c in s.get("compensations", [])]
+        return entries or None
+
+    entries = wait_for(compensated, 30, 0.5, "the compensation")
+    assert len(entries) == 1 and Decimal(entries[0]["amount"]["exact"]) > 0
+    # The market's retry of the same preemption credits nothing more.
+    time.sleep(1)
+    assert len(compensated()) == 1

@@ -289,6 +289,22 @@ class PoolHandler(_HubProxy):
     hub_path = "gpulab/pool"
 
 
+class NoticesHandler(_Handler):
+    """What the platform did to this user's servers by itself (an idle GPU given back), from
+    the hub, for JupyterLab to show once."""
+
+    @web.authenticated
+    async def get(self) -> None:
+        path = f"gpulab/users/{quote(self.info.user)}/notices"
+        status, data, error = await self.upstream.call(self.upstream.hub(path))
+        if status == 200 and data is not None:
+            self.finish_json(data)
+        else:
+            self.finish_json(
+                {"notices": [], "message": self.hub_message(status, data, error, path)}
+            )
+
+
 class SwitchHandler(_Handler):
     @property
     def guard(self) -> SwitchGuard:
@@ -420,5 +436,6 @@ def setup_handlers(server_app: Any) -> None:
             (url_path_join(base, "switch"), SwitchHandler),
             (url_path_join(base, "gpus"), GpusHandler),
             (url_path_join(base, "spot"), SpotHandler),
+            (url_path_join(base, "notices"), NoticesHandler),
         ],
     )

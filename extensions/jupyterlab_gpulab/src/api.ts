@@ -49,6 +49,13 @@ export const getPool = () => request<IPool>('pool');
 export const getGpus = () => request<any>('gpus');
 export const getSpot = () => request<ISpotStatus>('spot');
 
+export interface INotice {
+  kind: string;
+  message: string;
+  t: number;
+}
+export const getNotices = () => request<{ notices: INotice[] }>('notices');
+
 export interface ISwitchRequest {
   gpu?: string;
   gpus?: number;

@@ -4,7 +4,7 @@
 import { JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
 import { Notification } from '@jupyterlab/apputils';
 
-import { getBalance, getCatalog, getStatus, pollServer } from './api';
+import { getBalance, getCatalog, getNotices, getStatus, pollServer } from './api';
 import { GpulabSession } from './model';
 import { IGpulabSession } from './tokens';
 
@@ -30,6 +30,28 @@ export const sessionPlugin: JupyterFrontEndPlugin<IGpulabSession | null> = {
       }
     });
     session.start();
+    void showNotices();
     return session;
   }
 };
+
+// The platform's own actions on this user's servers (an idle GPU moved to no-GPU mode), each
+// shown once in this browser.
+const SEEN_KEY = 'jupyterlab-gpulab:notices-seen';
+
+async function showNotices(): Promise<void> {
+  let notices;
+  try {
+    notices = (await getNotices()).notices;
+  } catch {
+    return;
+  }
+  const seen = Number(window.localStorage.getItem(SEEN_KEY) ?? '0');
+  const fresh = notices.filter(n => n.t > seen);
+  for (const notice of fresh) {
+    Notification.info(notice.message, { autoClose: false });
+  }
+  if (fresh.length) {
+    window.localStorage.setItem(SEEN_KEY, String(Math.max(...fresh.map(n => n.t))));
+  }
+}
