@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import subprocess
 import time
 import uuid
@@ -35,9 +36,9 @@ from gpulab.spawners.local.sandbox import Sandbox
 INTERVAL = 2.0  # ActivityObserver.interval's default
 
 
-def pct(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, max(0, round(q / 100 * len(values)) - 1))]
+def p50_p95(values: list[float]) -> tuple[float, float]:
+    cuts = statistics.quantiles(values, n=100, method="inclusive")
+    return statistics.median(values), cuts[94]
 
 
 def start_servers(n: int, procs: int, tree: Cgroups | None, alloc_ids: list[str]):
@@ -67,10 +68,11 @@ def measure(label: str, sandboxes: list[tuple[Sandbox, int]], rounds: int) -> No
             t0 = time.thread_time()
             found = len(sandbox.others(pid))
             samples.append((time.thread_time() - t0) * 1e3)
-    per_minute = pct(samples, 50) * 60 / INTERVAL
+    p50, p95 = p50_p95(samples)
+    per_minute = p50 * 60 / INTERVAL
     print(
         f"{label:8s} {len(sandboxes):4d} servers, {found} other processes each: "
-        f"per sample p50 {pct(samples, 50):.3f} ms, p95 {pct(samples, 95):.3f} ms CPU; "
+        f"per sample p50 {p50:.3f} ms, p95 {p95:.3f} ms CPU; "
         f"{per_minute:.1f} ms CPU per server per minute at {INTERVAL:g} s"
     )
 

@@ -26,7 +26,7 @@ from typing import Any
 from urllib.parse import quote
 
 from traitlets import Any as AnyTrait
-from traitlets import Float, Integer
+from traitlets import Bool, Float, Integer
 from traitlets.config import SingletonConfigurable
 
 from gpulab.hub_config.notices import Notices
@@ -76,6 +76,14 @@ class ActivityObserver(SingletonConfigurable):
         help="""At most this often (seconds) billing hears that an open span grew; a span that
         opens or closes is reported at once. Nothing is lost in between if the hub dies: spans
         reopen from the processes' own start times.""",
+    )
+
+    bill_observed = Bool(
+        True,
+        config=True,
+        help="""Whether observed activity is billed (reported to billing). Turning it off leaves
+        billing to the servers' own reports, which any user can stop sending: only for tests of
+        the reporter alone.""",
     )
 
     report_hook = AnyTrait(
@@ -132,7 +140,7 @@ class ActivityObserver(SingletonConfigurable):
         for owner in list(self.trackers):
             if owner not in seen:
                 events.extend(self._end(owner))
-        if events and self.report_hook is not None:
+        if events and self.report_hook is not None and self.bill_observed:
             await self.report_hook(events)
 
     def _due(self, span: Span, now: float) -> bool:

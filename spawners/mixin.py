@@ -15,6 +15,7 @@ from tornado import web
 from traitlets import Any as AnyTrait
 from traitlets import Float, HasTraits, default
 
+from gpulab.spawners.activity import Observation
 from gpulab.spawners.form import render_form
 from gpulab.spawners.market.admission import Admission, MarketAnswer
 from gpulab.spawners.market.hub import SpotMarket
@@ -370,6 +371,14 @@ class GpuSpawnerMixin(HasTraits):
     async def _launch(self, gpu_env: dict[str, str]) -> str | tuple[str, int]:
         """Start the server with ``gpu_env`` added; return its URL or (ip, port), as start()."""
         raise NotImplementedError
+
+    # ---- observation, called by the hub's activity observer ------------------------------------
+
+    async def observe_activity(self) -> Observation | None:
+        """This server's processes besides the single-user server itself, found where the user
+        cannot hide them (its cgroup, its container), and the GPU processes on its cards; None
+        when the spawner cannot tell (then nothing is observed, nothing billed from it)."""
+        return None
 
     # ---- preemption warning (spot), called by the market ----------------------------------------
 

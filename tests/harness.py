@@ -83,6 +83,19 @@ def passable_for_accounts(path: Path) -> None:
             folder.chmod(mode | 0o011)
 
 
+def write_in_home(home: Path, relative: str, text: str) -> Path:
+    """Write a file into a user's home as its owner would have (a root hub's servers run as the
+    user's own account, which must be able to change what the test put there)."""
+    path = home / relative
+    owner = home.stat()
+    made = [d for d in reversed(path.parents) if d.is_relative_to(home) and not d.exists()]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    for entry in [*made, path]:
+        os.chown(entry, owner.st_uid, owner.st_gid)
+    return path
+
+
 class Hub:
     """A gpulab hub in its own data dir, on free loopback ports, with an admin API token."""
 

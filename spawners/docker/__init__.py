@@ -2,8 +2,12 @@
 
 - :mod:`.spawner`: :class:`GpuDockerSpawner`, on dockerspawner's ``DockerSpawner``.
 - :mod:`.images`: which catalog images are present on the Docker node.
+- :mod:`.agent`: the preemption agent through ``docker exec``, and observed activity.
+- :mod:`.recovery`: claiming containers after a hub restart; removing the unclaimed.
+- :mod:`.labels`: what every container's labels say.
 """
 
-from gpulab.spawners.docker.spawner import AGENT_SOURCE, GpuDockerSpawner, network_gateway
+from gpulab.spawners.docker.agent import AGENT_SOURCE
+from gpulab.spawners.docker.spawner import GpuDockerSpawner, network_gateway
 
 __all__ = ["AGENT_SOURCE", "GpuDockerSpawner", "network_gateway"]

@@ -20,42 +20,36 @@ import asyncio
 import ipaddress
 import json
 import time
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import docker
 from docker.types import Mount
-from docker.utils.socket import consume_socket_output, demux_adaptor, frames_iter
 from dockerspawner import DockerSpawner
 from jupyterhub.traitlets import ByteSpecification
 from traitlets import Bool, Float, Integer, Unicode, default, validate
 
+from gpulab.spawners.docker.agent import ContainerAgentMixin
 from gpulab.spawners.docker.images import image_status
+from gpulab.spawners.docker.labels import (
+    L_ALLOC,
+    L_CREATED,
+    L_CURRENCY,
+    L_GPU_TYPE,
+    L_GPUS,
+    L_HUB,
+    L_IMAGE,
+    L_PRICE,
+    L_PRICING,
+    L_SERVER,
+    L_SIMULATED,
+    L_USER,
+)
+from gpulab.spawners.docker.recovery import RecoveryMixin, reap_containers
 from gpulab.spawners.images import ImageStatus
-from gpulab.spawners.inside import agent as preemption_agent
-from gpulab.spawners.inside.agent import checkpoint_log, checkpoint_state
 from gpulab.spawners.mixin import GpuSpawnerMixin, SpawnError
 from gpulab.spawners.node.allocator import Allocation
 from gpulab.spawners.node.pool import GpuPool
-from gpulab.spawners.options import OptionsError, parse_options
-
-# Sent to the container's Python with each `docker exec` (see preemption_agent's docstring).
-AGENT_SOURCE = Path(preemption_agent.__file__).read_text()
-
-LABEL_PREFIX = "org.gpulab."
-L_HUB = LABEL_PREFIX + "hub-id"
-L_USER = LABEL_PREFIX + "user"
-L_SERVER = LABEL_PREFIX + "server"
-L_ALLOC = LABEL_PREFIX + "allocation"
-L_GPU_TYPE = LABEL_PREFIX + "gpu-type"
-L_GPUS = LABEL_PREFIX + "gpu-uuids"
-L_SIMULATED = LABEL_PREFIX + "gpus-simulated"
-L_PRICING = LABEL_PREFIX + "pricing"
-L_PRICE = LABEL_PREFIX + "price-per-hour"
-L_CURRENCY = LABEL_PREFIX + "currency"
-L_CREATED = LABEL_PREFIX + "allocated-at"
-L_IMAGE = LABEL_PREFIX + "image"
+from gpulab.spawners.options import parse_options
 
 DOCKER_SOCKETS = ("/var/run/docker.sock", "/run/docker.sock")
 
@@ -87,7 +81,7 @@ def network_gateway(network: str) -> str:
     )
 
 
-class GpuDockerSpawner(GpuSpawnerMixin, DockerSpawner):
+class GpuDockerSpawner(ContainerAgentMixin, RecoveryMixin, GpuSpawnerMixin, DockerSpawner):
     """Runs each server in a container from the catalog image the user picked, with its GPUs."""
 
     gpu_device_requests = Unicode(
@@ -304,15 +298,6 @@ class GpuDockerSpawner(GpuSpawnerMixin, DockerSpawner):
             env["NVIDIA_DRIVER_CAPABILITIES"] = "compute,utility"
         return env
 
-    def _limits(self, alloc: Allocation) -> tuple[float, str]:
-        catalog = self.pool.catalog
-        if alloc.gpu_type is None:
-            return catalog.no_gpu.cpus, catalog.no_gpu.mem
-        gpu_type = catalog.gpu_types[alloc.gpu_type]
-        n = len(alloc.uuids)
-        number, unit = gpu_type.mem_per_card[:-1], gpu_type.mem_per_card[-1]
-        return gpu_type.cpus_per_card * n, f"{float(number) * n:g}{unit}"
-
     def _simulated(self, alloc: Allocation) -> bool:
         devices = [self.pool.inventory.by_uuid(u) for u in alloc.uuids]
         return any(d is not None and d.simulated for d in devices)
@@ -354,7 +339,8 @@ class GpuDockerSpawner(GpuSpawnerMixin, DockerSpawner):
 
     def _container_config(self, alloc: Allocation) -> None:
         """Per-spawn settings DockerSpawner.create_object merges into the container."""
-        cpus, mem = self._limits(alloc)
+        cpus, mem = self.resource_limits(alloc)
+        limits = self.pool.catalog.limits
         self.cpu_limit = cpus
         self.mem_limit = mem
         mem_bytes = ByteSpecification().validate(self, mem)
@@ -367,6 +353,9 @@ class GpuDockerSpawner(GpuSpawnerMixin, DockerSpawner):
             "security_opt": ["no-new-privileges"],
             "shm_size": max(64 * 2**20, int(mem_bytes * self.shm_fraction)),
             "device_requests": self.device_requests(alloc),
+            # A fork bomb or a file-handle leak stays inside this server (catalog [limits]).
+            "pids_limit": limits.pids,
+            "ulimits": [{"name": "nofile", "soft": limits.open_files, "hard": limits.open_files}],
         }
 
     # ---- lifecycle ---------------------------------------------------------------------------
@@ -416,7 +405,7 @@ class GpuDockerSpawner(GpuSpawnerMixin, DockerSpawner):
         self.emit_progress(
             40,
             f"Creating container {self.container_name} ({self.cpu_limit:g} CPUs, "
-            f"{self._limits(alloc)[1]} memory, {gpu_note})",
+            f"{self.resource_limits(alloc)[1]} memory, {gpu_note})",
         )
         t0 = time.perf_counter()
         try:
@@ -473,124 +462,6 @@ class GpuDockerSpawner(GpuSpawnerMixin, DockerSpawner):
             why += ", out of memory"
         return f"Server exited with {why} before it answered. Last log lines:\n{tail}"
 
-    # ---- preemption (spot) ----------------------------------------------------------------------
-
-    def _exec_agent(
-        self,
-        args: list[str],
-        environment: dict[str, str] | None = None,
-        read_timeout: float = 30,
-        started: Callable[[], None] | None = None,
-    ) -> tuple[int | None, bytes, bytes]:
-        """Run gpulab's preemption agent in the container as its user, in its home (blocking).
-
-        The source is sent with the command, so any image with a Python works unchanged. Returns
-        the agent's exit code, stdout and stderr."""
-        client = self.client
-        argv = [self.exec_python, "-c", AGENT_SOURCE, *args]
-        exec_id = client.exec_create(
-            self.object_id,
-            argv,
-            user=self.container_user,
-            workdir=self.home_mount,
-            environment=environment,
-        )["Id"]
-        # The raw connection rather than exec_start's reader: the client's 60 s socket timeout
-        # must not cut off a checkpoint command that writes nothing for longer.
-        sock = client.exec_start(exec_id, socket=True)
-        # A unix socket arrives wrapped (SocketIO): timeouts and closing act on the socket inside.
-        raw = getattr(sock, "_sock", sock)
-        try:
-            if started is not None:
-                started()
-            raw.settimeout(read_timeout)
-            frames = (demux_adaptor(*frame) for frame in frames_iter(sock, tty=False))
-            out, err = consume_socket_output(frames, demux=True)
-        finally:
-            sock.close()
-            raw.close()
-        code = None
-        for _ in range(50):  # the exit code lands a moment after the stream closes
-            try:
-                info = client.exec_inspect(exec_id)
-            except docker.errors.NotFound:  # the container is gone already
-                break
-            code = info.get("ExitCode")
-            if not info.get("Running"):
-                break
-            time.sleep(0.02)
-        return code, out or b"", err or b""
-
-    def _agent_failure(self, what: str, code: int | None, out: bytes, err: bytes) -> str:
-        tail = (err or out).decode(errors="replace").strip()[-500:]
-        if not tail and code in (None, 137, 143):
-            return f"{what} did not finish: the container {self.container_name} stopped first"
-        return (
-            f"{what} could not run in container {self.container_name} with "
-            f"{self.exec_python} (exit code {code}): {tail}"
-        )
-
-    async def gpulab_signal_processes(self) -> tuple[list[int], list[int]]:
-        """SIGUSR1 to the container's processes that catch it: (signalled, skipped) pids, as the
-        container sees them (what `ps` shows in the user's terminal)."""
-        if not self.object_id:
-            return [], []
-        code, out, err = await asyncio.to_thread(self._exec_agent, ["signal"])
-        if code != 0:
-            raise RuntimeError(self._agent_failure("Signalling its processes", code, out, err))
-        result = json.loads(out)
-        return result["signalled"], result["skipped"]
-
-    async def gpulab_run_checkpoint(
-        self,
-        command: str,
-        limit: float,
-        env: dict[str, str] | None = None,
-        on_start: Callable[[dict[str, Any]], None] | None = None,
-        on_result: Callable[[dict[str, Any]], None] | None = None,
-    ) -> dict[str, Any]:
-        """The user's checkpoint command, run in the container like a local server's.
-
-        As the server's user, in its home, with the server's environment plus ``env``; output
-        in ``~/.gpulab/checkpoints/<UTC time>.log`` in the home volume (the path the user sees in
-        JupyterLab); killed after ``limit`` seconds. ``on_start`` gets the running result.
-        ``on_result`` is not called: the result is known only when the exec ends, and returned
-        then."""
-        log = checkpoint_log(self.home_mount)
-        result: dict[str, Any] = {
-            "command": command,
-            "state": "running",
-            "log": log,
-            "started_at": time.time(),
-            "container": self.container_name,
-        }
-        if not self.object_id:
-            return {**result, "error": "server not running", "state": "failed"}
-        loop = asyncio.get_running_loop()
-
-        def started() -> None:
-            if on_start is not None:
-                loop.call_soon_threadsafe(on_start, dict(result))
-
-        spec = json.dumps({"command": command, "home": self.home_mount, "log": log, "limit": limit})
-        try:
-            # The agent kills the command at `limit`; the margin covers its start and report.
-            code, out, err = await asyncio.to_thread(
-                self._exec_agent, ["checkpoint", spec], env or {}, limit + 30, started
-            )
-        except (OSError, docker.errors.DockerException) as e:
-            code, out, err = None, b"", f"{type(e).__name__}: {e}".encode()
-        report = out.decode(errors="replace").strip().splitlines()
-        if code == 0 and report:
-            result.update(json.loads(report[-1]))
-        else:
-            # Stopped mid-run (the deadline came first), or no Python in the image.
-            result["exit_code"] = None
-            result["error"] = self._agent_failure("The checkpoint command", code, out, err)
-            result["finished_at"] = time.time()
-        result["state"] = checkpoint_state(result)
-        return result
-
     @classmethod
     async def sweep_node(cls, pool: GpuPool) -> None:
         await reap_containers(pool)
@@ -618,118 +489,6 @@ class GpuDockerSpawner(GpuSpawnerMixin, DockerSpawner):
         elif status is not None and self.object_id and self.remove:
             await self._remove_dead()
         return status
-
-    async def _remove_dead(self) -> None:
-        """A container that died by itself: log why, then remove it (the hub won't call stop())."""
-        obj = await self.get_object()
-        if obj is None:
-            return
-        state = obj["State"]
-        if state.get("Running") or state.get("StartedAt", "").startswith("0001-"):
-            # Never started (Docker refused it): kept for inspection; the reaper removes it.
-            return
-        raw = await self.docker("logs", self.object_id, tail=self.log_tail_lines)
-        self.log.warning(
-            "Container %s of %s exited with code %s%s; last log lines:\n%s",
-            self.container_name,
-            self.owner,
-            state.get("ExitCode"),
-            " (out of memory)" if state.get("OOMKilled") else "",
-            raw.decode(errors="replace").rstrip("\n"),
-        )
-        await self.remove_object()
-        self.object_id = ""
-
-    async def _claim_from_container(self) -> None:
-        obj = await self.get_object()
-        labels = (obj or {}).get("Config", {}).get("Labels") or {}
-        alloc_id = labels.get(L_ALLOC)
-        if not alloc_id or labels.get(L_HUB) != self.pool.hub_id:
-            return
-        uuids = [u for u in labels.get(L_GPUS, "").split(",") if u]
-        stored = self._stored_alloc
-        if stored and (stored["alloc_id"] != alloc_id or sorted(stored["uuids"]) != sorted(uuids)):
-            self.log.error(
-                "%s: container labels (allocation %s) contradict the hub database (%s); "
-                "not claiming GPUs %s",
-                self.owner,
-                alloc_id,
-                stored["alloc_id"],
-                ", ".join(uuids),
-            )
-            return
-        gpu_type = labels.get(L_GPU_TYPE, "none")
-        alloc = Allocation(
-            alloc_id=alloc_id,
-            owner=self.owner,
-            gpu_type=None if gpu_type == "none" else gpu_type,
-            uuids=uuids,
-            created=float(labels.get(L_CREATED) or time.time()),
-            pricing=labels.get(L_PRICING, "on-demand"),
-        )
-        allocator = self.pool.allocator
-        if not (allocator.restore(alloc) and allocator.adopt(self.owner, alloc_id)):
-            self.log.error(
-                "%s: GPUs %s of container %s are held by another allocation; not claiming them",
-                self.owner,
-                ", ".join(uuids),
-                self.container_name,
-            )
-            return
-        self.allocation = allocator.get(self.owner)
-        self.mode_label = self._label(self.allocation)
-        if self.gpulab_options is None:
-            try:
-                self.gpulab_options = parse_options(
-                    {
-                        "image": labels.get(L_IMAGE),
-                        "gpu": gpu_type,
-                        "gpus": len(uuids) or 1,
-                        "pricing": alloc.pricing,
-                    },
-                    self.pool.catalog,
-                )
-            except OptionsError as e:
-                self.log.warning("%s: options from container labels: %s", self.owner, e)
-        self.log.warning(
-            "%s: claimed allocation %s (GPUs: %s) from running container %s",
-            self.owner,
-            alloc_id,
-            ", ".join(uuids) or "none",
-            self.container_name,
-        )
-
-
-# ---- reaping ------------------------------------------------------------------------------------
-
-
-async def reap_containers(pool: GpuPool) -> None:
-    """Remove this hub's containers whose allocation no server holds any more.
-
-    Runs after each orphan sweep of the pool (from hub start on: :meth:`GpuDockerSpawner.sweep_node`): a
-    container of a spawn the hub died in the middle of, of a failed spawn, or of a record swept
-    as orphaned must not keep running, or keep a GPU busy, with nobody tracking or billing it.
-    """
-    client = GpuDockerSpawner._client or docker.APIClient(version="auto")
-    containers = await asyncio.to_thread(
-        client.containers, all=True, filters={"label": f"{L_HUB}={pool.hub_id}"}
-    )
-    allocator = pool.allocator
-    live = {a.alloc_id for a in allocator.allocations} - {o.alloc_id for o in allocator.orphans()}
-    for c in containers:
-        alloc_id = (c.get("Labels") or {}).get(L_ALLOC)
-        if alloc_id in live:
-            continue
-        pool.log.warning(
-            "Removing container %s (%s): its allocation %s is held by no server",
-            c["Names"][0].lstrip("/") if c.get("Names") else c["Id"][:12],
-            c.get("State"),
-            alloc_id,
-        )
-        try:
-            await asyncio.to_thread(client.remove_container, c["Id"], force=True)
-        except docker.errors.APIError as e:
-            pool.log.warning("Could not remove container %s: %s", c["Id"][:12], e)
 
 
 def _docker_reason(e: Exception) -> str:

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from gpulab.spawners.agent_reports import CheckpointReport
 from gpulab.spawners.inside import agent
 from gpulab.spawners.inside.agent import checkpoint_log, checkpoint_state
 
@@ -70,8 +71,9 @@ async def run_checkpoint(
 
     async def read_result() -> dict[str, Any] | None:
         async for line in stdout:
+            # The agent runs as the user: what it prints is checked before it is recorded.
             try:
-                report = json.loads(line)
+                report = CheckpointReport.model_validate_json(line).model_dump(exclude_unset=True)
             except ValueError:
                 continue
             if "exit_code" in report:

@@ -18,7 +18,16 @@ import time
 import pytest
 import requests
 from conftest import require
-from harness import PASSWORD, REPO, SLOW, Hub, approved_user, browser_log_in, wait_for
+from harness import (
+    PASSWORD,
+    REPO,
+    SLOW,
+    Hub,
+    approved_user,
+    browser_log_in,
+    wait_for,
+    write_in_home,
+)
 from jupyterlab_gpulab.spot import normalize_spot
 
 # Long enough that the page (which reads the spot status every 10 s) sees the warning with
@@ -234,8 +243,7 @@ def test_spot_price_countdown_save_and_cancel_in_the_browser(hub: Hub, browser) 
     try:
         browser_log_in(page, hub, name, PASSWORD, timeout=SLOW)
         hub.spawn_ready(name, SPOT)
-        notes = hub.data_dir / "users" / name / "notes.py"
-        notes.write_text("lr = 0.1\n")
+        notes = write_in_home(hub.data_dir / "users" / name, "notes.py", "lr = 0.1\n")
 
         page.goto(f"{hub.url}/user/{name}/lab/tree/notes.py", timeout=SLOW)
         page.wait_for_function(

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import require
-from harness import PASSWORD, SLOW, Hub, approved_user, browser_log_in, wait_for
+from harness import PASSWORD, SLOW, Hub, approved_user, browser_log_in, wait_for, write_in_home
 
 INTERVAL = 4
 
@@ -81,8 +81,7 @@ def test_spot_notebook_is_saved_periodically_but_not_on_demand(save_hub: Hub, br
 
         # Spot: saved within an interval (plus the page's 1 s check), no warning involved.
         hub.spawn_ready(name, {"gpu": "rtx-4090", "pricing": "spot", "max_price": "0.60"})
-        nb = home / "train.ipynb"
-        nb.write_text(notebook("lr = 0.1"))
+        nb = write_in_home(home, "train.ipynb", notebook("lr = 0.1"))
         edit_unsaved(page, hub, name, nb)
         edited = time.monotonic()
         wait_for(
@@ -101,8 +100,7 @@ def test_spot_notebook_is_saved_periodically_but_not_on_demand(save_hub: Hub, br
         # On demand: the same edit stays unsaved past several intervals.
         hub.stop_server(name)
         hub.spawn_ready(name, {"gpu": "none"})
-        nb2 = home / "eval.ipynb"
-        nb2.write_text(notebook("batch = 8"))
+        nb2 = write_in_home(home, "eval.ipynb", notebook("batch = 8"))
         edit_unsaved(page, hub, name, nb2)
         time.sleep(2 * INTERVAL + 2)
         assert cell_source(nb2) == "batch = 8"

@@ -220,3 +220,25 @@ def test_money_comes_first_a_switch_or_reclaim_the_balance_cannot_pay_changes_no
         for renter in renters:
             if ohub.server(renter) is not None:
                 ohub.stop_server(renter)
+
+
+def test_a_kernel_alive_12_seconds_is_billed_12_seconds_with_both_sources(ohub, ouser) -> None:
+    """Reports and observation together: the union, never the sum, within a second of life."""
+    billing = Billing(ohub)
+    ohub.spawn_ready(ouser, {"gpu": "rtx-4090"})
+    t0 = time.time()
+    k = ohub.kernel(ouser)
+    t1 = time.time()
+    time.sleep(12)
+    t2 = time.time()
+    k.close()
+    t3 = time.time()
+    ohub.stop_server(ouser)
+    alive = (t2 + t3) / 2 - (t0 + t1) / 2
+
+    def settled():
+        (server,) = billing.usage(ouser)["servers"]
+        return server if server["stopped"] and server["observed"] else None
+
+    server = wait_for(settled, 30, 0.5, "the session closed with its observed span")
+    assert abs(server["billed_seconds"] - alive) <= 1, (server["billed_seconds"], alive)

@@ -1,0 +1,16 @@
+"""The labels every gpulab container carries: enough for a restarted hub to know, from the
+container alone, whose server it is, which cards it holds and what it costs."""
+
+LABEL_PREFIX = "org.gpulab."
+L_HUB = LABEL_PREFIX + "hub-id"
+L_USER = LABEL_PREFIX + "user"
+L_SERVER = LABEL_PREFIX + "server"
+L_ALLOC = LABEL_PREFIX + "allocation"
+L_GPU_TYPE = LABEL_PREFIX + "gpu-type"
+L_GPUS = LABEL_PREFIX + "gpu-uuids"
+L_SIMULATED = LABEL_PREFIX + "gpus-simulated"
+L_PRICING = LABEL_PREFIX + "pricing"
+L_PRICE = LABEL_PREFIX + "price-per-hour"
+L_CURRENCY = LABEL_PREFIX + "currency"
+L_CREATED = LABEL_PREFIX + "allocated-at"
+L_IMAGE = LABEL_PREFIX + "image"
