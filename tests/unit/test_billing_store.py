@@ -149,6 +149,7 @@ def test_apps_are_metered_like_kernels_and_bill_the_union(engine) -> None:
     assert usage["total"] == {
         "kernel_seconds": 20,
         "app_seconds": 35,
+        "observed_seconds": 0,  # no hub observation in this scenario
         "billed_seconds": 45,
         "amount": statements.money(charged),
     }

@@ -49,7 +49,7 @@ def test_catalog_texts_and_user_values_come_out_escaped(evil_pool) -> None:
     pool, market, config = evil_pool
     user = 'al"ice<x>'
     # A queued request shows the user's own values (its id and max price) in the panel too.
-    market.queue_json = lambda name=None: [
+    market.queued_entry = lambda owner: (
         {
             "id": "q-<i>1</i>",
             "user": user,
@@ -65,7 +65,9 @@ def test_catalog_texts_and_user_values_come_out_escaped(evil_pool) -> None:
             "queue_length": 1,
             "options": {"gpu": "rtx-4090", "pricing": "spot", "max_price": '1"><script>x()'},
         }
-    ]
+        if owner == f"{user}/"
+        else None
+    )
     spawner = SimpleNamespace(
         pool=pool,
         config=config,
