@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from harness import REPO, VENV_BIN, Hub
 from spawn import pct, start_stock, stock_hub
 
+from gpulab.hub_config.catalog import DEFAULT_CATALOG
 from gpulab.spawners.docker import network_gateway
 
 DOCKER_SPAWNER_CONFIG = """
@@ -71,7 +72,7 @@ def test_image() -> str:
 
 
 def write_catalog(path: Path, image: str) -> Path:
-    text = (REPO / "hub_config" / "catalog.toml").read_text()
+    text = DEFAULT_CATALOG.read_text()
     text, n = re.subn(
         r'(\[images\.base\](?:(?!\n\[).)*?docker_image = )"[^"]*"',
         rf'\1"{image}"',
