@@ -11,6 +11,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+
 from gpulab_reporter.apps import AppTracker
 
 KERNEL_ACTIONS = "https://events.jupyter.org/jupyter_server/kernel_actions/v1"
@@ -178,8 +180,6 @@ class Reporter:
             await asyncio.sleep(self.heartbeat)
 
     async def send_loop(self) -> None:
-        from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
-
         client = AsyncHTTPClient()
         backoff = 0.0
         while True:
