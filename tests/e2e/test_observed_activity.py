@@ -127,6 +127,18 @@ def test_an_idle_gpu_goes_back_even_with_forged_heartbeats(ohub, ouser) -> None:
     # The attacker's notebook hands over the server's own token, then its kernel shuts down.
     with ohub.kernel(ouser) as k:
         token = k.execute("import os; print(os.environ['JUPYTERHUB_API_TOKEN'])").strip()
+    # Nor can the server claim observations of its own: that kind is the hub's.
+    forged = {
+        "id": uuid.uuid4().hex,
+        "kind": "activity",
+        "user": ouser,
+        "server": "",
+        "t": time.time(),
+        "span": "x-1",
+        "first": time.time() - 3600,
+    }
+    r = billing.post("api/v1/events", {"events": [forged]}, token=token)
+    assert r.status_code == 403 and "from the hub only" in r.text, r.text
     stop = time.time() + 30
 
     def forged_heartbeat() -> None:
