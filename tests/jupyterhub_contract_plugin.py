@@ -47,6 +47,12 @@ class ContractSpawner(GpuLocalSpawner):
         # The contract is the spawner API; the accounts are tested in tests/e2e/test_isolation.py.
         return False
 
+    @default("use_cgroups")
+    def _default_use_cgroups(self) -> bool:
+        # Likewise: LocalProcessSpawner's contract, without gpulab's isolation of local servers
+        # (tests/e2e/test_isolation.py, tests/unit/test_local_cgroup.py).
+        return False
+
 
 jupyterhub.spawner.LocalProcessSpawner = ContractSpawner
 jupyterhub.spawner.SimpleLocalProcessSpawner = ContractSpawner

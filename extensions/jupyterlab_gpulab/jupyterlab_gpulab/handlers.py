@@ -142,6 +142,7 @@ class SwitchGuard:
         self.grace = grace
         self.in_flight = 0
         self._idle: asyncio.Event | None = None
+        self._redeliveries: set[asyncio.Task] = set()
 
     def enter(self) -> None:
         if self._idle is None:
@@ -170,9 +171,7 @@ class SwitchGuard:
         def handler(signum: int, frame: Any) -> None:
             if self.in_flight:
                 loop = server_app.io_loop.asyncio_loop
-                loop.call_soon_threadsafe(
-                    lambda: asyncio.ensure_future(self._redeliver(signum, original))
-                )
+                loop.call_soon_threadsafe(self._start_redelivery, signum, original)
             elif callable(original):
                 original(signum, frame)
             else:
@@ -180,6 +179,12 @@ class SwitchGuard:
                 os.kill(os.getpid(), signum)
 
         return handler
+
+    def _start_redelivery(self, signum: int, original: Any) -> None:
+        # Held until it has run: a task only the event loop refers to may be collected first.
+        task = asyncio.ensure_future(self._redeliver(signum, original))
+        self._redeliveries.add(task)
+        task.add_done_callback(self._redeliveries.discard)
 
     async def _redeliver(self, signum: int, original: Any) -> None:
         if self.in_flight and self._idle is not None:
