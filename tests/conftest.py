@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import tempfile
 import time
 import uuid
@@ -178,6 +179,11 @@ SHARED_TMP = Path("/tmp/gpulab-pytest")
 
 
 def pytest_configure(config) -> None:
+    # A suite started in the background (`cmd &` in a script: CI, tools/fresh-ci) inherits SIGINT
+    # ignored, and every server and kernel it starts would inherit that too, so stopping them with
+    # SIGINT, as JupyterHub does, would do nothing. Start them as a terminal would.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     if os.geteuid() != 0 or config.option.basetemp:
         return
     SHARED_TMP.mkdir(mode=0o711, exist_ok=True)

@@ -18,6 +18,7 @@ import ctypes.util
 import importlib.abc
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -152,6 +153,10 @@ def install_import_trimming() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
+    # The hub stops a server with SIGINT first; a hub started in the background hands its
+    # children SIGINT ignored, which would make every stop wait for SIGTERM.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     prepare_datasets(dict(os.environ))
     enter_sandbox(dict(os.environ))
     if os.environ.get("GPULAB_TRIM_IMPORTS", "1") == "1":
