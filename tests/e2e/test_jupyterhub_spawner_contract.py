@@ -23,11 +23,13 @@ import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import jupyterhub
+import pytest
 from conftest import require
 from harness import REPO, passable_for_accounts
 
@@ -91,7 +93,7 @@ def run_jupyterhub_tests(tmp_path: Path, name: str, **env: str) -> tuple[int, st
         **env,
     }
     full_env.pop("SSL_ENABLED", None)
-    proc = subprocess.run(
+    proc = subprocess.Popen(
         [
             sys.executable,
             "-m",
@@ -112,11 +114,19 @@ def run_jupyterhub_tests(tmp_path: Path, name: str, **env: str) -> tuple[int, st
         ],
         cwd=work,
         env=full_env,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         text=True,
-        timeout=270,
+        # Its own process group: a run cut off at its limit takes its mock hubs' proxies along.
+        start_new_session=True,
     )
-    return proc.returncode, proc.stdout + proc.stderr
+    try:
+        output, _ = proc.communicate(timeout=270)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        pytest.fail(f"JupyterHub's spawner tests did not finish in 270 s:\n{output[-5000:]}")
+    return proc.returncode, output
 
 
 def counts(output: str) -> dict[str, int]:
