@@ -156,6 +156,12 @@ class Hub:
         )
         log.close()
 
+        self.wait_answering(timeout)
+        return self
+
+    def wait_answering(self, timeout: float) -> None:
+        """Until the hub's API answers; a hub that exits first fails at once, with its log."""
+
         def up() -> bool:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"hub exited with {self.proc.returncode}:\n{self.log_tail()}")
@@ -165,7 +171,6 @@ class Hub:
                 return False
 
         wait_for(up, timeout, what="the hub to answer")
-        return self
 
     def log_tail(self, n: int = 40) -> str:
         try:
@@ -322,15 +327,7 @@ class ConfigFileHub(Hub):
                 start_new_session=True,
             )
 
-        def up() -> bool:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"hub exited with {self.proc.returncode}:\n{self.log_tail()}")
-            try:
-                return requests.get(f"{self.url}/hub/api/", timeout=2).status_code == 200
-            except requests.RequestException:
-                return False
-
-        wait_for(up, timeout, what="the hub to answer")
+        self.wait_answering(timeout)
         return self
 
 

@@ -21,6 +21,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpulab.spawners.node.procs import process_env
+
 SESSION_ENV = "GPULAB_TEST_SESSION"
 HUB_ENV = "GPULAB_HUB_ID"
 LABEL_HUB = "org.gpulab.hub-id"
@@ -86,16 +88,7 @@ def _cmdline(pid: int) -> str:
 
 
 def _environ(pid: int) -> dict[str, str]:
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return {}
-    env = {}
-    for item in raw.split(b"\0"):
-        key, sep, value = item.partition(b"=")
-        if sep and key in (SESSION_ENV.encode(), HUB_ENV.encode()):
-            env[key.decode()] = value.decode(errors="replace")
-    return env
+    return process_env(pid, (SESSION_ENV, HUB_ENV))
 
 
 def _cwd(pid: int) -> str:

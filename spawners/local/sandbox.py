@@ -93,9 +93,5 @@ class Sandbox:
             time.sleep(0.02)
         return len(killed)
 
-    def sweep_safe(self) -> bool:
-        """Whether kill_all can be trusted to find everything (not just the process tree)."""
-        return self.cgroup is not None or self.account is not None
-
 
 __all__ = ["ENV_CGROUP", "ENV_RUN_AS", "CgroupError", "Sandbox"]

@@ -6,7 +6,7 @@ is what the hub runs.
 
 Prices are :class:`~decimal.Decimal` per card-hour, quantised to the catalog's cent.
 
-Billing's seam: :func:`price_at` (from the catalog's ``price_history``) answers the spot price in
+Billing's seam: ``gpulab.hub_config.catalog.price_history.price_at`` answers the spot price in
 force for a GPU type at any second, from the durable history.
 """
 
@@ -20,9 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, time
 from decimal import ROUND_HALF_UP, Decimal
 
-from gpulab.hub_config.catalog.price_history import price_at
-
-__all__ = ["Decisions", "Order", "Schedule", "TypeBook", "decide", "price_at", "spot_price"]
+__all__ = ["Decisions", "Order", "Schedule", "TypeBook", "decide", "spot_price"]
 
 CENT = Decimal("0.01")
 # HH:MM-HH:MM, seconds optional (HH:MM:SS) for windows that end between whole minutes.

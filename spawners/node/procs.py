@@ -20,10 +20,10 @@ def pids() -> list[int]:
     return [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()]
 
 
-def process_env(pid: int) -> dict[str, str]:
-    """The gpulab variables (``ENV_ALLOC``, ``ENV_HUB``) in ``pid``'s environment; {} if gone.
+def process_env(pid: int, keys: tuple[str, ...] = (ENV_ALLOC, ENV_HUB)) -> dict[str, str]:
+    """The variables ``keys`` (gpulab's by default) in ``pid``'s environment; {} if gone.
 
-    Only these two are decoded: the rest of a stranger's environment is none of our business."""
+    Only these are decoded: the rest of a stranger's environment is none of our business."""
     try:
         raw = Path(f"/proc/{pid}/environ").read_bytes()
     except OSError:
@@ -31,7 +31,7 @@ def process_env(pid: int) -> dict[str, str]:
     env = {}
     for item in raw.split(b"\0"):
         key, sep, value = item.partition(b"=")
-        if sep and key in (ENV_ALLOC.encode(), ENV_HUB.encode()):
+        if sep and key.decode(errors="replace") in keys:
             env[key.decode()] = value.decode(errors="replace")
     return env
 
