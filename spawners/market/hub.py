@@ -137,6 +137,9 @@ class SpotMarket(SpotMarketConfig):
         else:
             self.pins[slug] = price
         self._save_state()
+        # The books may not yet hold a server that became ready since the last tick; a pin
+        # must weigh it, or the warning would wait for the next tick.
+        self._sync_running()
         self.tick_type(slug)
 
     # ---- the loop ----------------------------------------------------------------------------
