@@ -113,6 +113,10 @@ class BillingHooks:
                     raise
                 await asyncio.sleep(0.5)
 
+    async def balance(self, user_name: str) -> dict[str, Any]:
+        """Billing's balance record for ``user_name`` (for the hub's home page)."""
+        return await self._call("GET", f"api/v1/users/{user_name}/balance")
+
     async def before_start(self, spawner) -> None:
         """Refuse a start the balance cannot pay; else tell billing what the server costs."""
         catalog = spawner.pool.catalog
@@ -282,6 +286,8 @@ def configure_billing(c, data_dir: str, catalog: str, roles: list[dict]) -> None
     # What the hub observes in each server is billed too (hub_config/observer.py).
     c.ActivityObserver.report_hook = hooks.report_events
     c.SpotMarket.compensation_hook = hooks.compensate
+    c.GpulabHome.balance_hook = hooks.balance
+    c.GpulabHome.statement_url = "/services/billing/"
     server_env = dict(c.Spawner.environment) if "environment" in c.Spawner else {}
     server_env["GPULAB_BILLING_URL"] = server_url
     for key in ("GPULAB_REPORTER_HEARTBEAT", "GPULAB_REPORTER_MAX_BACKOFF"):

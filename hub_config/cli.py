@@ -14,6 +14,7 @@ from pathlib import Path
 from gpulab.hub_config.catalog import CatalogError, load_catalog
 from gpulab.hub_config.data_dir import admin_password, make_private_data_dir
 from gpulab.hub_config.images_cli import add_images_parser, cmd_images
+from gpulab.hub_config.models_cli import add_models_parser, cmd_models
 from gpulab.spawners.node.inventory import GpuInventory, SimulateSpecError, parse_simulate_spec
 
 CONFIG_FILE = Path(__file__).with_name("jupyterhub_config.py")
@@ -90,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     up.add_argument("jupyterhub_args", nargs="*", help="extra JupyterHub arguments (after --)")
     add_images_parser(sub)
+    add_models_parser(sub)
     return parser
 
 
@@ -163,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_up(args)
     if args.command == "images":
         return cmd_images(args)
+    if args.command == "models":
+        return cmd_models(args)
     return 2
 
 

@@ -25,6 +25,7 @@ from tornado.httpclient import AsyncHTTPClient
 
 from gpulab.hub_config import api, overrides
 from gpulab.hub_config.billing_hooks import configure_billing
+from gpulab.hub_config.home import TEMPLATES as HOME_TEMPLATES
 from gpulab.hub_config.notices import notices_for
 from gpulab.hub_config.observer import ActivityObserver
 from gpulab.hub_config.scopes import (
@@ -67,6 +68,9 @@ def configure_plugin(
     c.SpotMarket.api_token = market_token
     c.SpotMarket.hub_api_url = hub_api_url
     c.Spawner.server_token_scopes = list(SERVER_TOKEN_SCOPES)
+    # gpulab's home page (hub_config/templates/home.html) ahead of JupyterHub's own templates.
+    paths = list(c.JupyterHub.template_paths) if "template_paths" in c.JupyterHub else []
+    c.JupyterHub.template_paths = [str(HOME_TEMPLATES), *paths]
 
 
 def routes() -> list[tuple[str, type]]:

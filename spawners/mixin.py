@@ -16,6 +16,7 @@ from traitlets import Any as AnyTrait
 from traitlets import Float, HasTraits, default
 
 from gpulab.spawners.activity import Observation
+from gpulab.spawners.apps import AppServersMixin
 from gpulab.spawners.form import render_form
 from gpulab.spawners.market.admission import Admission, MarketAnswer
 from gpulab.spawners.market.hub import SpotMarket
@@ -33,7 +34,7 @@ class SpawnError(web.HTTPError):
         self.jupyterhub_message = message
 
 
-class GpuSpawnerMixin(HasTraits):
+class GpuSpawnerMixin(AppServersMixin, HasTraits):
     """Mixin for a JupyterHub Spawner class (put it first in the bases)."""
 
     gpulab_options: ServerOptions | None = None
@@ -227,6 +228,7 @@ class GpuSpawnerMixin(HasTraits):
             "GPULAB_CURRENCY": self.pool.catalog.currency,
             "GPULAB_IMAGE": opts.image if opts else "",
             "GPULAB_DATASETS": ",".join(opts.datasets) if opts else "",
+            "GPULAB_APP": opts.app if opts else "",
         }
         if alloc.uuids:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(alloc.uuids)
@@ -350,7 +352,9 @@ class GpuSpawnerMixin(HasTraits):
             t_alloc = time.perf_counter() - self._spawn_t0
             url = await self._launch(self.gpu_env(alloc))
             total = time.perf_counter() - self._spawn_t0
-            self.emit_progress(100, f"JupyterLab is ready on {self.mode_label}")
+            opts = self.gpulab_options
+            what = "JupyterLab" if opts is None or opts.app == "jupyterlab" else "The server"
+            self.emit_progress(100, f"{what} is ready on {self.mode_label}")
             # Parsed by benchmarks/spawn.py for its breakdown: keep the format.
             phases = " ".join(f"{k}={v:.3f}s" for k, v in self.launch_timings.items())
             self.log.info(

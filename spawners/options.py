@@ -2,9 +2,12 @@
 
 ``POST /hub/api/users/NAME/server`` with a JSON body, or the spawn form, both end up here::
 
-    {"image": "base", "gpu": "a100-80g" | "none", "gpus": 1,
+    {"app": "jupyterlab", "image": "base", "gpu": "a100-80g" | "none", "gpus": 1,
      "datasets": ["sklearn-toy"], "pricing": "on-demand" | "spot", "max_price": 1.5,
      "wait": false, "windows_only": false}
+
+``app`` (default JupyterLab) picks what the server opens on; an app that names an image runs in
+it (``image`` then defaults to it) and only on the GPU types it fits.
 
 Every field is checked against the catalog; an error names the field and the allowed values.
 """
@@ -17,12 +20,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from gpulab.hub_config.catalog import Catalog
+from gpulab.hub_config.catalog import DEFAULT_APP, App, Catalog
 
 PRICING = ("on-demand", "spot")
-FIELDS = ("image", "gpu", "gpus", "datasets", "pricing", "max_price", "wait", "windows_only")
+FIELDS = ("app", "image", "gpu", "gpus", "datasets", "pricing", "max_price", "wait", "windows_only")
 
 DEFAULTS: dict[str, Any] = {
+    "app": DEFAULT_APP,
     "image": "base",
     "gpu": "none",
     "gpus": 1,
@@ -57,6 +61,8 @@ class ServerOptions(BaseModel):
     wait: bool = False
     # Spot only: run only inside the market's low-price windows (queued outside them).
     windows_only: bool = False
+    # What the server opens on: a catalog app slug (JupyterLab by default).
+    app: str = DEFAULT_APP
 
     @property
     def gpu_type(self) -> str | None:
@@ -78,6 +84,17 @@ class ServerOptions(BaseModel):
         out["datasets"] = list(self.datasets)
         out["max_price"] = None if self.max_price is None else str(self.max_price)
         return out
+
+
+def app_gpu_types(app: App, catalog: Catalog) -> list[str]:
+    """The GPU types (and "none") a server running ``app`` may have, in catalog order."""
+    out = [
+        slug
+        for slug, gt in catalog.gpu_types.items()
+        if app.runs_on(slug, gt.vram_gb)
+        and (app.image is None or catalog.images[app.image].supports(slug))
+    ]
+    return [*out, "none"] if app.runs_on(None, 0) else out
 
 
 def _allowed(values: Any) -> str:
@@ -133,6 +150,20 @@ def parse_options(raw: Any, catalog: Catalog) -> ServerOptions:
         raise OptionsError(unknown[0], f"unknown field; allowed fields: {_allowed(FIELDS)}")
     opts = {**DEFAULTS, **{k: v for k, v in raw.items() if v is not None or k == "max_price"}}
 
+    app_slug = opts["app"]
+    if not isinstance(app_slug, str) or app_slug not in catalog.apps:
+        raise OptionsError("app", f"unknown app {app_slug!r}; allowed: {_allowed(catalog.apps)}")
+    app = catalog.apps[app_slug]
+    if app.image is not None:
+        if "image" not in raw or raw["image"] is None:
+            opts["image"] = app.image
+        elif raw["image"] != app.image:
+            raise OptionsError(
+                "image",
+                f"{app.display_name} runs in image {app.image!r}; omit image or set it to "
+                f"{app.image!r}",
+            )
+
     gpu = opts["gpu"]
     gpu_choices = ["none", *catalog.gpu_types]
     if not isinstance(gpu, str) or gpu not in gpu_choices:
@@ -150,6 +181,14 @@ def parse_options(raw: Any, catalog: Catalog) -> ServerOptions:
             raise OptionsError(
                 "gpus", f"must be between 1 and {catalog.max_gpus_per_server}, not {gpus}"
             )
+
+    if gpu not in app_gpu_types(app, catalog):
+        fits = app_gpu_types(app, catalog)
+        need = f" with at least {app.min_vram_gb} GB of VRAM" if app.min_vram_gb else ""
+        what = "a GPU" if gpu == "none" else f"a GPU type it runs on{need}"
+        raise OptionsError(
+            "gpu", f"{app.display_name} needs {what}, not {gpu!r}; allowed for it: {_allowed(fits)}"
+        )
 
     image = opts["image"]
     if not isinstance(image, str) or image not in catalog.images:
@@ -201,6 +240,7 @@ def parse_options(raw: Any, catalog: Catalog) -> ServerOptions:
         max_price=max_price,
         wait=wait,
         windows_only=windows_only,
+        app=app_slug,
     )
 
 
@@ -212,7 +252,7 @@ def options_from_form(form: dict[str, list[str]]) -> dict[str, Any]:
         return values[0] if values and values[0] != "" else None
 
     out: dict[str, Any] = {}
-    for key in ("image", "gpu", "pricing"):
+    for key in ("app", "image", "gpu", "pricing"):
         if (v := one(key)) is not None:
             out[key] = v
     if (v := one("gpus")) is not None and out.get("gpu") != "none":

@@ -1,12 +1,14 @@
 """The platform catalog, the floor every other part of gpulab stands on.
 
 - :mod:`.models`: GPU types, prices, images and datasets as typed models, loaded from TOML.
+- :mod:`.apps`: the apps a one-click launch runs and the model store they read.
 - :mod:`.price_history`: the spot price in force at every second, written by the hub's market
   and read by billing.
 
 Nothing here imports anything else of gpulab.
 """
 
+from gpulab.hub_config.catalog.apps import DEFAULT_APP, App, StoreModel
 from gpulab.hub_config.catalog.models import (
     DEFAULT_CATALOG,
     Catalog,
@@ -22,7 +24,9 @@ from gpulab.hub_config.catalog.models import (
 )
 
 __all__ = [
+    "DEFAULT_APP",
     "DEFAULT_CATALOG",
+    "App",
     "Catalog",
     "CatalogError",
     "Dataset",
@@ -30,6 +34,7 @@ __all__ = [
     "Image",
     "NoGpuMode",
     "ServerLimits",
+    "StoreModel",
     "load_catalog",
     "parse_catalog",
     "slugify",

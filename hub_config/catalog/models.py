@@ -1,4 +1,4 @@
-"""The platform catalog: GPU types, prices, images and datasets, as typed models.
+"""The platform catalog: GPU types, prices, images, datasets, apps and models, as typed models.
 
 The catalog is one declarative TOML file. It is validated once at start-up; every error names the
 offending key (``gpu_types.a100-80g.on_demand_price``) and, where the set is closed, the allowed
@@ -16,12 +16,24 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from .apps import DEFAULT_APP, App, StoreModel
+
 DEFAULT_CATALOG = Path(__file__).with_name("catalog.toml")
 
 SLUG_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
 MEM_RE = re.compile(r"^\d+(?:\.\d+)?[KMGT]$")
 
 Money = Annotated[Decimal, Field(ge=0, max_digits=12, decimal_places=6)]
+
+
+JUPYTERLAB = App(
+    slug=DEFAULT_APP,
+    display_name="JupyterLab",
+    description="Notebooks, terminals and files",
+    needs_gpu=False,
+    open_path="/lab",
+)
+SECTIONS = ("gpu_types", "images", "datasets", "apps", "models")
 
 
 class CatalogError(ValueError):
@@ -147,6 +159,9 @@ class Catalog(_Model):
     gpu_types: dict[str, GpuType]
     images: dict[str, Image]
     datasets: dict[str, Dataset] = Field(default_factory=dict)
+    # A catalog from before apps existed still launches JupyterLab.
+    apps: dict[str, App] = Field(default_factory=lambda: {DEFAULT_APP: JUPYTERLAB})
+    models: dict[str, StoreModel] = Field(default_factory=dict)
     limits: ServerLimits = Field(default_factory=ServerLimits)
 
     @model_validator(mode="before")
@@ -155,7 +170,7 @@ class Catalog(_Model):
         # Slugs are the TOML table names; copy them into the entries so each model knows its own.
         if isinstance(data, dict):
             data = dict(data)
-            for section in ("gpu_types", "images", "datasets"):
+            for section in SECTIONS:
                 entries = data.get(section)
                 if isinstance(entries, dict):
                     data[section] = {
@@ -166,7 +181,7 @@ class Catalog(_Model):
 
     @model_validator(mode="after")
     def _check_references(self) -> Catalog:
-        for section in ("gpu_types", "images", "datasets"):
+        for section in SECTIONS:
             for slug in getattr(self, section):
                 if not SLUG_RE.match(slug) or slug == "none":
                     raise ValueError(
@@ -182,6 +197,20 @@ class Catalog(_Model):
                         f"images.{image.slug}.gpu_types: unknown GPU type {gpu!r}; "
                         f"allowed: {', '.join(['none', *self.gpu_types])}"
                     )
+        for app in self.apps.values():
+            if app.image is not None and app.image not in self.images:
+                raise ValueError(
+                    f"apps.{app.slug}.image: unknown image {app.image!r}; "
+                    f"allowed: {', '.join(self.images)}"
+                )
+            for gpu in app.gpu_types:
+                if gpu not in self.gpu_types:
+                    raise ValueError(
+                        f"apps.{app.slug}.gpu_types: unknown GPU type {gpu!r}; "
+                        f"allowed: {', '.join(self.gpu_types)}"
+                    )
+        if self.apps and DEFAULT_APP not in self.apps:
+            raise ValueError(f"apps: the default app {DEFAULT_APP!r} (JupyterLab) is required")
         return self
 
     def gpu_type_for_nvml_name(self, nvml_name: str) -> GpuType | None:
@@ -192,7 +221,14 @@ class Catalog(_Model):
 
     def public(self) -> dict[str, Any]:
         """The catalog as JSON-ready data for the form, the API and the extensions."""
-        return self.model_dump(mode="json", exclude={"datasets": {"__all__": {"source"}}})
+        return self.model_dump(
+            mode="json",
+            exclude={
+                "datasets": {"__all__": {"source"}},
+                "models": {"__all__": {"source"}},
+                "apps": {"__all__": {"command", "local_command"}},
+            },
+        )
 
 
 def _allowed_fields(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:

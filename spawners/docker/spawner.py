@@ -28,6 +28,7 @@ from dockerspawner import DockerSpawner
 from jupyterhub.traitlets import ByteSpecification
 from traitlets import Bool, Float, Integer, Unicode, default, validate
 
+from gpulab.hub_config.catalog import App
 from gpulab.spawners.docker.agent import ContainerAgentMixin
 from gpulab.spawners.docker.images import image_status
 from gpulab.spawners.docker.labels import (
@@ -112,6 +113,13 @@ class GpuDockerSpawner(ContainerAgentMixin, RecoveryMixin, GpuSpawnerMixin, Dock
         "/datasets",
         config=True,
         help="Directory in the container under which each dataset is bind-mounted read-only.",
+    )
+
+    models_mount = Unicode(
+        "/models",
+        config=True,
+        help="""Directory in the container under which each model of the catalog's model store
+        is bind-mounted read-only (and linked from ~/models/SLUG).""",
     )
 
     container_user = Unicode(
@@ -265,9 +273,36 @@ class GpuDockerSpawner(ContainerAgentMixin, RecoveryMixin, GpuSpawnerMixin, Dock
             )
         return mounts
 
+    def _model_mounts(self) -> list[Mount]:
+        """Read-only bind mounts of the model store at /models/SLUG (linked from ~/models)."""
+        return [
+            Mount(
+                target=f"{self.models_mount}/{slug}", source=str(src), type="bind", read_only=True
+            )
+            for slug, src in self.model_sources().items()
+        ]
+
     @property
     def mount_binds(self) -> list[Mount]:
-        return [*super().mount_binds, *self._dataset_mounts()]
+        return [*super().mount_binds, *self._dataset_mounts(), *self._model_mounts()]
+
+    # ---- apps ----------------------------------------------------------------------------------
+
+    def server_home(self) -> str:
+        return self.home_mount
+
+    def app_command(self, app: App) -> list[str] | None:
+        # The app's image carries its command.
+        return app.command or None
+
+    async def app_unavailable(self, app: App) -> str:
+        if app.image is None:
+            return ""
+        status = (await self.image_availability()).get(app.image)
+        if status is None or not status.present:
+            why = status.reason if status is not None else "not in the catalog"
+            return f"its image {app.image!r} is not on this node ({why})"
+        return ""
 
     @property
     def volume_binds(self) -> dict[str, dict[str, str]]:
@@ -286,6 +321,9 @@ class GpuDockerSpawner(ContainerAgentMixin, RecoveryMixin, GpuSpawnerMixin, Dock
         links = [
             [f"{self.datasets_mount}/{slug}", f"{self.home_mount}/datasets/{slug}"]
             for slug in (opts.datasets if opts else ())
+        ] + [
+            [f"{self.models_mount}/{slug}", f"{self.home_mount}/models/{slug}"]
+            for slug in (self.model_sources() if opts else ())
         ]
         # The launcher in the image links ~/datasets/SLUG to the read-only mounts (and removes
         # links of datasets no longer requested).

@@ -102,10 +102,16 @@ def tidy_datasets_dir(datasets_dir: Path, keep: set[str]) -> None:
                 pass  # the user put files there; leave them
 
 
+# Folders of the home that hold read-only mounts (datasets, the model store), kept tidy here.
+MOUNT_DIRS = ("datasets", "models")
+
+
 def prepare_datasets(env: dict[str, str]) -> None:
     mounts = [tuple(m) for m in json.loads(env.get("GPULAB_DATASET_MOUNTS") or "[]")]
     home = Path(env.get("HOME") or os.getcwd())
-    tidy_datasets_dir(home / "datasets", {Path(dst).name for _, dst in mounts})
+    for name in MOUNT_DIRS:
+        keep = {Path(dst).name for _, dst in mounts if Path(dst).parent.name == name}
+        tidy_datasets_dir(home / name, keep)
     if not mounts:
         return
     if env.get("GPULAB_DATASET_MODE") == "bind":
@@ -128,13 +134,14 @@ def enter_sandbox(env: dict[str, str]) -> None:
         return
     uid_s, gid_s, name = run_as.split(":", 2)
     uid, gid = int(uid_s), int(gid_s)
-    datasets = Path(env.get("HOME") or os.getcwd()) / "datasets"
-    if datasets.is_dir():
-        # Made by root just now; the links (or mount points) inside stay read-only.
-        os.lchown(datasets, uid, gid)
-        for entry in datasets.iterdir():
-            if entry.is_symlink():
-                os.lchown(entry, uid, gid)
+    for name in MOUNT_DIRS:
+        folder = Path(env.get("HOME") or os.getcwd()) / name
+        if folder.is_dir():
+            # Made by root just now; the links (or mount points) inside stay read-only.
+            os.lchown(folder, uid, gid)
+            for entry in folder.iterdir():
+                if entry.is_symlink():
+                    os.lchown(entry, uid, gid)
     os.setgroups([gid])
     os.setgid(gid)
     os.setuid(uid)

@@ -33,6 +33,7 @@ from jupyterhub.spawner import LocalProcessSpawner
 from jupyterhub.utils import random_port
 from traitlets import Bool, Float, Integer, List, Unicode, default, validate
 
+from gpulab.hub_config.catalog import App
 from gpulab.spawners.images import ImageStatus
 from gpulab.spawners.inside.agent import signal_opted_in
 from gpulab.spawners.inside.launcher import enter_sandbox
@@ -41,6 +42,7 @@ from gpulab.spawners.local.forkserver import ForkServerClient
 from gpulab.spawners.local.isolation import LocalIsolationMixin
 from gpulab.spawners.mixin import GpuSpawnerMixin, SpawnError
 from gpulab.spawners.node.pool import GpuPool
+from gpulab.spawners.options import ServerOptions
 
 _FORKSERVERS: dict[str, ForkServerClient] = {}
 
@@ -203,16 +205,16 @@ class GpuLocalSpawner(LocalIsolationMixin, GpuSpawnerMixin, LocalProcessSpawner)
             self.log.info("Datasets are mounted with mode %r", cls._auto_mode)
         return cls._auto_mode
 
-    def _dataset_source(self, slug: str, mode: str) -> str:
-        dataset = self.pool.catalog.datasets[slug]
-        src = dataset.resolve_source()
+    def _read_only_source(self, kind: str, slug: str, src: Path, mode: str) -> str:
+        """The folder to mount at ~/KIND/SLUG (KIND: datasets or models), read-only."""
         if not src.is_dir():
-            raise SpawnError(500, f"Dataset {slug} is unavailable: {src} is not a directory")
+            what = "Dataset" if kind == "datasets" else "Model"
+            raise SpawnError(500, f"{what} {slug} is unavailable: {src} is not a directory")
         if mode == "bind" or not os.access(src, os.W_OK):
             return str(src)
         # Symlink mode and we could write the source (e.g. package data in our own venv): serve
         # a read-only copy instead, made once.
-        copy = Path(self.pool.data_dir) / "datasets" / slug
+        copy = Path(self.pool.data_dir) / "read-only" / kind / slug
         if not copy.exists():
             tmp = copy.with_name(f".{slug}.tmp")
             shutil.rmtree(tmp, ignore_errors=True)
@@ -261,6 +263,37 @@ class GpuLocalSpawner(LocalIsolationMixin, GpuSpawnerMixin, LocalProcessSpawner)
             for slug in self.pool.catalog.images
         }
 
+    # ---- apps ----------------------------------------------------------------------------------
+
+    def server_home(self) -> str:
+        return self.home_dir
+
+    def app_command(self, app: App) -> list[str] | None:
+        # Local servers run the hub's own environment: an app runs if its local command is
+        # installed there (the venv's bin comes first on the server's PATH).
+        if not app.local_command:
+            return None
+        path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+        return app.local_command if shutil.which(app.local_command[0], path=path) else None
+
+    async def app_unavailable(self, app: App) -> str:
+        if app.is_server:
+            return ""
+        if not app.local_command:
+            return f"needs the Docker spawner (image {app.image!r})"
+        if self.app_command(app) is None:
+            return f"{app.local_command[0]} is not installed in the hub's environment"
+        return ""
+
+    def _runs_image(self, opts: ServerOptions) -> bool:
+        # An app's local command stands in for its image (the embedded spawner has none).
+        app = self.pool.catalog.apps[opts.app]
+        return opts.image in self.local_images or (
+            app.image == opts.image and self.app_command(app) is not None
+        )
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+
     async def start(self) -> tuple[str, int]:
         """Allocate the server's GPUs and start it; return its (ip, port).
 
@@ -268,7 +301,7 @@ class GpuLocalSpawner(LocalIsolationMixin, GpuSpawnerMixin, LocalProcessSpawner)
         picks http or https (internal SSL) itself.
         """
         opts = self.gpulab_options
-        if opts is not None and opts.image not in self.local_images:
+        if opts is not None and not self._runs_image(opts):
             # Before anything is allocated: an image we can't run changes nothing.
             raise SpawnError(
                 409,
@@ -298,14 +331,21 @@ class GpuLocalSpawner(LocalIsolationMixin, GpuSpawnerMixin, LocalProcessSpawner)
         assert opts is not None
         home = Path(self.home_dir)
         mounts: list[list[str]] = []
-        if opts.datasets:
+        models = await asyncio.to_thread(self.model_sources)
+        if opts.datasets or models:
             mode = self._dataset_mode()
             self.emit_progress(
-                30, f"Mounting datasets read-only ({mode}): {', '.join(opts.datasets)}"
+                30,
+                f"Mounting read-only ({mode}): "
+                + ", ".join([*opts.datasets, *(f"models/{m}" for m in models)]),
             )
             for slug in opts.datasets:
-                src = await asyncio.to_thread(self._dataset_source, slug, mode)
+                src = self.pool.catalog.datasets[slug].resolve_source()
+                src = await asyncio.to_thread(self._read_only_source, "datasets", slug, src, mode)
                 mounts.append([src, str(home / "datasets" / slug)])
+            for slug, src in models.items():
+                src = await asyncio.to_thread(self._read_only_source, "models", slug, src, mode)
+                mounts.append([src, str(home / "models" / slug)])
         else:
             mode = "symlink"
 

@@ -1,0 +1,294 @@
+"""One-click apps and the home page's data.
+
+- ``GET  /hub/api/gpulab/users/NAME/home``: what the home page shows: balance, the running
+  server (mode, app, price, cost so far), the app tiles with what each would start, free cards.
+- ``POST /hub/api/gpulab/users/NAME/apps/APP/launch``: start NAME's server for APP on the
+  cheapest GPU type with a free card that fits it (:mod:`gpulab.hub_config.launch_plan`), body
+  ``{"pricing": "spot", "max_price": "0.5"}`` (all optional, ``gpu`` to pick one yourself).
+  202 with where the app will be; 202 with ``queued`` when the spot market queues it; 4xx naming
+  what to pick instead, and nothing started.
+- ``GET  /hub/api/gpulab/users/NAME/launch``: the launch's progress so far (the spawner's real
+  steps) and whether the server is ready; the browser then polls the app's own readiness URL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from decimal import Decimal
+from typing import Any
+
+from jupyterhub.scopes import needs_scope
+from jupyterhub.utils import url_path_join
+from tornado import web
+
+from gpulab.hub_config.api.base import GpulabAPIHandler
+from gpulab.hub_config.billing_hooks import hourly_price
+from gpulab.hub_config.home import GpulabHome
+from gpulab.hub_config.launch_plan import LaunchRefused, plan_launch
+from gpulab.hub_config.overrides.queue import queue_instead_of_spawn
+from gpulab.spawners.options import OptionsError, app_gpu_types, parse_options
+
+# How long the launch request waits for a spawn to be refused outright (bad option, balance, no
+# card) so that the refusal is its answer; a spawn still going after that is reported as started.
+REFUSAL_WAIT = 0.5
+
+
+class _UserHandler(GpulabAPIHandler):
+    def user_or_404(self, user_name: str) -> Any:
+        user = self.find_user(user_name)
+        if user is None:
+            raise web.HTTPError(404, f"No such user: {user_name}")
+        return user
+
+    @property
+    def home(self) -> GpulabHome:
+        return GpulabHome.instance(config=self.settings["config"])
+
+    def spot_prices(self) -> dict[str, Decimal]:
+        out = {}
+        for slug in self.pool.catalog.gpu_types:
+            try:
+                out[slug] = self.market.current_price(slug)
+            except KeyError:  # a type the market does not trade
+                continue
+        return out
+
+    def app_urls(self, user: Any, app_slug: str) -> dict[str, str]:
+        app = self.pool.catalog.apps[app_slug]
+        server_url = user.url  # /user/NAME/ (with the hub's base URL)
+        return {"url": app.url_path(server_url), "ready_url": app.ready_url_path(server_url)}
+
+
+def server_view(user: Any, spawner: Any, catalog: Any) -> dict[str, Any] | None:
+    """The running (or starting) default server as the home page shows it."""
+    if spawner is None or not spawner.active:
+        return None
+    opts = getattr(spawner, "gpulab_options", None)
+    out: dict[str, Any] = {
+        "ready": bool(spawner.ready),
+        "pending": spawner.pending,
+        "url": user.url,
+        "mode": getattr(spawner, "mode_label", "") or "",
+    }
+    if opts is not None:
+        price, kind = hourly_price(opts, catalog)
+        app = catalog.apps.get(opts.app)
+        out.update(
+            app=opts.app,
+            app_name=app.display_name if app else opts.app,
+            app_url=app.url_path(user.url) if app else user.url,
+            gpu=opts.gpu,
+            gpus=opts.gpus,
+            pricing=opts.pricing,
+            price_per_hour=str(price),
+            price_kind=kind.strip(),
+        )
+        started = spawner.orm_spawner.started
+        if started is not None:
+            elapsed = max(0.0, time.time() - started.timestamp())
+            out["started"] = started.isoformat() + "Z"
+            out["cost_so_far"] = str((price * Decimal(elapsed) / 3600).quantize(Decimal("0.0001")))
+    return out
+
+
+class HomeAPIHandler(_UserHandler):
+    @needs_scope("read:servers")
+    async def get(self, user_name: str) -> None:
+        user = self.user_or_404(user_name)
+        catalog = self.pool.catalog
+        spawner = user.spawners.get("") or user.spawner
+        counts = self.pool.allocator.counts()
+        prices = self.spot_prices()
+        balance, balance_error = None, ""
+        if self.home.balance_hook is not None:
+            try:
+                balance = await self.home.balance_hook(user.name)
+            except Exception as e:  # the page still works without billing
+                balance_error = f"balance unavailable: {e}"
+        apps = []
+        for app in catalog.apps.values():
+            reason = await spawner.app_unavailable(app)
+            plan: dict[str, Any] | None = None
+            if not reason:
+                try:
+                    _, choice = plan_launch(app, catalog, counts, prices, {})
+                    plan = {"gpu": choice.gpu, "price_per_hour": str(choice.price)}
+                except LaunchRefused as e:
+                    plan = {"refused": str(e)}
+            apps.append(
+                {
+                    **app.model_dump(mode="json", exclude={"command", "local_command"}),
+                    "is_server": app.is_server,
+                    "gpu_choices": app_gpu_types(app, catalog),
+                    "available": not reason,
+                    "reason": reason,
+                    "plan": plan,
+                    **self.app_urls(user, app.slug),
+                }
+            )
+        pool = [
+            {
+                "slug": slug,
+                "display_name": gt.display_name,
+                "vram_gb": gt.vram_gb,
+                "free": counts.get(slug, {}).get("free", 0),
+                "total": counts.get(slug, {}).get("total", 0),
+                "on_demand_price": str(gt.on_demand_price),
+                "spot_price": str(prices[slug]) if slug in prices else None,
+                "simulated": any(
+                    d.simulated for d in self.pool.inventory.rentable if d.gpu_type == slug
+                ),
+            }
+            for slug, gt in catalog.gpu_types.items()
+        ]
+        statement = self.home.statement_url
+        self.write(
+            json.dumps(
+                {
+                    "user": user.name,
+                    "currency": catalog.currency,
+                    "no_gpu": {
+                        "display_name": catalog.no_gpu.display_name,
+                        "price_per_hour": str(catalog.no_gpu.price_per_hour),
+                    },
+                    "balance": balance,
+                    "balance_error": balance_error,
+                    "server": server_view(user, spawner, catalog),
+                    "apps": apps,
+                    "pool": pool,
+                    "statement_url": url_path_join(self.base_url, statement) if statement else "",
+                    "reference_launch_seconds": float(self.home.reference_launch_seconds),
+                }
+            )
+        )
+
+
+class LaunchAPIHandler(_UserHandler):
+    @needs_scope("servers")
+    async def post(self, user_name: str, app_slug: str) -> None:
+        user = self.user_or_404(user_name)
+        catalog = self.pool.catalog
+        app = catalog.apps.get(app_slug)
+        if app is None:
+            raise web.HTTPError(
+                404, f"app: unknown app {app_slug!r}; allowed: {', '.join(catalog.apps)}"
+            )
+        body = self.get_json_body() or {}
+        if not isinstance(body, dict):
+            raise web.HTTPError(
+                400, "body must be a JSON object: pricing, max_price, gpu, datasets"
+            )
+        spawner = user.get_spawner("", replace_failed=True)
+        if spawner.active:
+            opts = getattr(spawner, "gpulab_options", None)
+            if opts is not None and opts.app == app.slug and not spawner.pending:
+                # Already running this app: open it.
+                self.write(
+                    json.dumps(
+                        {"status": "running", "app": app.slug, **self.app_urls(user, app.slug)}
+                    )
+                )
+                return
+            what = spawner.pending or "running"
+            raise web.HTTPError(
+                409,
+                f"Your server is {what}"
+                + (
+                    f" ({catalog.apps[opts.app].display_name})"
+                    if opts and opts.app in catalog.apps
+                    else ""
+                )
+                + f"; stop it first to launch {app.display_name}",
+            )
+        reason = await spawner.app_unavailable(app)
+        if reason:
+            runnable = [
+                a.slug for a in catalog.apps.values() if not await spawner.app_unavailable(a)
+            ]
+            raise web.HTTPError(
+                409,
+                f"app: {app.display_name} cannot start here: {reason}; apps you can launch: "
+                f"{', '.join(runnable)}",
+            )
+        try:
+            options, choice = plan_launch(
+                app, catalog, self.pool.allocator.counts(), self.spot_prices(), body
+            )
+            parse_options(options, catalog)
+        except LaunchRefused as e:
+            raise web.HTTPError(e.status, str(e)) from None
+        except OptionsError as e:
+            raise web.HTTPError(400, f"Invalid launch option {e}") from None
+
+        entry = await queue_instead_of_spawn(spawner, options)
+        if entry is not None:
+            self.set_status(202)
+            self.write(
+                json.dumps({"status": "queued", "message": entry["message"], "queued": entry})
+            )
+            return
+        spawn = asyncio.ensure_future(self.spawn_single_user(user, "", options=options))
+        spawn.add_done_callback(_retrieve)
+        await asyncio.wait([spawn], timeout=REFUSAL_WAIT)
+        if spawn.done() and spawn.exception() is not None:
+            error = spawn.exception()
+            if isinstance(error, web.HTTPError):
+                raise web.HTTPError(error.status_code, error.log_message or str(error)) from None
+            raise error
+        self.set_status(202)
+        self.write(
+            json.dumps(
+                {
+                    "status": "starting",
+                    "app": app.slug,
+                    "options": options,
+                    "gpu": choice.gpu,
+                    "price_per_hour": str(choice.price),
+                    "currency": catalog.currency,
+                    **self.app_urls(user, app.slug),
+                    "progress_url": url_path_join(
+                        self.hub.base_url, f"api/gpulab/users/{user.name}/launch"
+                    ),
+                }
+            )
+        )
+
+
+def _retrieve(fut: asyncio.Future) -> None:
+    # JupyterHub reports a failed spawn itself (the server's progress and the home page); this
+    # only keeps asyncio from warning that nobody looked at the exception.
+    if not fut.cancelled():
+        fut.exception()
+
+
+class LaunchStatusAPIHandler(_UserHandler):
+    @needs_scope("read:servers")
+    def get(self, user_name: str) -> None:
+        user = self.user_or_404(user_name)
+        spawner = user.spawners.get("") or user.spawner
+        events = list(getattr(spawner, "_progress_events", []) or [])
+        failed = ""
+        future = spawner._spawn_future
+        if future is not None and future.done() and future.exception() is not None:
+            failed = str(getattr(future.exception(), "log_message", "") or future.exception())
+        opts = getattr(spawner, "gpulab_options", None)
+        out: dict[str, Any] = {
+            "ready": bool(spawner.ready),
+            "pending": spawner.pending,
+            "active": bool(spawner.active),
+            "events": events,
+            "failed": failed,
+            "launch_timings": dict(getattr(spawner, "launch_timings", {}) or {}),
+        }
+        if opts is not None:
+            out.update(app=opts.app, gpu=opts.gpu, **self.app_urls(user, opts.app))
+        self.write(json.dumps(out))
+
+
+ROUTES = [
+    (r"/api/gpulab/users/([^/]+)/home", HomeAPIHandler),
+    (r"/api/gpulab/users/([^/]+)/apps/([^/]+)/launch", LaunchAPIHandler),
+    (r"/api/gpulab/users/([^/]+)/launch", LaunchStatusAPIHandler),
+]

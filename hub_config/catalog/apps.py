@@ -1,0 +1,142 @@
+"""Apps and the model store: what a one-click launch runs, and the models handed to it.
+
+An app is a web UI that a user server runs behind jupyter-server-proxy, under
+``/user/NAME/APP/`` (APP is the app's slug), behind the hub's login. JupyterLab is an app too,
+the default one, with no command of its own. Models are read-only folders, like datasets, mounted
+at ``~/models/SLUG`` and handed to the apps that use them.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+# Placeholders a command may use. jupyter-server-proxy fills {port} and {base_url}; gpulab's
+# spawners fill {home} and {models} (paths inside the user's server) before handing it over.
+PLACEHOLDERS = ("port", "base_url", "home", "models")
+_PLACEHOLDER_RE = re.compile(r"\{([^{}]*)\}")
+
+DEFAULT_APP = "jupyterlab"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _check_command(value: list[str]) -> list[str]:
+    for arg in value:
+        for name in _PLACEHOLDER_RE.findall(arg):
+            if name not in PLACEHOLDERS:
+                raise ValueError(
+                    f"unknown placeholder {{{name}}} in {arg!r}; allowed: "
+                    + ", ".join("{" + p + "}" for p in PLACEHOLDERS)
+                )
+    return value
+
+
+def _check_path(value: str) -> str:
+    if not value.startswith("/"):
+        raise ValueError(f"must start with '/', not {value!r}")
+    return value
+
+
+class App(_Model):
+    slug: str
+    display_name: str
+    description: str
+    image: str | None = Field(
+        None,
+        description="The catalog image that carries the app; empty: any image (JupyterLab).",
+    )
+    gpu_types: list[str] = Field(
+        default_factory=list, description="GPU type slugs it runs on; empty: every type."
+    )
+    needs_gpu: bool = Field(True, description="False: it also runs in no-GPU mode.")
+    min_vram_gb: int = Field(0, ge=0, description="VRAM one card must have for it.")
+    command: list[str] = Field(
+        default_factory=list,
+        description="How its container image starts it (jupyter-server-proxy command); empty: "
+        "the app is JupyterLab itself.",
+    )
+    local_command: list[str] = Field(
+        default_factory=list,
+        description="How the embedded local spawner (no images) starts it from the hub's own "
+        "environment; empty: the app needs the Docker spawner.",
+    )
+    ready_path: str = Field(
+        "/",
+        description="A real endpoint of the app, under its URL, that answers 200 only once it "
+        "can serve (models loaded), not merely once its port is open.",
+    )
+    open_path: str = Field("/", description="Where the browser goes once it is ready.")
+    timeout: int = Field(
+        300, gt=0, description="Seconds jupyter-server-proxy waits for its port to open."
+    )
+    uses_models: bool = Field(False, description="Whether it reads the model store (~/models).")
+
+    _cmd = field_validator("command", "local_command")(_check_command)
+    _paths = field_validator("ready_path", "open_path")(_check_path)
+
+    @model_validator(mode="after")
+    def _commands_together(self) -> App:
+        if self.local_command and not self.command:
+            raise ValueError("local_command needs command (how its image starts it) too")
+        return self
+
+    @property
+    def is_server(self) -> bool:
+        """Whether the app is the single-user server itself (JupyterLab), not a proxied UI."""
+        return not self.command
+
+    def url_path(self, server_url: str) -> str:
+        """The app's URL under a server URL such as ``/user/alice/``."""
+        base = server_url.rstrip("/") + "/"
+        if self.is_server:
+            return base + self.open_path.lstrip("/")
+        return f"{base}{self.slug}{self.open_path}"
+
+    def ready_url_path(self, server_url: str) -> str:
+        base = server_url.rstrip("/") + "/"
+        if self.is_server:
+            return base + "api/status"
+        return f"{base}{self.slug}{self.ready_path}"
+
+    def runs_on(self, gpu_type: str | None, vram_gb: int) -> bool:
+        """Whether a server of ``gpu_type`` (None: no GPU) with cards of ``vram_gb`` fits it."""
+        if gpu_type is None:
+            return not self.needs_gpu
+        if self.gpu_types and gpu_type not in self.gpu_types:
+            return False
+        return vram_gb >= self.min_vram_gb
+
+
+class StoreModel(_Model):
+    """One entry of the model store (named so as not to clash with pydantic's Model)."""
+
+    slug: str
+    display_name: str
+    description: str
+    size: str
+    license: str
+    kind: str = Field(
+        "diffusers",
+        description="'diffusers' (a save_pretrained folder) or 'checkpoint' (.safetensors files).",
+    )
+    source: str = Field(
+        description="Absolute path on the node, or 'data:sub/dir' inside the hub's data dir."
+    )
+
+    @field_validator("kind")
+    @classmethod
+    def _kind(cls, value: str) -> str:
+        if value not in ("diffusers", "checkpoint"):
+            raise ValueError(f"unknown kind {value!r}; allowed: diffusers, checkpoint")
+        return value
+
+    def resolve_source(self, data_dir: str | Path) -> Path:
+        """The folder on this node that holds the model."""
+        if self.source.startswith("data:"):
+            return Path(data_dir) / self.source[len("data:") :]
+        return Path(self.source)

@@ -1,0 +1,380 @@
+// gpulab's home page: filled from /hub/api/gpulab/users/NAME/home; app tiles launch through
+// /hub/api/gpulab/users/NAME/apps/APP/launch, then follow the spawn's real steps and the app's
+// own readiness URL, and open the app. Text goes in with textContent only (names come from users
+// and operators).
+(function () {
+  "use strict";
+  const jh = window.jhdata;
+  const api = (path) => jh.base_url + "api/gpulab/users/" + encodeURIComponent(jh.user) + path;
+  const $ = (id) => document.getElementById(id);
+  const el = (tag, attrs, ...children) => {
+    const node = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (k === "class") node.className = v;
+      else if (k.startsWith("data-")) node.setAttribute(k, v);
+      else node[k] = v;
+    }
+    for (const child of children) {
+      if (child !== null && child !== undefined) node.append(child);
+    }
+    return node;
+  };
+  const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+  let home = null;
+  let launching = false;
+
+  async function request(method, path, body) {
+    const opts = { method, headers: { "X-XSRFToken": jh.xsrf_token } };
+    if (body !== undefined) {
+      opts.headers["Content-Type"] = "application/json";
+      opts.body = JSON.stringify(body);
+    }
+    const resp = await fetch(path, opts);
+    let data = null;
+    try {
+      data = await resp.json();
+    } catch (e) {
+      data = null;
+    }
+    return { status: resp.status, ok: resp.ok, data };
+  }
+
+  function money(v) {
+    return home.currency + " " + Number(v).toFixed(2);
+  }
+
+  function hours(seconds) {
+    if (seconds === null || seconds === undefined) return "";
+    if (seconds < 3600) return Math.floor(seconds / 60) + " min";
+    return (seconds / 3600).toFixed(1) + " h";
+  }
+
+  function renderBalance() {
+    const b = home.balance;
+    if (!b) {
+      $("gpulab-balance-amount").textContent = "—";
+      $("gpulab-time-left").textContent = home.balance_error || "Billing is off on this hub.";
+    } else {
+      $("gpulab-balance-amount").textContent = money(b.balance.exact ?? b.balance);
+      const burn = Number((b.burn_rate_per_hour || {}).exact ?? b.burn_rate_per_hour ?? 0);
+      $("gpulab-time-left").textContent =
+        b.time_left_seconds !== null && burn > 0
+          ? "About " + hours(b.time_left_seconds) + " left at " + money(burn) + " per hour"
+          : "Nothing running: nothing is being charged.";
+      const warn = $("gpulab-balance-warnings");
+      warn.replaceChildren(
+        ...(b.warnings || []).map((w) => el("p", { class: "text-warning small mb-1" }, w)),
+      );
+    }
+    if (home.statement_url) {
+      $("gpulab-statement-link").href = home.statement_url;
+      $("gpulab-statement-link").classList.remove("d-none");
+    }
+  }
+
+  function renderServer() {
+    const s = home.server;
+    const body = $("gpulab-server-body");
+    const open = $("gpulab-open");
+    const sw = $("gpulab-switch");
+    if (!s) {
+      body.replaceChildren(el("p", { class: "mb-0" }, "No server running. Launch an app below."));
+      open.classList.add("d-none");
+      sw.classList.add("d-none");
+      return;
+    }
+    const state = s.ready ? "running" : s.pending || "starting";
+    const lines = [
+      el("span", { class: "badge text-bg-" + (s.ready ? "success" : "warning") + " me-2" }, state),
+      el("strong", {}, (s.app_name || "Server") + " on " + (s.mode || s.gpu || "")),
+    ];
+    const details = [];
+    if (s.pricing) details.push(s.pricing);
+    if (s.price_per_hour) details.push(money(s.price_per_hour) + " per hour");
+    if (s.cost_so_far) details.push("≈ " + money(s.cost_so_far) + " so far");
+    body.replaceChildren(
+      el("p", { class: "mb-1" }, ...lines),
+      el("p", { class: "mb-0 small", id: "gpulab-server-details" }, details.join(" · ")),
+    );
+    open.href = s.app_url || s.url;
+    open.textContent = "Open " + (s.app_name || "server");
+    open.classList.toggle("d-none", !s.ready);
+    // The no-GPU toggle: same home, other mode (the switch API restarts the server).
+    if (s.ready && s.pricing !== "spot" && s.app === "jupyterlab") {
+      const toGpu = s.gpu === "none";
+      const target = toGpu ? home.pool.find((t) => t.free > 0) : null;
+      if (!toGpu || target) {
+        sw.textContent = toGpu ? "Switch to " + target.display_name : "Switch to no-GPU mode";
+        sw.dataset.gpu = toGpu ? target.slug : "none";
+        sw.classList.remove("d-none");
+      } else {
+        sw.classList.add("d-none");
+      }
+    } else {
+      sw.classList.add("d-none");
+    }
+  }
+
+  function renderPool() {
+    const rows = home.pool.map((t) =>
+      el(
+        "tr",
+        { "data-gpu": t.slug },
+        el("td", {}, t.display_name + (t.simulated ? " (simulated)" : "")),
+        el("td", {}, t.vram_gb + " GB"),
+        el("td", { class: "gpulab-free" }, t.free + " / " + t.total),
+        el("td", {}, money(t.on_demand_price)),
+        el("td", {}, t.spot_price ? money(t.spot_price) : "—"),
+      ),
+    );
+    $("gpulab-pool").tBodies[0].replaceChildren(...rows);
+  }
+
+  function gpuLabel(slug) {
+    if (slug === "none") return home.no_gpu.display_name;
+    const t = home.pool.find((p) => p.slug === slug);
+    return t ? t.display_name : slug;
+  }
+
+  function renderApps() {
+    const tiles = home.apps.map((app) => {
+      const needs = app.needs_gpu
+        ? "Needs a GPU" + (app.min_vram_gb ? " with " + app.min_vram_gb + " GB VRAM or more" : "")
+        : "Runs on a GPU or in no-GPU mode";
+      const controls = [];
+      let gpuSelect = null;
+      if (app.available && app.gpu_choices.length > 1) {
+        gpuSelect = el(
+          "select",
+          { class: "form-select form-select-sm gpulab-gpu", "aria-label": "GPU for " + app.display_name },
+          el("option", { value: "" }, "Cheapest free that fits"),
+          ...app.gpu_choices.map((g) => el("option", { value: g }, gpuLabel(g))),
+        );
+        controls.push(gpuSelect);
+      }
+      const spot = el("input", { type: "checkbox", class: "form-check-input gpulab-spot" });
+      const maxPrice = el("input", {
+        type: "number",
+        step: "0.01",
+        min: "0",
+        class: "form-control form-control-sm gpulab-max-price",
+        placeholder: "max " + home.currency + "/h",
+        "aria-label": "max price per hour",
+      });
+      if (app.available && app.gpu_choices.some((g) => g !== "none")) {
+        controls.push(
+          el(
+            "div",
+            { class: "d-flex align-items-center gap-2" },
+            el("label", { class: "form-check-label small" }, spot, " Spot"),
+            maxPrice,
+          ),
+        );
+      }
+      const plan = app.plan || {};
+      const planText = !app.available
+        ? "Unavailable: " + app.reason
+        : plan.refused
+          ? plan.refused
+          : "Now: " + gpuLabel(plan.gpu) + " at " + money(plan.price_per_hour) + " per hour";
+      const button = el(
+        "button",
+        { type: "button", class: "btn btn-primary gpulab-launch", disabled: !app.available || launching },
+        "Launch " + app.display_name,
+      );
+      button.addEventListener("click", () => {
+        const body = {};
+        if (gpuSelect && gpuSelect.value) body.gpu = gpuSelect.value;
+        if (spot.checked) {
+          body.pricing = "spot";
+          if (maxPrice.value) body.max_price = maxPrice.value;
+        }
+        launch(app, body);
+      });
+      return el(
+        "div",
+        { class: "col-sm-6 col-lg-3" },
+        el(
+          "div",
+          {
+            class: "card h-100 gpulab-app-tile" + (app.available ? "" : " opacity-50"),
+            "data-app": app.slug,
+          },
+          el(
+            "div",
+            { class: "card-body d-flex flex-column gap-2" },
+            el("h3", { class: "h6 card-title mb-0" }, app.display_name),
+            el("p", { class: "small mb-0" }, app.description),
+            el("p", { class: "small text-body-secondary mb-0" }, needs),
+            el("p", { class: "small mb-0 gpulab-plan" }, planText),
+            ...controls,
+            el("div", { class: "mt-auto" }, button),
+          ),
+        ),
+      );
+    });
+    $("gpulab-apps").replaceChildren(...tiles);
+  }
+
+  function renderLastLaunch() {
+    let last = null;
+    try {
+      last = JSON.parse(localStorage.getItem("gpulab-last-launch") || "null");
+    } catch (e) {
+      last = null;
+    }
+    $("gpulab-last-launch").textContent = last
+      ? "Your last launch: " + last.app + " was ready in " + last.total.toFixed(1) + " s (" +
+        "server " + last.server.toFixed(1) + " s, app start " + last.app_start.toFixed(1) +
+        " s, model load " + last.model_load.toFixed(1) + " s). The reference cloud promises " +
+        home.reference_launch_seconds + " s."
+      : "";
+  }
+
+  async function refresh() {
+    const r = await request("GET", api("/home"));
+    if (!r.ok) return;
+    home = r.data;
+    renderBalance();
+    renderServer();
+    renderPool();
+    if (!launching) renderApps();
+    renderLastLaunch();
+  }
+
+  // ---- launching -----------------------------------------------------------------------------
+
+  function step(text) {
+    $("gpulab-launch-steps").append(el("li", {}, text));
+  }
+
+  function fail(text) {
+    $("gpulab-launch-error").textContent = text;
+    $("gpulab-launch-bar").classList.add("bg-danger");
+    launching = false;
+    renderApps();
+  }
+
+  async function launch(app, body) {
+    const t0 = performance.now();
+    const secs = () => (performance.now() - t0) / 1000;
+    launching = true;
+    renderApps();
+    $("gpulab-launch-panel").classList.remove("d-none");
+    $("gpulab-launch-title").textContent = "Launching " + app.display_name;
+    $("gpulab-launch-steps").replaceChildren();
+    $("gpulab-launch-error").textContent = "";
+    $("gpulab-launch-time").textContent = "";
+    const bar = $("gpulab-launch-bar");
+    bar.classList.remove("bg-danger");
+    bar.style.width = "5%";
+
+    const r = await request("POST", api("/apps/" + encodeURIComponent(app.slug) + "/launch"), body);
+    if (!r.ok) return fail((r.data && r.data.message) || "Launch refused (" + r.status + ")");
+    const launchInfo = r.data;
+    if (launchInfo.status === "queued") {
+      step(launchInfo.message);
+      launching = false;
+      return;
+    }
+    if (launchInfo.status === "starting") {
+      step("Picked " + gpuLabel(launchInfo.gpu) + " at " + money(launchInfo.price_per_hour) +
+        " per hour (" + secs().toFixed(1) + " s)");
+      let shown = 0;
+      for (;;) {
+        const s = await request("GET", api("/launch"));
+        if (s.ok) {
+          for (const ev of s.data.events.slice(shown)) {
+            step(ev.message);
+            bar.style.width = Math.max(5, Math.min(60, ev.progress * 0.6)) + "%";
+          }
+          shown = s.data.events.length;
+          if (s.data.failed) return fail(s.data.failed);
+          if (s.data.ready) break;
+          if (!s.data.active) return fail("The server stopped before it was ready.");
+        }
+        await sleep(200);
+      }
+    }
+    const tServer = secs();
+    let tAppUp = tServer;
+    if (!app.is_server) {
+      step("Starting " + app.display_name + " (" + tServer.toFixed(1) + " s)");
+      bar.style.width = "70%";
+      let loadingShown = false;
+      let up = false;
+      const statusUrl = launchInfo.url.replace(/\/?$/, "/") + "gpulab/status";
+      for (;;) {
+        let resp = null;
+        try {
+          // Redirects are followed: the first visit of a server signs in to it through the hub.
+          resp = await fetch(launchInfo.ready_url, { cache: "no-store" });
+        } catch (e) {
+          resp = null;
+        }
+        if (resp && !up && resp.status !== 502) {
+          up = true;
+          tAppUp = secs();
+        }
+        if (resp && resp.status === 200) break;
+        if (up && !loadingShown) {
+          loadingShown = true;
+          step("Loading the model (" + secs().toFixed(1) + " s)");
+          bar.style.width = "85%";
+        }
+        if (up) {
+          try {
+            const st = await fetch(statusUrl, { cache: "no-store" });
+            if (st.ok) {
+              const j = await st.json();
+              if (j.stage === "failed") return fail(app.display_name + " failed: " + j.error);
+            }
+          } catch (e) {
+            // an app without gpulab's status endpoint: its readiness URL is enough
+          }
+        }
+        if (secs() > app.timeout + 60) return fail(app.display_name + " did not become ready.");
+        await sleep(250);
+      }
+    }
+    const total = secs();
+    bar.style.width = "100%";
+    const timing = {
+      app: app.display_name,
+      total,
+      server: tServer,
+      app_start: tAppUp - tServer,
+      model_load: total - tAppUp,
+    };
+    try {
+      localStorage.setItem("gpulab-last-launch", JSON.stringify(timing));
+    } catch (e) {
+      // private mode: the timing is still shown below
+    }
+    $("gpulab-launch-time").textContent =
+      app.display_name + " ready in " + total.toFixed(1) + " s (server " + tServer.toFixed(1) +
+      " s, app start " + timing.app_start.toFixed(1) + " s, model load " +
+      timing.model_load.toFixed(1) + " s; reference cloud: " + home.reference_launch_seconds +
+      " s). Opening…";
+    launching = false;
+    window.location.assign(launchInfo.url);
+  }
+
+  $("gpulab-switch").addEventListener("click", async (ev) => {
+    const gpu = ev.currentTarget.dataset.gpu;
+    ev.currentTarget.disabled = true;
+    const r = await request("POST", api("/switch"), { gpu });
+    ev.currentTarget.disabled = false;
+    if (!r.ok) {
+      $("gpulab-server-body").append(
+        el("p", { class: "text-danger small mb-0" }, (r.data && r.data.message) || "Switch refused"),
+      );
+    }
+    refresh();
+  });
+
+  refresh();
+  setInterval(() => {
+    if (!launching && document.visibilityState === "visible") refresh();
+  }, 5000);
+})();

@@ -1,0 +1,95 @@
+"""Apps and models in a server: the jupyter-server-proxy entries and the read-only model store.
+
+The hub, not the image, decides which apps a server offers: the catalog's apps that fit the
+server's GPU and that this spawner can run there go to jupyter-server-proxy as
+``--ServerProxy.servers=<json>`` on the server's command line (a Dict trait takes JSON there).
+Each app is then served at ``/user/NAME/APP/``, behind the hub's login, and shows in JupyterLab's
+launcher. Models of the catalog's store are mounted read-only at ``~/models/SLUG``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from traitlets import HasTraits
+
+from gpulab.hub_config.catalog import App
+from gpulab.spawners.options import app_gpu_types
+
+SERVER_PROXY_ARG = "--ServerProxy.servers="
+
+
+def fill_placeholders(command: list[str], home: str) -> list[str]:
+    """Fill gpulab's own placeholders; jupyter-server-proxy fills {port} and {base_url}."""
+    models = f"{home.rstrip('/')}/models"
+    return [arg.replace("{home}", home.rstrip("/")).replace("{models}", models) for arg in command]
+
+
+def server_proxy_entry(app: App, command: list[str], home: str) -> dict[str, Any]:
+    """One ``c.ServerProxy.servers`` entry for ``app``."""
+    return {
+        "command": fill_placeholders(command, home),
+        "timeout": app.timeout,
+        # The app gets the whole path (/user/NAME/APP/...), as its --subpath expects.
+        "absolute_url": True,
+        "launcher_entry": {"title": app.display_name, "enabled": True},
+        "new_browser_tab": True,
+    }
+
+
+class AppServersMixin(HasTraits):
+    """Apps and models of a server; the concrete spawner says how it runs an app and where home
+    is inside the server."""
+
+    def app_command(self, app: App) -> list[str] | None:
+        """The command that starts ``app`` in this spawner's servers, or None if it can't."""
+        raise NotImplementedError
+
+    def server_home(self) -> str:
+        """The user's home as the server sees it."""
+        raise NotImplementedError
+
+    async def app_unavailable(self, app: App) -> str:
+        """Why this spawner cannot run ``app`` on this node now ("" when it can)."""
+        if app.is_server:
+            return ""
+        return "" if self.app_command(app) else "not installed for this spawner"
+
+    def app_servers(self) -> dict[str, dict[str, Any]]:
+        """The jupyter-server-proxy entries of the server being started."""
+        opts = getattr(self, "gpulab_options", None)
+        if opts is None:
+            return {}
+        catalog = self.pool.catalog  # type: ignore[attr-defined]
+        out = {}
+        for app in catalog.apps.values():
+            # An app runs in its own image (the server's), on a GPU it fits.
+            if app.is_server or app.image not in (None, opts.image):
+                continue
+            if opts.gpu not in app_gpu_types(app, catalog):
+                continue
+            command = self.app_command(app)
+            if command:
+                out[app.slug] = server_proxy_entry(app, command, self.server_home())
+        return out
+
+    def get_args(self) -> list[str]:
+        args = [a for a in super().get_args() if not a.startswith(SERVER_PROXY_ARG)]  # type: ignore[misc]
+        servers = self.app_servers()
+        if servers:
+            args.append(SERVER_PROXY_ARG + json.dumps(servers, separators=(",", ":")))
+        return args
+
+    def model_sources(self) -> dict[str, Path]:
+        """The catalog's models present on this node, by slug."""
+        pool = self.pool  # type: ignore[attr-defined]
+        out = {}
+        for slug, model in pool.catalog.models.items():
+            src = model.resolve_source(pool.data_dir)
+            if src.is_dir():
+                out[slug] = src
+            else:
+                self.log.debug("Model %s is not on this node (%s)", slug, src)  # type: ignore[attr-defined]
+        return out
