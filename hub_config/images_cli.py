@@ -21,8 +21,9 @@ from pathlib import Path
 from gpulab.hub_config.catalog import Catalog, CatalogError, load_catalog
 
 IMAGES_DIR = Path(__file__).resolve().parent.parent / "images"
-# Images built on top of another catalog image; the parent's tag is passed as BASE_IMAGE.
-PARENTS = {"pytorch": "base", "sd-webui": "pytorch"}
+# Images built on top of another catalog image; the parent's tag is passed as BASE_IMAGE (each
+# Dockerfile's `ARG BASE_IMAGE=` default names the same parent: tests/unit/test_images_files.py).
+PARENTS = {"pytorch": "base", "sd-webui": "pytorch", "comfyui": "pytorch"}
 # gpulab's Jupyter extensions are built into wheels here, then installed into the base image.
 EXTENSIONS_DIR = IMAGES_DIR.parent / "extensions"
 EXTENSION_WHEELS = IMAGES_DIR / "base" / "extensions"

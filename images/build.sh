@@ -1,5 +1,5 @@
 #!/bin/sh
-# Build every catalog image (base, pytorch, sd-webui, teaching) on a machine with internet.
+# Build every catalog image (base, pytorch, sd-webui, comfyui, teaching) on a machine with internet.
 # Same as `gpulab images --build --all`; extra arguments go to it (e.g. slugs, --catalog FILE).
 set -eu
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
