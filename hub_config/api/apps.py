@@ -121,7 +121,12 @@ class HomeAPIHandler(_UserHandler):
                 {
                     **app.model_dump(mode="json", exclude={"command", "local_command"}),
                     "is_server": app.is_server,
-                    "gpu_choices": app_gpu_types(app, catalog),
+                    # Only types this pool has, so every choice can start.
+                    "gpu_choices": [
+                        g
+                        for g in app_gpu_types(app, catalog)
+                        if g == "none" or counts.get(g, {}).get("total", 0) > 0
+                    ],
                     "available": not reason,
                     "reason": reason,
                     "plan": plan,

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import require
 from harness import REPO
 
 from gpulab.hub_config.catalog import load_catalog
@@ -238,8 +239,8 @@ def test_every_app_image_has_a_smoke_test() -> None:
     }
 
 
-@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed")
 def test_shell_scripts_pass_shellcheck() -> None:
+    require(shutil.which("shellcheck") is not None, "shellcheck")
     subprocess.run(["shellcheck", *map(str, START_SCRIPTS + SMOKE_TESTS)], check=True)
 
 
@@ -447,7 +448,7 @@ def test_sd_webui_extension_strips_the_prefix() -> None:
 
 
 def test_comfyui_node_strips_the_prefix_before_routing() -> None:
-    web = pytest.importorskip("aiohttp.web")
+    import aiohttp.web as web  # jupyter-server-proxy's own dependency
     from aiohttp.test_utils import TestClient, TestServer
 
     mod = load(IMAGES / "comfyui/custom_nodes/gpulab_subpath/__init__.py")
