@@ -8,7 +8,6 @@ and a token holding ``admin:users`` (hub admins, the hub's own hooks) may act on
 from __future__ import annotations
 
 import json
-import os
 import time
 from datetime import UTC, date, datetime
 from decimal import Decimal, InvalidOperation
@@ -18,6 +17,8 @@ from jupyterhub.services.auth import HubOAuthenticated
 from tornado import web
 
 from gpulab.billing_service import compensation, ledger, statements
+from gpulab.billing_service.chart import bar_chart
+from gpulab.billing_service.hub_links import HubLinks
 from gpulab.billing_service.metering import ingest
 from gpulab.billing_service.models import MICRO
 from gpulab.billing_service.rating import to_micro
@@ -335,7 +336,10 @@ class OverviewHandler(BaseHandler):
 
 
 class StatementPage(BaseHandler):
-    """The statement page: one user's usage and balance; the admin also sees everyone."""
+    """The statement page: one user's usage and balance; the admin also sees everyone.
+
+    It is laid out as a page of the hub (its navigation bar, stylesheet and logo, see
+    ``hub_links``), with the spend per day drawn from the usage API's own ``daily``."""
 
     @web.authenticated
     async def get(self) -> None:
@@ -359,11 +363,14 @@ class StatementPage(BaseHandler):
             me=me,
             name=name,
             usage=usage,
+            chart=bar_chart(usage["daily"], usage["currency"], usage["time_zone"]),
             balance=balance,
             overview=overview,
             entries=entries[-50:],
             prefix=self.billing.prefix,
-            hub_home=os.environ.get("JUPYTERHUB_BASE_URL", "/").rstrip("/") + "/hub/home",
+            hub=HubLinks(self.hub_auth.hub_prefix),
+            # As the hub's own navigation bar: its admin page for those who may open it.
+            hub_admin="admin-ui" in set(self.current_user.get("scopes", [])),
             from_arg=self.get_argument("from", ""),
             to_arg=self.get_argument("to", ""),
             xsrf=self._xsrf_value() if overview is not None else "",

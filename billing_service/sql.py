@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import Connection, func
+from sqlalchemy import Connection, case, func
 from sqlalchemy.dialects import postgresql, sqlite
 
 
@@ -13,7 +13,8 @@ def insert_ignore(conn: Connection, model, index_elements: list[str]):
 
 
 def upsert_span_extend(conn: Connection, model, rows: list[dict]):
-    """Insert kernel spans, or widen existing ones: first = min(first), last = max(last)."""
+    """Insert kernel spans, or widen existing ones: first = min(first), last = max(last); a span
+    stored without a name (first listed by a heartbeat) takes the name a later event gives it."""
     dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
     stmt = dialect.insert(model)
     ex = stmt.excluded
@@ -26,6 +27,10 @@ def upsert_span_extend(conn: Connection, model, rows: list[dict]):
         last = func.max(model.last_us, ex.last_us)
     stmt = stmt.on_conflict_do_update(
         index_elements=["user", "server", "kernel_id"],
-        set_={"first_us": first, "last_us": last},
+        set_={
+            "first_us": first,
+            "last_us": last,
+            "name": case((model.name == "", ex.name), else_=model.name),
+        },
     )
     conn.execute(stmt, rows)

@@ -9,6 +9,7 @@ from typing import Any
 
 from sqlalchemy import Connection, func, select
 
+from gpulab.billing_service import daily
 from gpulab.billing_service.metering import NEVER
 from gpulab.billing_service.models import MICRO, Account, KernelSpan, LedgerEntry, ServerSession
 from gpulab.billing_service.rating import (
@@ -20,8 +21,6 @@ from gpulab.billing_service.rating import (
     round_div,
 )
 from gpulab.billing_service.schemas import APP_PREFIX, OBSERVED_PREFIX
-
-DAY_US = 86_400 * MICRO
 
 
 def iso(t_us: int | None) -> str | None:
@@ -47,8 +46,9 @@ def usage(
     conn: Connection, prices: PriceBook, user: str, from_us: int, to_us: int
 ) -> dict[str, Any]:
     """Sessions of ``user`` overlapping [from, to): billed seconds and amount per server,
-    kernel-seconds per kernel and app-seconds per app run; plus billed seconds and charges per
-    UTC day."""
+    kernel-seconds per kernel and app-seconds per app run (with the app's name), app-seconds per
+    app; billed seconds and charges posted per UTC day (``days``), and the sessions' spend split
+    at midnight (``daily``, see ``daily``), whose amounts add up to the total."""
     sessions = conn.execute(
         select(ServerSession)
         .where(
@@ -69,6 +69,8 @@ def usage(
 
     servers = []
     per_day: dict[str, dict[str, int]] = defaultdict(lambda: {"billed_us": 0, "charged_micro": 0})
+    spend: dict[int, daily.Day] = {}
+    app_us: dict[str, int] = defaultdict(int)
     total_kernel_us = total_app_us = total_observed_us = total_billed_us = total_amount = 0
     for s in sessions:
         hi = s.stopped_us if s.stopped_us is not None else NEVER
@@ -89,10 +91,16 @@ def usage(
                 )
                 continue
             if k.kernel_id.startswith(APP_PREFIX):
+                run = k.kernel_id.removeprefix(APP_PREFIX)
+                # The app's catalog name (e.g. sd-webui) from its app_start/app_stop; a run only
+                # ever listed in heartbeats has none, and is named by its run id.
+                app = k.name or run
                 total_app_us += k_us
+                app_us[app] += k_us
                 apps.append(
                     {
-                        "app_id": k.kernel_id.removeprefix(APP_PREFIX),
+                        "app_id": run,
+                        "app": app,
                         "name": k.name,
                         "first_seen": iso(k.first_us),
                         "last_seen": iso(k.last_us),
@@ -113,12 +121,11 @@ def usage(
         clipped = [
             (max(k.first_us, s.started_us), min(k.last_us, hi)) for k in by_session.get(s.id, [])
         ]
-        for a, b in merge(clipped):
-            while a < b:
-                day_end = (a // DAY_US + 1) * DAY_US
-                piece_end = min(b, day_end)
-                per_day[iso(a)[:10]]["billed_us"] += piece_end - a
-                a = piece_end
+        days = daily.session_days(prices, s, merge(clipped))
+        daily.add_days(spend, days)
+        for day, d in days.items():
+            if d.billed_us:
+                per_day[daily.day_name(day)]["billed_us"] += d.billed_us
         total_billed_us += s.billed_us
         total_amount += s.charged_micro
         row = {
@@ -181,6 +188,7 @@ def usage(
         "currency": prices.catalog.currency,
         "from": iso(from_us),
         "to": iso(to_us),
+        "time_zone": daily.TIME_ZONE,
         "servers": servers,
         "days": [
             {
@@ -190,6 +198,10 @@ def usage(
             }
             for day, v in sorted(per_day.items())
         ],
+        # The sessions' spend per day (the page's chart); adds up to total.amount exactly.
+        "daily": daily.daily(spend, from_us, to_us),
+        # App-seconds per app name, over every server (``total`` has their sum).
+        "apps": {name: app_us[name] / MICRO for name in sorted(app_us)},
         "total": {
             "kernel_seconds": total_kernel_us / MICRO,
             "app_seconds": total_app_us / MICRO,
