@@ -11,13 +11,15 @@ ARGS ?=
 
 install: $(VENV)/.installed node_modules/.installed $(VENV)/.labext-installed
 
-$(VENV)/.installed: pyproject.toml extensions/gpulab_spot/pyproject.toml extensions/gpulab_reporter/pyproject.toml
+$(VENV)/.installed: pyproject.toml extensions/gpulab_spot/pyproject.toml extensions/gpulab_reporter/pyproject.toml \
+		extensions/gpulab_sd_webui/pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
 		{ echo "gpulab needs Python >= 3.11 (found $$($(PYTHON) --version))"; exit 1; }
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || \
 		{ echo "Creating the venv failed: on Debian run 'apt-get install python3-venv'"; exit 1; }
 	$(BIN)/pip install -q --disable-pip-version-check -e '.[test]'
-	$(BIN)/pip install -q --disable-pip-version-check -e extensions/gpulab_spot -e extensions/gpulab_reporter
+	$(BIN)/pip install -q --disable-pip-version-check -e extensions/gpulab_spot -e extensions/gpulab_reporter \
+		-e extensions/gpulab_sd_webui
 	@touch $@
 
 node_modules/.installed: package.json
