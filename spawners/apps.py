@@ -1,9 +1,9 @@
 """Apps and models in a server: the jupyter-server-proxy entries and the read-only model store.
 
 The hub, not the image, decides which apps a server offers: the catalog's apps that fit the
-server's GPU and that this spawner can run there go to jupyter-server-proxy as
-``--ServerProxy.servers=<json>`` on the server's command line (a Dict trait takes JSON there).
-Each app is then served at ``/user/NAME/APP/``, behind the hub's login, and shows in JupyterLab's
+server's GPU and that this spawner can run there go to the server in its environment
+(``GPULAB_APP_SERVERS``, JSON), which gpulab's launcher hands to jupyter-server-proxy
+(:func:`gpulab.spawners.inside.launcher.configure_apps`). Each app is then served at ``/user/NAME/APP/``, behind the hub's login, and shows in JupyterLab's
 launcher. Models of the catalog's store are mounted read-only at ``~/models/SLUG``.
 """
 
@@ -16,9 +16,8 @@ from typing import Any
 from traitlets import HasTraits
 
 from gpulab.hub_config.catalog import App
+from gpulab.spawners.inside.launcher import ENV_APP_SERVERS
 from gpulab.spawners.options import app_gpu_types
-
-SERVER_PROXY_ARG = "--ServerProxy.servers="
 
 
 def fill_placeholders(command: list[str], home: str) -> list[str]:
@@ -29,7 +28,7 @@ def fill_placeholders(command: list[str], home: str) -> list[str]:
 
 def server_proxy_entry(app: App, command: list[str], home: str) -> dict[str, Any]:
     """One ``c.ServerProxy.servers`` entry for ``app``."""
-    return {
+    entry: dict[str, Any] = {
         "command": fill_placeholders(command, home),
         "timeout": app.timeout,
         # The app gets the whole path (/user/NAME/APP/...), as its --subpath expects.
@@ -37,6 +36,10 @@ def server_proxy_entry(app: App, command: list[str], home: str) -> dict[str, Any
         "launcher_entry": {"title": app.display_name, "enabled": True},
         "new_browser_tab": True,
     }
+    if any("{unix_socket}" in arg for arg in command):
+        # jupyter-server-proxy makes the socket's folder (mkdtemp: 0700, the server's user).
+        entry["unix_socket"] = True
+    return entry
 
 
 class AppServersMixin(HasTraits):
@@ -75,12 +78,10 @@ class AppServersMixin(HasTraits):
                 out[app.slug] = server_proxy_entry(app, command, self.server_home())
         return out
 
-    def get_args(self) -> list[str]:
-        args = [a for a in super().get_args() if not a.startswith(SERVER_PROXY_ARG)]  # type: ignore[misc]
+    def app_env(self) -> dict[str, str]:
+        """The server's environment entry that lists its apps (none: no entry)."""
         servers = self.app_servers()
-        if servers:
-            args.append(SERVER_PROXY_ARG + json.dumps(servers, separators=(",", ":")))
-        return args
+        return {ENV_APP_SERVERS: json.dumps(servers, separators=(",", ":"))} if servers else {}
 
     def model_sources(self) -> dict[str, Path]:
         """The catalog's models present on this node, by slug."""

@@ -229,6 +229,7 @@ class GpuSpawnerMixin(AppServersMixin, HasTraits):
             "GPULAB_IMAGE": opts.image if opts else "",
             "GPULAB_DATASETS": ",".join(opts.datasets) if opts else "",
             "GPULAB_APP": opts.app if opts else "",
+            **self.app_env(),
         }
         if alloc.uuids:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(alloc.uuids)

@@ -13,9 +13,11 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-# Placeholders a command may use. jupyter-server-proxy fills {port} and {base_url}; gpulab's
-# spawners fill {home} and {models} (paths inside the user's server) before handing it over.
-PLACEHOLDERS = ("port", "base_url", "home", "models")
+# Placeholders a command may use. jupyter-server-proxy fills {port}, {unix_socket} and
+# {base_url}; gpulab's spawners fill {home} and {models} (paths inside the user's server) before
+# handing it over. A command with {unix_socket} listens on a socket in a folder only the server's
+# user can enter, instead of a loopback port that every account on the node can reach.
+PLACEHOLDERS = ("port", "unix_socket", "base_url", "home", "models")
 _PLACEHOLDER_RE = re.compile(r"\{([^{}]*)\}")
 
 DEFAULT_APP = "jupyterlab"

@@ -317,6 +317,9 @@
           tAppUp = secs();
         }
         if (resp && resp.status === 200) break;
+        if (resp && resp.status === 404) {
+          return fail(app.display_name + " is not configured in this server (404).");
+        }
         if (up && !loadingShown) {
           loadingShown = true;
           step("Loading the model (" + secs().toFixed(1) + " s)");

@@ -25,6 +25,8 @@ from pathlib import Path
 ENV_RUN_AS = "GPULAB_RUN_AS"  # "uid:gid:name" of the account the server runs as
 ENV_CGROUP = "GPULAB_CGROUP_PROCS"  # os.pathsep-joined cgroup.procs files the server joins
 ENV_UMASK = "GPULAB_UMASK"  # octal umask of the user's processes
+# JSON of the server's jupyter-server-proxy apps (``c.ServerProxy.servers``), from the hub.
+ENV_APP_SERVERS = "GPULAB_APP_SERVERS"
 
 CLONE_NEWNS = 0x00020000
 MS_RDONLY = 0x1
@@ -153,6 +155,25 @@ def enter_sandbox(env: dict[str, str]) -> None:
         os.umask(int(env[ENV_UMASK], 8))
 
 
+def configure_apps(env: dict[str, str]) -> None:
+    """Hand the hub's app list to jupyter-server-proxy through a config file of this server.
+
+    A ``--ServerProxy.servers=<json>`` argument reaches jupyter-server-proxy as a string (the
+    single-user app does not know that class when it parses its command line), so the apps go
+    into a JSON config file in ``~/.gpulab/jupyter-config``, put first on JUPYTER_CONFIG_PATH.
+    Written as the user, after the sandbox is entered: it is their server's configuration.
+    """
+    raw = env.get(ENV_APP_SERVERS)
+    if not raw:
+        return
+    folder = Path(env.get("HOME") or os.getcwd()) / ".gpulab" / "jupyter-config"
+    folder.mkdir(parents=True, exist_ok=True)
+    config = {"ServerProxy": {"servers": json.loads(raw)}}
+    (folder / "jupyter_server_config.json").write_text(json.dumps(config, indent=1))
+    paths = [str(folder), *filter(None, [os.environ.get("JUPYTER_CONFIG_PATH")])]
+    os.environ["JUPYTER_CONFIG_PATH"] = os.pathsep.join(paths)
+
+
 def install_import_trimming() -> None:
     if not any(isinstance(f, _SkipImports) for f in sys.meta_path):
         sys.meta_path.insert(0, _SkipImports())
@@ -166,6 +187,7 @@ def main(argv: list[str] | None = None) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     prepare_datasets(dict(os.environ))
     enter_sandbox(dict(os.environ))
+    configure_apps(dict(os.environ))
     if os.environ.get("GPULAB_TRIM_IMPORTS", "1") == "1":
         install_import_trimming()
     sys.argv = ["jupyterhub-singleuser", *argv]

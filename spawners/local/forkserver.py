@@ -30,6 +30,7 @@ import traceback
 from pathlib import Path
 
 from gpulab.spawners.inside.launcher import (
+    configure_apps,
     enter_sandbox,
     install_import_trimming,
     libc,
@@ -108,6 +109,7 @@ def _run_child(request: dict, listener: socket.socket, conn: socket.socket) -> N
 
         prepare_datasets(dict(os.environ))
         enter_sandbox(dict(os.environ))
+        configure_apps(dict(os.environ))
         from jupyterhub.singleuser import main
 
         result = main()

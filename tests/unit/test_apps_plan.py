@@ -141,6 +141,6 @@ def test_bad_launch_bodies_name_the_field(body: dict, field: str) -> None:
 def test_proxy_entry_fills_gpulab_placeholders_only() -> None:
     entry = server_proxy_entry(SD, SD.local_command, "/home/jupyter-ann")
     cmd = entry["command"]
-    assert "{port}" in cmd and "{base_url}sd-webui" in cmd
+    assert "{unix_socket}" in cmd and "{base_url}sd-webui" in cmd and entry["unix_socket"] is True
     assert "/home/jupyter-ann/models" in cmd and "/home/jupyter-ann/sd-webui" in cmd
     assert entry["absolute_url"] is True and entry["launcher_entry"]["title"] == SD.display_name

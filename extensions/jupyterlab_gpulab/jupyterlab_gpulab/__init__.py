@@ -22,5 +22,7 @@ def _jupyter_server_extension_points() -> list[dict[str, Any]]:
 
 def _load_jupyter_server_extension(server_app: Any) -> None:
     from jupyterlab_gpulab.handlers import setup_handlers
+    from jupyterlab_gpulab.proxy_paths import keep_encoded_slashes
 
     setup_handlers(server_app)
+    keep_encoded_slashes()
