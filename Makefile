@@ -54,7 +54,9 @@ $(VENV)/.labext-installed: $(LABEXT_BUILT) $(LABEXT_PY)
 labext-test: $(LABEXT)/node_modules/.installed
 	cd $(LABEXT) && PATH="$(ABS_BIN):$$PATH" jlpm jest
 
+# The demo model for the Stable Diffusion WebUI tile (7 MB, random weights; made once).
 run: install
+	$(BIN)/gpulab models --make-tiny-sd --data-dir $${GPULAB_DATA_DIR:-.gpulab} >/dev/null
 	$(BIN)/gpulab up $(ARGS)
 
 lint: install

@@ -116,7 +116,8 @@
   }
 
   function renderPool() {
-    const rows = home.pool.map((t) =>
+    // Types with no card on this node are the catalog's, not this pool's: not shown.
+    const rows = home.pool.filter((t) => t.total > 0).map((t) =>
       el(
         "tr",
         { "data-gpu": t.slug },

@@ -8,15 +8,15 @@ from __future__ import annotations
 import base64
 import json
 import os
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 import requests
 import websocket
+from apps_helpers import apps_hub
 from billing.client import Billing, user_token
-from harness import FAST_BILLING_ENV, VENV_BIN, Hub, wait_for
+from harness import Hub, wait_for
 
 from gpulab.spawners.node.procs import uid_of
 
@@ -24,22 +24,8 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.fixture(scope="module")
-def ahub(module_hub_factory, tmp_path_factory) -> Hub:
-    hub = module_hub_factory(
-        "apps", simulate="RTX-4090:2,A100-80G:1", env=FAST_BILLING_ENV, start=False
-    )
-    # The operator's step: the tiny demo model into the store (catalog `tiny-sd`, data:models/).
-    done = subprocess.run(
-        [str(VENV_BIN / "gpulab"), "models", "--make-tiny-sd", "--data-dir", str(hub.data_dir)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "tiny-sd" in done.stdout and "present" in done.stdout
-    hub.start()
-    wait_for(Billing(hub).up, 30, 0.2, "the billing service")
-    return hub
+def ahub(module_hub_factory) -> Hub:
+    return apps_hub(module_hub_factory, "apps")
 
 
 @pytest.fixture
