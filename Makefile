@@ -7,7 +7,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 ARGS ?=
 
-.PHONY: install run test lint format bench clean labext-test
+.PHONY: install run test lint format bench bench-apps clean labext-test
 
 install: $(VENV)/.installed node_modules/.installed $(VENV)/.labext-installed
 
@@ -73,6 +73,9 @@ test: install lint labext-test
 
 bench: install
 	$(BIN)/python benchmarks/spawn.py $(ARGS)
+
+bench-apps: install
+	$(BIN)/python benchmarks/app_launch.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) node_modules .gpulab .pytest_cache .ruff_cache

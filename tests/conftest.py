@@ -8,8 +8,10 @@ This directory is pytest's rootdir conftest, so it is on sys.path for every test
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import signal
+import subprocess
 import tempfile
 import time
 import uuid
@@ -122,6 +124,9 @@ def browser():
 LEFTOVER_GRACE = 5.0
 # The session's marker and its snapshot of the machine's processes at the start.
 _LEFTOVER_STATE = pytest.StashKey[tuple[str, set]]()
+# The per-user accounts (jupyter-NAME) that existed before the session.
+_ACCOUNTS = pytest.StashKey[set[str]]()
+ACCOUNT_PREFIX = "jupyter-"
 
 
 def pytest_sessionstart(session) -> None:
@@ -129,6 +134,22 @@ def pytest_sessionstart(session) -> None:
     # Inherited by every process the session starts (see leftovers.py).
     os.environ[leftovers.SESSION_ENV] = marker
     session.stash[_LEFTOVER_STATE] = (marker, leftovers.snapshot())
+    session.stash[_ACCOUNTS] = _gpulab_accounts()
+
+
+def _gpulab_accounts() -> set[str]:
+    return {p.pw_name for p in pwd.getpwall() if p.pw_name.startswith(ACCOUNT_PREFIX)}
+
+
+def _remove_new_accounts(session) -> None:
+    """The per-user accounts the session's hubs made (one per test user) go with it: a machine
+    that runs the suite again and again must not fill up with them."""
+    if os.geteuid() != 0 or _ACCOUNTS not in session.stash:
+        return
+    userdel = shutil.which("userdel", path="/usr/sbin:/sbin") or shutil.which("userdel")
+    for name in sorted(_gpulab_accounts() - session.stash[_ACCOUNTS]):
+        if userdel:
+            subprocess.run([userdel, name], capture_output=True, check=False, timeout=60)
 
 
 @pytest.hookimpl(trylast=True)  # after pytest's own finish hook has torn down session fixtures
@@ -149,6 +170,7 @@ def pytest_sessionfinish(session, exitstatus) -> None:
         paths.append(str(factory._basetemp))
     found = leftovers.settle(leftovers.find(before, marker, hub_ids, paths), LEFTOVER_GRACE)
     leftovers.kill(found)
+    _remove_new_accounts(session)
     lines = [str(p) for p in found] + leftovers.containers(hub_ids)
     if not lines:
         return

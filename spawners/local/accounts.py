@@ -1,9 +1,11 @@
 """Each user's own Unix account for local servers, when the hub runs as root.
 
-The JupyterHub ecosystem's convention (The Littlest JupyterHub) is one system account per hub
-user, named ``jupyter-NAME``. Kernels then run as that account, so they cannot read the hub's
-secrets (files 0600 and ``/proc/PID/environ`` of root's processes), another user's home (0700) or
-signal another user's processes. Accounts are made once, on a user's first spawn.
+The JupyterHub ecosystem's convention (The Littlest JupyterHub) is one account per hub user, named
+``jupyter-NAME``. They are regular accounts (useradd's UID_MIN..UID_MAX, about 59,000), not
+system ones: the system range (100..999) holds fewer than 900, and a platform outgrows that.
+Kernels then run as that account, so they cannot read the hub's secrets (files 0600 and
+``/proc/PID/environ`` of root's processes), another user's home (0700) or signal another user's
+processes. Accounts are made once, on a user's first spawn.
 """
 
 from __future__ import annotations
@@ -74,7 +76,6 @@ def ensure_account(name: str, home: str | os.PathLike) -> Account:
             raise AccountError("useradd is missing (Debian: apt-get install passwd)")
         cmd = [
             useradd,
-            "--system",
             "--no-create-home",
             "--home-dir",
             str(home),

@@ -336,7 +336,7 @@ class GpuLocalSpawner(LocalIsolationMixin, GpuSpawnerMixin, LocalProcessSpawner)
             mode = self._dataset_mode()
             self.emit_progress(
                 30,
-                f"Mounting read-only ({mode}): "
+                f"Mounting datasets and models read-only ({mode}): "
                 + ", ".join([*opts.datasets, *(f"models/{m}" for m in models)]),
             )
             for slug in opts.datasets:

@@ -26,7 +26,7 @@ BAD_OPTIONS = [
     (
         {"colour": "blue"},
         "colour",
-        "allowed fields: image, gpu, gpus, datasets, pricing, max_price",
+        "allowed fields: app, image, gpu, gpus, datasets, pricing, max_price",
     ),
 ]
 
