@@ -173,15 +173,24 @@
         );
       }
       const plan = app.plan || {};
+      // One server per user: while it runs, its app opens and the others wait for a stop.
+      const running = home.server;
+      const busy = running && running.app !== app.slug;
       const planText = !app.available
         ? "Unavailable: " + app.reason
-        : plan.refused
-          ? plan.refused
-          : "Now: " + gpuLabel(plan.gpu) + " at " + money(plan.price_per_hour) + " per hour";
+        : busy
+          ? "Your server runs " + (running.app_name || "another app") + ": stop it to launch this."
+          : plan.refused
+            ? plan.refused
+            : "Now: " + gpuLabel(plan.gpu) + " at " + money(plan.price_per_hour) + " per hour";
       const button = el(
         "button",
-        { type: "button", class: "btn btn-primary gpulab-launch", disabled: !app.available || launching },
-        "Launch " + app.display_name,
+        {
+          type: "button",
+          class: "btn btn-primary gpulab-launch",
+          disabled: !app.available || launching || busy,
+        },
+        (running && !busy ? "Open " : "Launch ") + app.display_name,
       );
       button.addEventListener("click", () => {
         const body = {};
