@@ -20,7 +20,8 @@ PIP=${PIP:-"$ROOT/.venv/bin/pip"}
 # The image's Python is bookworm's 3.11.2; a wheel set resolved for a newer 3.11.x can fail there.
 IMAGE_PYTHON=3.11.2
 # Pinned to what the hub runs, so hub and server always agree on versions.
-PACKAGES="jupyterhub==6.1.1 jupyterlab==4.6.6"
+# jupyter-server-proxy: apps (catalog [apps]) run behind it, as in the real images.
+PACKAGES="jupyterhub==6.1.1 jupyterlab==4.6.6 jupyter-server-proxy==4.6.0"
 REPO=gpulab-test-singleuser
 
 log() { echo "build-test-image: $*" >&2; }
