@@ -30,82 +30,11 @@ TIMEOUT=900
 OUT=""
 PORT=7860
 PREFIX=/sd-webui
-HOME_IN=/home/jovyan
 
-log() { printf 'sd-webui smoke: %s\n' "$*" >&2; }
-die() { log "FAIL: $*"; exit 1; }
-usage() { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; }
-now() { date +%s.%N; }
-since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
-
-while [ $# -gt 0 ]; do
-  case $1 in
-    --model) MODEL=${2:?--model needs a folder}; shift 2 ;;
-    --image) IMAGE=${2:?--image needs a value}; shift 2 ;;
-    --gpu) GPU=${2:?--gpu needs a value}; shift 2 ;;
-    --timeout) TIMEOUT=${2:?--timeout needs seconds}; shift 2 ;;
-    --out) OUT=${2:?--out needs a file}; shift 2 ;;
-    -h | --help) usage; exit 0 ;;
-    *) usage >&2; die "unknown argument: $1" ;;
-  esac
-done
-case $TIMEOUT in '' | *[!0-9]*) die "--timeout takes whole seconds, not $TIMEOUT" ;; esac
-command -v docker >/dev/null || die "no docker command"
-docker image inspect "$IMAGE" >/dev/null 2>&1 || die "image $IMAGE is not on this host (gpulab images --build sd-webui)"
-
-CONTAINER=gpulab-smoke-sd-webui-$$
-VOLUME=gpulab-smoke-sd-webui-home-$$
-STARTED=""
-cleanup() {
-  local rc=$?
-  trap - EXIT INT TERM
-  if [ "$rc" -ne 0 ] && [ -n "$STARTED" ]; then
-    log "last lines of the container's log:"
-    docker logs --tail 60 "$CONTAINER" 2>&1 | sed 's/^/  | /' >&2 || true
-  fi
-  docker rm -f "$CONTAINER" >/dev/null 2>&1 || true
-  docker volume rm -f "$VOLUME" >/dev/null 2>&1 || true
-  exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-
-args=(--name "$CONTAINER" --detach --cap-drop ALL --security-opt no-new-privileges
-  --shm-size 2g --volume "$VOLUME:$HOME_IN")
-if [ "$GPU" != none ]; then
-  args+=(--gpus "device=$GPU")
-fi
-if [ -n "$MODEL" ]; then
-  [ -d "$MODEL" ] || die "--model $MODEL is not a folder"
-  src=$(cd "$MODEL" && pwd -P)
-  args+=(--volume "$src:$HOME_IN/models/$(basename "$src"):ro")
-fi
-
-docker volume create "$VOLUME" >/dev/null
-t0=$(now)
-deadline=$(($(date +%s) + TIMEOUT))
-docker run "${args[@]}" "$IMAGE" start-sd-webui "$PORT" "$PREFIX" "$HOME_IN/models" >/dev/null \
-  || die "docker run failed (a GPU needs the NVIDIA driver and Container Toolkit set up for Docker)"
-STARTED=1
-log "started $IMAGE as $CONTAINER (gpu: $GPU, model: ${MODEL:-none})"
-
-# The app listens on the container's loopback only, so every request runs inside it.
-# shellcheck disable=SC2016  # Python, not shell
-PROBE='import sys, urllib.request
-try:
-    urllib.request.urlopen(sys.argv[1], timeout=5).read()
-except Exception as e:
-    sys.exit(f"{type(e).__name__}: {e}")'
-base="http://127.0.0.1:$PORT$PREFIX"
-until last=$(docker exec "$CONTAINER" python -c "$PROBE" "$base/sdapi/v1/options" 2>&1); do
-  state=$(docker inspect -f '{{.State.Status}} (exit code {{.State.ExitCode}})' "$CONTAINER")
-  case $state in running*) ;; *) die "the container stopped, $state, before the API answered" ;; esac
-  [ "$(date +%s)" -lt "$deadline" ] || die "GET $PREFIX/sdapi/v1/options: no 200 within ${TIMEOUT}s (last: $last)"
-  sleep 2
-done
-ready=$(since "$t0")
-log "API ready ${ready}s after the container started"
+# shellcheck source=SCRIPTDIR/../gpu-smoke-lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../gpu-smoke-lib.sh"
+smoke_init sd-webui "$@"
+smoke_start "$IMAGE" "$PORT" "$PREFIX" start-sd-webui /sdapi/v1/options
 
 # The rest: one Python run inside the container (its stdin is the script).
 docker exec -i "$CONTAINER" python - "$base" "$PORT" "$HOME_IN" "$((deadline - $(date +%s)))" <<'PY'
@@ -177,8 +106,4 @@ with open("/tmp/gpulab-smoke.png", "wb") as f:
     f.write(png)
 PY
 
-if [ -n "$OUT" ]; then
-  docker cp "$CONTAINER:/tmp/gpulab-smoke.png" "$OUT" >/dev/null
-  log "image kept in $OUT"
-fi
-log "PASS: API ready in ${ready}s; total $(since "$t0")s"
+smoke_finish

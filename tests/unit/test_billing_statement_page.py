@@ -20,14 +20,18 @@ from pathlib import Path
 import pytest
 import requests
 from billing.client import Billing, user_token
-from billing.fixtures import pg_cluster, pg_url  # noqa: F401 (fixtures)
+from billing.fixtures import (  # noqa: F401 (fixtures)
+    billing_engine,
+    billing_sqlite_engine,
+    pg_cluster,
+    pg_url,
+)
 from billing.scenario import app, heartbeat, kernel, server_start, server_stop
 from harness import wait_for
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpulab.billing_service import statements
-from gpulab.billing_service.db import make_engine, upgrade
 from gpulab.billing_service.metering import ingest
 from gpulab.billing_service.models import MICRO
 from gpulab.billing_service.rating import US_PER_HOUR, PriceBook
@@ -73,22 +77,6 @@ def assert_days_add_up(u: dict) -> None:
     assert sum(d["micro"] for d in u["daily"]) == total["micro"]
     assert all(d["micro"] >= 0 and Decimal(d["amount"]) * MICRO == d["micro"] for d in u["daily"])
     assert sum(us(d["seconds"]) for d in u["daily"]) == us(u["total"]["billed_seconds"])
-
-
-@pytest.fixture(scope="module")
-def sqlite_engine(tmp_path_factory):
-    engine = make_engine(f"sqlite:///{tmp_path_factory.mktemp('daily') / 'billing.sqlite'}")
-    upgrade(engine)
-    return engine
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def engine(request, sqlite_engine):
-    if request.param == "sqlite":
-        return sqlite_engine
-    eng = make_engine(request.getfixturevalue("pg_url"))
-    upgrade(eng)
-    return eng
 
 
 # ---- spend per day, on the store ------------------------------------------------------------

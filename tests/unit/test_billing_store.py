@@ -13,7 +13,12 @@ import uuid
 from decimal import Decimal
 
 import pytest
-from billing.fixtures import pg_cluster, pg_url  # noqa: F401 (fixtures)
+from billing.fixtures import (  # noqa: F401 (fixtures)
+    billing_engine,
+    billing_sqlite_engine,
+    pg_cluster,
+    pg_url,
+)
 from billing.scenario import app, heartbeat, kernel, server_start, server_stop, session_events
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -69,24 +74,6 @@ def snapshot(engine, user: str) -> dict:
             .all()
             .__len__(),
         }
-
-
-@pytest.fixture(scope="module")
-def sqlite_engine(tmp_path_factory):
-    engine = make_engine(f"sqlite:///{tmp_path_factory.mktemp('billing') / 'billing.sqlite'}")
-    upgrade(engine)
-    return engine
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def engine(request, sqlite_engine):
-    if request.param == "sqlite":
-        return sqlite_engine
-    url = request.getfixturevalue("pg_url")
-    eng = make_engine(url)
-    upgrade(eng)
-    upgrade(eng)  # a second run at start is a no-op
-    return eng
 
 
 def test_rounding_rule() -> None:

@@ -28,6 +28,7 @@ from gpulab.hub_config.images_cli import PARENTS
 IMAGES = REPO / "images"
 START_SCRIPTS = sorted(IMAGES.glob("*/start-*"))
 SMOKE_TESTS = sorted(IMAGES.glob("*/gpu-smoke-test.sh"))
+SMOKE_LIB = IMAGES / "gpu-smoke-lib.sh"  # what the smoke tests share (sourced)
 CATALOG = load_catalog()
 
 
@@ -233,6 +234,10 @@ def test_smoke_test_script_parses(script: Path) -> None:
     assert "Usage:" in help_text and "--model" in help_text
 
 
+def test_smoke_test_lib_parses() -> None:
+    subprocess.run(["bash", "-n", str(SMOKE_LIB)], check=True)
+
+
 def test_every_app_image_has_a_smoke_test() -> None:
     assert {p.parent.name for p in SMOKE_TESTS} == {
         a.image for a in APPS.values() if a.command[0].startswith("start-")
@@ -241,7 +246,7 @@ def test_every_app_image_has_a_smoke_test() -> None:
 
 def test_shell_scripts_pass_shellcheck() -> None:
     require(shutil.which("shellcheck") is not None, "shellcheck")
-    subprocess.run(["shellcheck", *map(str, START_SCRIPTS + SMOKE_TESTS)], check=True)
+    subprocess.run(["shellcheck", *map(str, [*START_SCRIPTS, *SMOKE_TESTS, SMOKE_LIB])], check=True)
 
 
 def test_sd_webui_image_has_no_proxy_config_of_its_own() -> None:
