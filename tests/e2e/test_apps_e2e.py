@@ -9,6 +9,7 @@ import base64
 import json
 import os
 import time
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -299,3 +300,22 @@ def test_proxy_passes_websockets_sse_and_encoded_slashes(hub: Hub) -> None:
     assert json.loads(saved.read_text()) == body
     r = requests.get(base + "userdata/workflows%2Fmine.json", headers=auth, timeout=30)
     assert r.status_code == 200 and r.json() == body
+
+
+def test_spot_launch_bids_the_users_max_price(hub: Hub) -> None:
+    user = hub.create_user()
+    token = user_token(hub, user)
+    r = launch(hub, user, token=token, pricing="spot", max_price="0.68")
+    assert r.status_code == 202, r.text
+    info = r.json()
+    assert info["gpu"] == "rtx-4090" and Decimal(info["price_per_hour"]) <= Decimal("0.68")
+    hub.wait_ready(user)
+    options = hub.server(user)["user_options"]
+    assert (options["pricing"], options["max_price"], options["app"]) == (
+        "spot",
+        "0.68",
+        "sd-webui",
+    )
+    # The market holds the card at the spot price with the user's bid.
+    status = hub.api("GET", f"/gpulab/spot/status/{user}", token).json()
+    assert (status["running"], status["pricing"], status["max_price"]) == (True, "spot", "0.68")
