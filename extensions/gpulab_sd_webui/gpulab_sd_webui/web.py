@@ -73,6 +73,20 @@ class Base(RequestHandler):
                 "body", "a JSON object with txt2img fields", f"invalid JSON: {e}"
             ) from e
 
+    def admit(self, parse: Any) -> Any:
+        """The request that ``parse()`` reads, once the model can serve it; None after answering
+        400 (bad input) or the engine's not-ready status."""
+        try:
+            req = parse()
+            self.ctx.engine.check_ready()
+        except BadRequest as e:
+            self.send_json(e.as_json(), 400)
+            return None
+        except NotReady as e:
+            self.send_json({"detail": e.detail}, e.status)
+            return None
+        return req
+
 
 class Options(Base):
     def get(self) -> None:
@@ -110,14 +124,8 @@ class Status(Base):
 
 class Txt2Img(Base):
     async def post(self) -> None:
-        try:
-            req = parse_txt2img(self.json_body())
-            self.ctx.engine.check_ready()
-        except BadRequest as e:
-            self.send_json(e.as_json(), 400)
-            return
-        except NotReady as e:
-            self.send_json({"detail": e.detail}, e.status)
+        req = self.admit(lambda: parse_txt2img(self.json_body()))
+        if req is None:
             return
         try:
             result = await IOLoop.current().run_in_executor(
@@ -187,14 +195,8 @@ class QueueSSE(Base):
         self.cancel = threading.Event()
 
     async def get(self) -> None:
-        try:
-            req = parse_query(self.request.query_arguments)
-            self.ctx.engine.check_ready()
-        except BadRequest as e:
-            self.send_json(e.as_json(), 400)
-            return
-        except NotReady as e:
-            self.send_json({"detail": e.detail}, e.status)
+        req = self.admit(lambda: parse_query(self.request.query_arguments))
+        if req is None:
             return
         self.set_header("Content-Type", "text/event-stream")
         self.set_header("Cache-Control", "no-store")
