@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from traitlets import Any as AnyTrait
-from traitlets import Unicode
+from traitlets import Float, Unicode
 from traitlets.config import SingletonConfigurable
 
 TEMPLATES = Path(__file__).with_name("templates")
@@ -37,8 +37,8 @@ class GpulabHome(SingletonConfigurable):
         /services/billing/). Empty: no statement link. gpulab's billing sets it.""",
     )
 
-    reference_launch_seconds = Unicode(
-        "45",
+    reference_launch_seconds = Float(
+        45.0,
         config=True,
         help="""The launch time the home page compares app launches with (seconds): the
         reference GPU cloud promises its Stable Diffusion WebUI within 45 s.""",

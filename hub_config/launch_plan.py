@@ -61,13 +61,7 @@ def plan_launch(
         # The user picked: the spawn's own checks (options, cards, market) answer for it.
         options["gpu"] = body["gpu"]
         gpu = str(body["gpu"])
-        price = (
-            catalog.no_gpu.price_per_hour
-            if gpu == "none" or gpu not in catalog.gpu_types
-            else spot_prices.get(gpu, catalog.gpu_types[gpu].on_demand_price)
-            if pricing == "spot"
-            else catalog.gpu_types[gpu].on_demand_price
-        )
+        price = _price(catalog, spot_prices, gpu, pricing)
         return options, Choice(gpu, price, counts.get(gpu, {}).get("free", 0))
     if "none" in fits and pricing == "on-demand":
         options["gpu"] = "none"
@@ -90,9 +84,7 @@ def plan_launch(
         free = counts.get(slug, {}).get("free", 0)
         if free < 1:
             continue
-        price = (
-            spot_prices.get(slug, gt.on_demand_price) if pricing == "spot" else gt.on_demand_price
-        )
+        price = _price(catalog, spot_prices, slug, pricing)
         if max_price is not None and price > max_price:
             too_dear.append(f"{gt.display_name} at {price}")
             continue
@@ -102,6 +94,15 @@ def plan_launch(
     best = min(candidates, key=lambda c: c.price)  # min() keeps catalog order among equals
     options["gpu"] = best.gpu
     return options, best
+
+
+def _price(catalog: Catalog, spot_prices: dict[str, Decimal], gpu: str, pricing: str) -> Decimal:
+    """Per card-hour now: the spot price in force (on-demand where the market has none), the
+    on-demand price, or no-GPU mode's for "none" (and for a type the spawn will refuse)."""
+    if gpu not in catalog.gpu_types:
+        return catalog.no_gpu.price_per_hour
+    on_demand = catalog.gpu_types[gpu].on_demand_price
+    return spot_prices.get(gpu, on_demand) if pricing == "spot" else on_demand
 
 
 def _no_card_message(

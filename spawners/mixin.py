@@ -261,6 +261,10 @@ class GpuSpawnerMixin(AppServersMixin, HasTraits):
         if hasattr(self, "_progress_changed"):
             self._progress_changed.set()
 
+    def progress_events(self) -> list[dict[str, Any]]:
+        """The steps of the current (or last) spawn so far, as ``progress()`` yields them."""
+        return list(getattr(self, "_progress_events", []))
+
     async def progress(self) -> AsyncIterator[dict[str, Any]]:
         """Yield the real spawn steps as they happen (allocating, datasets, starting, waiting)."""
         if not hasattr(self, "_progress_events"):

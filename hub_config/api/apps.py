@@ -164,7 +164,7 @@ class HomeAPIHandler(_UserHandler):
                     "apps": apps,
                     "pool": pool,
                     "statement_url": url_path_join(self.base_url, statement) if statement else "",
-                    "reference_launch_seconds": float(self.home.reference_launch_seconds),
+                    "reference_launch_seconds": self.home.reference_launch_seconds,
                 }
             )
         )
@@ -273,7 +273,7 @@ class LaunchStatusAPIHandler(_UserHandler):
     def get(self, user_name: str) -> None:
         user = self.user_or_404(user_name)
         spawner = user.spawners.get("") or user.spawner
-        events = list(getattr(spawner, "_progress_events", []) or [])
+        events = spawner.progress_events()
         failed = ""
         future = spawner._spawn_future
         if future is not None and future.done() and future.exception() is not None:

@@ -13,7 +13,7 @@ import pytest
 import requests
 from apps_helpers import apps_hub
 from billing.client import Billing
-from harness import PASSWORD, SLOW, Hub, WebSession, browser_log_in, wait_for
+from harness import PASSWORD, SLOW, Hub, WebSession, admin_web, browser_log_in, wait_for
 
 SHOTS = os.environ.get("GPULAB_SCREENSHOTS")
 SD_TILE = '.gpulab-app-tile[data-app="sd-webui"]'
@@ -64,8 +64,6 @@ def generate(page) -> str:
 
 def test_sign_up_click_the_tile_and_generate(bhub: Hub, browser) -> None:
     # The admin approves sign-ups (NativeAuthenticator): done through the admin's own page.
-    from harness import admin_web
-
     names = ["sd" + os.urandom(3).hex() for _ in range(2)]
     contexts = [browser.new_context(viewport={"width": 1280, "height": 900}) for _ in names]
     pages = [c.new_page() for c in contexts]
@@ -129,8 +127,6 @@ def test_home_page_refuses_with_the_reason_when_no_card_fits(bhub: Hub, browser)
     web = WebSession(bhub)
     name = "sdx" + os.urandom(3).hex()
     assert web.signup(name, PASSWORD).ok
-    from harness import admin_web
-
     assert admin_web(bhub).get(f"/hub/authorize/{name}").ok
     # Every card that fits is busy.
     others = [bhub.create_user() for _ in range(3)]
