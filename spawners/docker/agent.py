@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import docker
+import requests
 from docker.utils.socket import consume_socket_output, demux_adaptor, frames_iter
 
 from gpulab.spawners.activity import Observation, Proc
@@ -35,6 +36,11 @@ class ContainerAgentMixin:
     container_user: str
     home_mount: str
 
+    def _container_target(self) -> tuple[Any, str]:
+        """(Docker API client, container id) of the server's container; may block. A Swarm
+        service's container is its task's, reached through its node's own engine."""
+        return self.client, self.object_id
+
     def _exec_agent(
         self,
         args: list[str],
@@ -46,12 +52,12 @@ class ContainerAgentMixin:
 
         The source is sent with the command, so any image with a Python works unchanged. Returns
         the agent's exit code, stdout and stderr."""
-        client = self.client
+        client, container = self._container_target()
         # -I and a working directory outside the home: nothing the user put there (a ~/json.py)
         # is imported by the hub's agent.
         argv = [self.exec_python, "-I", "-c", AGENT_SOURCE, *args]
         exec_id = client.exec_create(
-            self.object_id,
+            container,
             argv,
             user=self.container_user,
             workdir="/",
@@ -105,9 +111,11 @@ class ContainerAgentMixin:
         def look() -> Observation | None:
             t = time.time()
             try:
-                top = self.client.top(self.object_id, ps_args="-eo pid,ppid,etimes,comm")
-                init = self.client.inspect_container(self.object_id)["State"]["Pid"]
-            except docker.errors.APIError:
+                client, container = self._container_target()
+                top = client.top(container, ps_args="-eo pid,ppid,etimes,comm")
+                init = client.inspect_container(container)["State"]["Pid"]
+            except (docker.errors.APIError, LookupError, requests.exceptions.ConnectionError):
+                # Gone, or its node's engine is (a Swarm node that died): nothing to observe.
                 return None
             rows = []
             for row in top.get("Processes") or []:

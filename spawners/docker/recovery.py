@@ -52,7 +52,10 @@ class RecoveryMixin:
 
     async def _claim_from_container(self) -> None:
         obj = await self.get_object()
-        labels = (obj or {}).get("Config", {}).get("Labels") or {}
+        self._claim_from_labels((obj or {}).get("Config", {}).get("Labels") or {})
+
+    def _claim_from_labels(self, labels: dict[str, str]) -> None:
+        """Claim the allocation a running container's (or service's) labels describe."""
         alloc_id = labels.get(L_ALLOC)
         if not alloc_id or labels.get(L_HUB) != self.pool.hub_id:
             return

@@ -74,6 +74,9 @@ class GpuAllocator:
         self.log = log or logging.getLogger("gpulab.allocator")
         self.started = time.time()
         self._adopted: set[str] = set()
+        # owner -> (the only cluster nodes its cards may come from, why): e.g. the node holding
+        # the user's home, where homes don't follow users, or the nodes holding the image.
+        self._pins: dict[str, tuple[frozenset[str], str]] = {}
         self._state = self._load()
 
     # ---- persistence -------------------------------------------------------------------------
@@ -206,15 +209,24 @@ class GpuAllocator:
         if gpu_type is not None:
             held = self.held_uuids()
             candidates = [d for d in self.devices if d.gpu_type == gpu_type and d.uuid not in held]
-            if len(candidates) < count:
+            pin = self._pins.get(owner.removesuffix(RESERVED))
+            if pin is not None:
+                candidates = [d for d in candidates if d.node in pin[0]]
+            picked = self._pick(candidates, count)
+            if picked is None:
                 total = sum(1 for d in self.devices if d.gpu_type == gpu_type)
                 free = {s: c["free"] for s, c in self.counts().items()}
+                split = f" {pin[1]}" if pin else ""
+                if len(candidates) >= count:
+                    # Enough cards, but not on one node: a server's cards are on one machine.
+                    best = max(self._by_node(candidates).values(), key=len)
+                    split = f" (at most {len(best)} on one node)"
                 raise NoCapacity(
                     f"No {gpu_type} available: {count} requested, {len(candidates)} of {total} "
-                    f"free. {self.describe_free(exclude=gpu_type)}",
+                    f"free{split}. {self.describe_free(exclude=gpu_type)}",
                     free,
                 )
-            uuids = [d.uuid for d in sorted(candidates, key=lambda d: d.index)[:count]]
+            uuids = [d.uuid for d in picked]
         alloc = Allocation(
             alloc_id=uuid.uuid4().hex,
             owner=owner,
@@ -225,6 +237,79 @@ class GpuAllocator:
         )
         self._state.allocations[owner] = alloc
         self._adopted.add(alloc.alloc_id)
+        self._save()
+        return alloc
+
+    @staticmethod
+    def _by_node(devices: list[GpuDevice]) -> dict[str | None, list[GpuDevice]]:
+        groups: dict[str | None, list[GpuDevice]] = {}
+        for d in sorted(devices, key=lambda d: (d.node or "", d.index)):
+            groups.setdefault(d.node, []).append(d)
+        return groups
+
+    def _pick(self, candidates: list[GpuDevice], count: int) -> list[GpuDevice] | None:
+        """``count`` free cards all on one node, or None. Best fit: the node with the fewest free
+        cards that still has enough, so that whole nodes stay free for many-card servers."""
+        fitting = [g for g in self._by_node(candidates).values() if len(g) >= count]
+        if not fitting:
+            return None
+        group = min(fitting, key=lambda g: (len(g), g[0].node or ""))
+        return group[:count]
+
+    def pin(self, owner: str, nodes: Iterable[str] | None, why: str = "") -> None:
+        """Take ``owner``'s cards only from the cluster nodes ``nodes`` from now on (None:
+        anywhere). ``why`` ends a refusal's "n of m free" (e.g. "on node X, which holds this
+        server's home")."""
+        if nodes is None:
+            self._pins.pop(owner, None)
+        else:
+            self._pins[owner] = (frozenset(nodes), why)
+
+    def node_of(self, alloc: Allocation) -> str | None:
+        """The node holding ``alloc``'s cards (None: this machine, or no GPU)."""
+        nodes = {d.node for d in self.devices if d.uuid in set(alloc.uuids)}
+        return next(iter(nodes)) if len(nodes) == 1 else None
+
+    def set_devices(self, devices: Iterable[GpuDevice]) -> None:
+        """The rentable cards changed (a cluster node joined, left, went down or was drained).
+        Records keep their cards: a card that left is free again only once its server stops."""
+        self.devices = [d for d in devices if d.gpu_type is not None]
+
+    def reassign(self, owner: str, uuids: list[str]) -> Allocation:
+        """Record that ``owner``'s server got the cards ``uuids`` (same node, same count) rather
+        than those the allocator picked: a cluster engine (Swarm) chooses which of a node's
+        cards a task gets. A card picked for another record on that node is swapped with it, so
+        no card is ever held twice. Raises ValueError when ``uuids`` can't be ``owner``'s."""
+        alloc = self._state.allocations.get(owner)
+        if alloc is None:
+            raise ValueError(f"{owner} holds no allocation")
+        if sorted(uuids) == sorted(alloc.uuids):
+            return alloc
+        by_uuid = {d.uuid: d for d in self.devices}
+        node = self.node_of(alloc)
+        if len(uuids) != len(alloc.uuids) or any(
+            u not in by_uuid or by_uuid[u].node != node for u in uuids
+        ):
+            raise ValueError(
+                f"{owner}: cards {', '.join(uuids)} are not {len(alloc.uuids)} card(s) of node "
+                f"{node} (allocated: {', '.join(alloc.uuids)})"
+            )
+        held = self.held_uuids()
+        gained = [u for u in uuids if u not in alloc.uuids]
+        given = [u for u in alloc.uuids if u not in uuids]
+        for mine, theirs in zip(given, gained, strict=True):
+            other = held.get(theirs)
+            if other is not None and other.owner != owner:
+                other.uuids = [mine if u == theirs else u for u in other.uuids]
+                self.log.warning(
+                    "%s got card %s that was picked for %s; %s gets %s instead",
+                    owner,
+                    theirs,
+                    other.owner,
+                    other.owner,
+                    mine,
+                )
+        alloc.uuids = list(uuids)
         self._save()
         return alloc
 

@@ -34,6 +34,8 @@ class GpuDevice:
     simulated: bool
     # /dev/nvidiaN's N (not always the NVML index); None for simulated cards.
     minor: int | None = None
+    # The cluster node holding the card (a Swarm node id); None for this machine's own cards.
+    node: str | None = None
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -202,7 +204,13 @@ class GpuInventory(LoggingConfigurable):
         super().__init__(**kwargs)
         self.catalog = catalog
         self.nvml_error: str | None = None
-        self.devices: list[GpuDevice] = self._discover()
+        self._local: list[GpuDevice] = self._discover()
+        self.devices: list[GpuDevice] = list(self._local)
+
+    def set_cluster_devices(self, devices: list[GpuDevice]) -> None:
+        """Replace the cards of the cluster's nodes (those with a ``node``) by ``devices``: the
+        cards of nodes that can take servers now. This machine's own cards stay."""
+        self.devices = self._local + [d for d in devices if d.node is not None]
 
     def _discover(self) -> list[GpuDevice]:
         real: list[GpuDevice] = []

@@ -19,7 +19,7 @@ from traitlets.config import SingletonConfigurable
 
 from gpulab.hub_config.catalog import Catalog, load_catalog
 from gpulab.spawners.node.allocator import GpuAllocator
-from gpulab.spawners.node.inventory import GpuInventory
+from gpulab.spawners.node.inventory import GpuDevice, GpuInventory
 
 
 class GpuPool(SingletonConfigurable):
@@ -82,6 +82,31 @@ class GpuPool(SingletonConfigurable):
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(secrets.token_hex(8))
             return path.read_text().strip()
+
+    # ---- cluster nodes -----------------------------------------------------------------------
+
+    # The cluster's nodes (e.g. Swarm's) by id: name, address, state, availability, GPU type.
+    # Empty on a single machine. Set by the spawner class that knows the cluster.
+    cluster_nodes: dict[str, dict[str, Any]] = {}  # replaced by set_cluster, never mutated
+
+    def set_cluster(self, devices: list[GpuDevice], nodes: dict[str, dict[str, Any]]) -> None:
+        """The cluster changed (or was read at start): ``devices`` are the cards of the nodes that
+        can take servers now (ready and active), ``nodes`` every node as the cluster sees it. A
+        card that leaves the pool stays held by its server until that server is reported
+        stopped; the pool counts only the cards present."""
+        before = {d.uuid for d in self.inventory.devices if d.node is not None}
+        self.inventory.set_cluster_devices(devices)
+        self.allocator.set_devices(self.inventory.devices)
+        self.cluster_nodes = nodes
+        after = {d.uuid for d in devices}
+        if before != after:
+            self.log.info(
+                "Cluster GPUs: %d card(s) on %d node(s) can take servers%s%s",
+                len(after),
+                len({d.node for d in devices}),
+                f"; left the pool: {', '.join(sorted(before - after))}" if before - after else "",
+                f"; joined: {', '.join(sorted(after - before))}" if after - before else "",
+            )
 
     # ---- orphan sweep ------------------------------------------------------------------------
 
@@ -165,6 +190,7 @@ class GpuPool(SingletonConfigurable):
             "currency": self.catalog.currency,
             "gpu_types": types,
             "gpus": gpus,
+            "nodes": self._node_view(held, show_addresses=show_holders),
             "no_gpu": {
                 "available": True,
                 "price_per_hour": str(self.catalog.no_gpu.price_per_hour),
@@ -174,3 +200,28 @@ class GpuPool(SingletonConfigurable):
                 "error": self.inventory.nvml_error,
             },
         }
+
+    def _node_view(self, held: dict, show_addresses: bool = False) -> list[dict[str, Any]]:
+        """Per cluster node: its state and, per GPU type, free/total of its cards in the pool (a
+        down or drained node has none in the pool). Nodes' addresses and hostnames are the
+        operator's business: only admins see them."""
+        out = []
+        for node_id, info in sorted(
+            self.cluster_nodes.items(), key=lambda kv: kv[1].get("name", "")
+        ):
+            if not show_addresses:
+                info = {k: v for k, v in info.items() if k not in ("address", "hostname")}
+            types: dict[str, dict[str, int]] = {}
+            for dev in self.inventory.devices:
+                if dev.node == node_id and dev.gpu_type is not None:
+                    c = types.setdefault(dev.gpu_type, {"total": 0, "free": 0})
+                    c["total"] += 1
+                    c["free"] += dev.uuid not in held
+            out.append(
+                {
+                    "id": node_id,
+                    **info,
+                    "gpu_types": [{"slug": k, **v} for k, v in sorted(types.items())],
+                }
+            )
+        return out
