@@ -7,6 +7,12 @@ form greys out the others. This command is how an operator preloads them::
     gpulab images --build         # build the missing ones from images/SLUG/Dockerfile
     gpulab images --build --all   # rebuild every image (what images/build.sh runs)
     gpulab images --pull          # pull the missing ones from their registry instead
+
+On a Docker Swarm (docs/swarm.md), from the hub's node (a manager)::
+
+    gpulab images --nodes --node-engine gpu-1=tcp://10.0.0.12:2376 ...   # what each node holds
+    gpulab images --preload --node-engine ...     # stream each missing image to every node
+    gpulab images --preload --registry HOST:PORT --node-engine ...   # or push once, pull on each
 """
 
 from __future__ import annotations
@@ -43,14 +49,55 @@ def add_images_parser(sub) -> None:
     p.add_argument("--all", action="store_true", help="with --build/--pull: present ones too")
     p.add_argument("--json", action="store_true", help="print the list as JSON")
     p.add_argument("slugs", nargs="*", help="only these catalog images (default: all)")
+    p.add_argument(
+        "--docker-host",
+        default=None,
+        help="the hub node's engine (a Swarm manager for --nodes/--preload); default DOCKER_HOST",
+    )
+    swarm = p.add_argument_group("many nodes (Docker Swarm, docs/swarm.md)")
+    swarm.add_argument(
+        "--nodes", action="store_true", help="list which images each Swarm node holds"
+    )
+    swarm.add_argument(
+        "--preload",
+        action="store_true",
+        help="copy missing images from the hub's node to every Swarm node (then list them)",
+    )
+    swarm.add_argument(
+        "--registry",
+        metavar="HOST:PORT",
+        help="with --preload: push there and pull on each node, instead of streaming",
+    )
+    swarm.add_argument(
+        "--node-engine",
+        action="append",
+        metavar="NODE=URL",
+        help="a node's own Docker Engine (NODE: id or hostname; URL: unix://, tcp://, ssh://); "
+        "repeat for each node",
+    )
+    swarm.add_argument(
+        "--node-engines",
+        metavar="FILE",
+        help="JSON or TOML table NODE = URL (or {url, tls_dir}); these and --node-engine "
+        "override the hub's own GPULAB_SWARM_NODE_ENGINES (JSON), read when set",
+    )
+    swarm.add_argument(
+        "--node-tls",
+        metavar="DIR",
+        help="ca.pem, cert.pem, key.pem for tcp:// node engines (docker --tlsverify)",
+    )
 
 
-def _client():
+def _client(docker_host: str | None = None):
     # The Docker SDK only for `gpulab images`: a local-spawner node may not have an engine.
     import docker
+    from docker.utils import kwargs_from_env
 
+    kwargs = kwargs_from_env()
+    if docker_host:
+        kwargs["base_url"] = docker_host
     try:
-        client = docker.APIClient(version="auto")
+        client = docker.APIClient(version="auto", **kwargs)
         client.ping()
     except docker.errors.DockerException as e:
         raise SystemExit(f"gpulab images: no Docker Engine reachable: {e}") from None
@@ -126,7 +173,11 @@ def cmd_images(args: argparse.Namespace) -> int:
         print(f"gpulab images: {e}", file=sys.stderr)
         return 2
     slugs = _selected(catalog, args.slugs)
-    client = _client()
+    usage = _swarm_usage_error(args)
+    if usage:
+        print(f"gpulab images: {usage}", file=sys.stderr)
+        return 2
+    client = _client(args.docker_host)
     statuses = catalog_image_status(client, catalog)
 
     if args.build or args.pull:
@@ -147,6 +198,9 @@ def cmd_images(args: argparse.Namespace) -> int:
             print("gpulab images: every selected image is present; nothing to do")
         statuses = catalog_image_status(client, catalog)
 
+    if args.nodes or args.preload:
+        return _cmd_nodes(args, catalog, slugs)
+
     rows = [statuses[s] for s in slugs]
     if args.json:
         print(json.dumps([r.to_json() for r in rows], indent=1))
@@ -162,3 +216,34 @@ def cmd_images(args: argparse.Namespace) -> int:
             else:
                 print(f"{'':<12} {r.reason}")
     return 0 if all(r.present for r in rows) else 3
+
+
+def _swarm_usage_error(args: argparse.Namespace) -> str:
+    """Swarm options that make no sense together, named (nothing runs then)."""
+    many = args.nodes or args.preload
+    if args.registry and not args.preload:
+        return "--registry is used by --preload only (add --preload)"
+    for given, option in (
+        (args.node_engine, "--node-engine"),
+        (args.node_engines, "--node-engines"),
+        (args.node_tls, "--node-tls"),
+    ):
+        if given and not many:
+            return f"{option} is used by --nodes and --preload only (add one of them)"
+    if args.preload and args.all:
+        return "--all does not apply to --preload: an image is copied where the node lacks it or holds another build"
+    return ""
+
+
+def _cmd_nodes(args: argparse.Namespace, catalog: Catalog, slugs: list[str]) -> int:
+    from gpulab.hub_config.images_nodes import NodesUsageError, run_nodes
+
+    tags = {s: catalog.images[s].docker_image for s in slugs if catalog.images[s].docker_image}
+    for s in slugs:
+        if s not in tags:
+            print(f"gpulab images: {s}: images.{s}.docker_image is not set in the catalog; skipped")
+    try:
+        return run_nodes(args, tags)
+    except NodesUsageError as e:
+        print(f"gpulab images: {e}", file=sys.stderr)
+        return 2

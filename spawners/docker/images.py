@@ -7,6 +7,11 @@ here are blocking; async callers run them in a thread.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
 from gpulab.hub_config.catalog import Catalog
 from gpulab.spawners.images import (
     LABEL_CUDA,
@@ -16,6 +21,8 @@ from gpulab.spawners.images import (
     ImageStatus,
     split_label,
 )
+
+log = logging.getLogger(__name__)
 
 
 def image_status(client, slug: str, docker_image: str | None) -> ImageStatus:
@@ -55,3 +62,104 @@ def catalog_image_status(client, catalog: Catalog) -> dict[str, ImageStatus]:
         slug: image_status(client, slug, image.docker_image)
         for slug, image in catalog.images.items()
     }
+
+
+# ---- many nodes (Docker Swarm) ------------------------------------------------------------------
+# A Swarm manager's API lists nodes but cannot inspect, pull or load images on them: each node's
+# own engine is asked, at the URL the operator gives for it (``gpulab images --node-engine``, the
+# Swarm spawner's node engines). Blocking calls, one short-lived client per node.
+
+ENGINE_SCHEMES = ("unix", "tcp", "ssh")
+TLS_FILES = ("ca.pem", "cert.pem", "key.pem")
+
+
+@dataclass(frozen=True)
+class NodeEngine:
+    """Where one node's Docker Engine answers: ``unix://``, ``tcp://`` or ``ssh://``; with
+    ``tls_dir`` (``ca.pem``, ``cert.pem``, ``key.pem``, as ``docker --tlsverify`` reads from
+    ``DOCKER_CERT_PATH``) a ``tcp://`` engine is verified both ways."""
+
+    url: str
+    tls_dir: str | None = None
+
+    def problems(self) -> list[str]:
+        """What is wrong with this engine's settings (empty: usable)."""
+        scheme = self.url.partition("://")[0] if "://" in self.url else ""
+        found = []
+        if scheme not in ENGINE_SCHEMES:
+            found.append(
+                f"URL {self.url!r} must start with one of {', '.join(s + '://' for s in ENGINE_SCHEMES)}"
+            )
+        if self.tls_dir is not None:
+            missing = [f for f in TLS_FILES if not (Path(self.tls_dir) / f).is_file()]
+            if missing:
+                found.append(f"TLS directory {self.tls_dir} lacks {', '.join(missing)}")
+            if scheme != "tcp":
+                found.append(f"TLS applies to tcp:// engines only, not {self.url!r}")
+        return found
+
+
+def engine_client(engine: NodeEngine | str, timeout: int = 60):
+    """A ``docker.DockerClient`` for one node's engine (the caller closes it)."""
+    import docker
+    from docker.tls import TLSConfig
+
+    if isinstance(engine, str):
+        engine = NodeEngine(engine)
+    tls = None
+    if engine.tls_dir:
+        d = Path(engine.tls_dir)
+        tls = TLSConfig(
+            client_cert=(str(d / "cert.pem"), str(d / "key.pem")),
+            ca_cert=str(d / "ca.pem"),
+            verify=True,
+        )
+    return docker.DockerClient(base_url=engine.url, tls=tls, version="auto", timeout=timeout)
+
+
+def image_id(client, tag: str) -> str | None:
+    """The id of ``tag`` on the engine of ``client`` (a ``docker.DockerClient``), or None."""
+    import docker.errors
+
+    try:
+        return client.images.get(tag).id
+    except docker.errors.ImageNotFound:
+        return None
+
+
+def nodes_with_images(
+    engines: Mapping[str, NodeEngine | str],
+    tags: Iterable[str],
+    image_ids: Mapping[str, str] | None = None,
+) -> dict[str, set[str]]:
+    """For each tag, the nodes (keys of ``engines``) whose engine holds it: with ``image_ids``
+    (tag -> id, e.g. the hub node's) only where it is that very image, not an older build under
+    the same tag. A node whose engine does not answer holds nothing (logged)."""
+    import docker.errors
+
+    tags = list(tags)
+    found: dict[str, set[str]] = {tag: set() for tag in tags}
+    for node, engine in engines.items():
+        try:
+            client = engine_client(engine, timeout=10)
+        except docker.errors.DockerException as e:
+            log.warning("node %s: engine %s unusable: %s", node, engine, e)
+            continue
+        try:
+            for tag in tags:
+                have = image_id(client, tag)
+                if have and (image_ids is None or image_ids.get(tag) in (None, have)):
+                    found[tag].add(node)
+        except (docker.errors.DockerException, OSError) as e:
+            log.warning("node %s: engine %s does not answer: %s", node, engine, e)
+        finally:
+            client.close()
+    return found
+
+
+def nodes_with_image(
+    engines: Mapping[str, NodeEngine | str], tag: str, image_id: str | None = None
+) -> set[str]:
+    """The nodes (keys of ``engines``) whose engine holds ``tag`` (and, given ``image_id``, that
+    very image): where the spawn form may offer that image."""
+    return nodes_with_images(engines, [tag], {tag: image_id} if image_id else None)[tag]
