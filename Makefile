@@ -7,7 +7,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 ARGS ?=
 
-.PHONY: install run test lint format bench bench-apps clean labext-test
+.PHONY: install run test lint format bench bench-apps bench-swarm clean labext-test
 
 install: $(VENV)/.installed node_modules/.installed $(VENV)/.labext-installed
 
@@ -76,6 +76,10 @@ bench: install
 
 bench-apps: install
 	$(BIN)/python benchmarks/app_launch.py $(ARGS)
+
+# gpulab-swarm vs gpulab-docker on a two-node test swarm on this machine (as root).
+bench-swarm: install
+	$(BIN)/python benchmarks/swarm_spawn.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) node_modules .gpulab .pytest_cache .ruff_cache

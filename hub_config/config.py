@@ -7,6 +7,7 @@ call ``configure(c)`` too and override anything after it.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from dataclasses import dataclass
@@ -45,6 +46,11 @@ class Settings:
     # A proxy run as its own service (docker-compose): its API URL; the hub then starts none.
     # Its token comes from CONFIGPROXY_AUTH_TOKEN, shared with the proxy.
     proxy_api_url: str = ""
+    # Swarm only: the manager's Docker URL (empty: DOCKER_HOST or the local socket), each node's
+    # own engine (JSON: node id, name or hostname -> Docker URL) and the shared home path.
+    swarm_manager: str = ""
+    swarm_node_engines: str = ""
+    swarm_shared_home: str = ""
 
     @classmethod
     def from_env(cls, env: os._Environ | dict | None = None) -> Settings:
@@ -68,6 +74,9 @@ class Settings:
             hub_ip=env.get("GPULAB_HUB_IP", ""),
             hub_connect_ip=env.get("GPULAB_HUB_CONNECT_IP", ""),
             proxy_api_url=env.get("GPULAB_PROXY_API_URL", ""),
+            swarm_manager=env.get("GPULAB_SWARM_MANAGER", ""),
+            swarm_node_engines=env.get("GPULAB_SWARM_NODE_ENGINES", ""),
+            swarm_shared_home=env.get("GPULAB_SWARM_SHARED_HOME", ""),
         )
 
 
@@ -108,8 +117,12 @@ def configure(c, settings: Settings | None = None) -> None:
     c.JupyterHub.spawner_class = "gpulab-local"
     if s.spawner == "docker":
         configure_docker(c, s)
+    elif s.spawner == "swarm":
+        configure_swarm(c, s)
     elif s.spawner != "local":
-        raise SystemExit(f"GPULAB_SPAWNER: {s.spawner!r} is not allowed; allowed: local, docker")
+        raise SystemExit(
+            f"GPULAB_SPAWNER: {s.spawner!r} is not allowed; allowed: local, docker, swarm"
+        )
     c.GpuPool.data_dir = str(data)
     c.GpuPool.catalog_path = s.catalog
     c.GpuInventory.simulate_gpus = s.simulate_gpus
@@ -177,3 +190,37 @@ def configure_docker(c, s: Settings) -> None:
         c.JupyterHub.hub_ip = network_gateway(s.docker_network)
     if s.hub_connect_ip:
         c.JupyterHub.hub_connect_ip = s.hub_connect_ip
+
+
+def configure_swarm(c, s: Settings) -> None:
+    """Run every server as a Docker Swarm service on a GPU node (``gpulab-swarm``).
+
+    The cards are the nodes' (generic resources and GPU-type labels read from the manager), so
+    this machine's own GPUs are not offered. Servers on other nodes reach the hub API at
+    ``GPULAB_HUB_IP``, this machine's address on the nodes' network, which the hub binds to.
+    """
+    c.JupyterHub.spawner_class = "gpulab-swarm"
+    if not s.hub_ip:
+        raise SystemExit(
+            "GPULAB_HUB_IP: the Swarm spawner needs this machine's address on the Swarm nodes' "
+            "network (servers on every node reach the hub API there), e.g. GPULAB_HUB_IP=10.0.0.1"
+        )
+    c.JupyterHub.hub_ip = s.hub_ip
+    c.JupyterHub.hub_connect_ip = s.hub_connect_ip or s.hub_ip
+    if s.swarm_manager:
+        c.SwarmCluster.manager_url = s.swarm_manager
+    if s.swarm_node_engines:
+        try:
+            engines = json.loads(s.swarm_node_engines)
+        except ValueError as e:
+            raise SystemExit(f"GPULAB_SWARM_NODE_ENGINES: not valid JSON: {e}") from None
+        if not isinstance(engines, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in engines.items()
+        ):
+            raise SystemExit(
+                "GPULAB_SWARM_NODE_ENGINES: must be a JSON object of node id, name or hostname "
+                'to Docker URL, e.g. {"gpu-box-2": "tcp://10.0.0.12:2376"}'
+            )
+        c.SwarmCluster.node_engines = engines
+    c.GpuSwarmSpawner.shared_home_path = s.swarm_shared_home
+    c.GpuInventory.use_nvml = "no"

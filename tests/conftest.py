@@ -24,8 +24,9 @@ from harness import CHROMIUM, CHROMIUM_ARGS, REPO, Hub, HubFactory
 
 REQUIRE_ALL = os.environ.get("GPULAB_REQUIRE_ALL") == "1"
 
-# Docker fixtures (docker, test_image, broken_image, catalog) for the modules that ask for them.
-pytest_plugins = ["docker_helpers"]
+# Docker fixtures (docker, test_image, broken_image, catalog) and the multi-engine Swarm
+# (swarm_cluster) for the modules that ask for them.
+pytest_plugins = ["docker_helpers", "swarm_helpers"]
 
 
 def require(condition: bool, what: str) -> None:
