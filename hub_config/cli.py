@@ -14,6 +14,7 @@ from pathlib import Path
 from gpulab.hub_config.catalog import CatalogError, load_catalog
 from gpulab.hub_config.data_dir import admin_password, make_private_data_dir
 from gpulab.hub_config.images_cli import add_images_parser, cmd_images
+from gpulab.hub_config.kubernetes_cli import add_kubernetes_parser, cmd_kubernetes
 from gpulab.hub_config.models_cli import add_models_parser, cmd_models
 from gpulab.spawners.node.inventory import GpuInventory, SimulateSpecError, parse_simulate_spec
 
@@ -84,14 +85,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     up.add_argument(
         "--spawner",
-        choices=("local", "docker"),
+        choices=("local", "docker", "swarm"),
         default=os.environ.get("GPULAB_SPAWNER", "local"),
-        help="run servers as local processes (default) or in Docker containers from the "
-        "catalog's preloaded images",
+        help="run servers as local processes (default), in Docker containers from the "
+        "catalog's preloaded images, or as Docker Swarm services on GPU nodes (GPULAB_HUB_IP, "
+        "GPULAB_SWARM_MANAGER, GPULAB_SWARM_NODE_ENGINES, GPULAB_SWARM_SHARED_HOME)",
     )
     up.add_argument("jupyterhub_args", nargs="*", help="extra JupyterHub arguments (after --)")
     add_images_parser(sub)
     add_models_parser(sub)
+    add_kubernetes_parser(sub)
     return parser
 
 
@@ -112,6 +115,15 @@ def resolve_simulation(spec: str, catalog_path: str) -> str:
 
 def cmd_up(args: argparse.Namespace) -> int:
     data_dir = Path(args.data_dir).resolve()
+    if args.spawner == "swarm":
+        if args.simulate_gpus not in ("auto", "none"):
+            print(
+                "gpulab: --simulate-gpus: a swarm's cards are its nodes' (simulated ones are "
+                "advertised by the nodes, labelled gpulab.simulated=true); allowed: auto, none",
+                file=sys.stderr,
+            )
+            return 2
+        args.simulate_gpus = "none"
     try:
         simulate = resolve_simulation(args.simulate_gpus, args.catalog)
     except (CatalogError, SimulateSpecError) as e:
@@ -167,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_images(args)
     if args.command == "models":
         return cmd_models(args)
+    if args.command == "kubernetes":
+        return cmd_kubernetes(args)
     return 2
 
 

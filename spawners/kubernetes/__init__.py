@@ -1,0 +1,1 @@
+"""The catalog mapped onto zero-to-jupyterhub and KubeSpawner (profiles, pod overrides): on paper."""
