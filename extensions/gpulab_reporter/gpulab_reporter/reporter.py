@@ -157,24 +157,30 @@ class Reporter:
             self.app_seen[run_id] = now
         return events, ids
 
+    async def beat(self) -> None:
+        """Spool one heartbeat: the kernels and apps alive now."""
+        kernels = await self.live_kernels()
+        # A kernel shut down while is_alive was awaited has its stop spooled already: listing it
+        # at a later time would bill it past its stop. The manager drops a kernel before its
+        # shutdown event, and nothing below yields, so the heartbeat's time is when it looked.
+        registered = set(self.app.kernel_manager.list_kernel_ids())
+        kernels = [k for k in kernels if k in registered]
+        now = time.time()
+        try:
+            events, apps = self.app_events(now)
+        except Exception:  # never let app discovery stop the kernels' heartbeat
+            self.log.exception("gpulab_reporter: looking for jupyter-server-proxy apps failed")
+            events, apps = [], []
+        beat = self.event("heartbeat", kernels=kernels, t=now)
+        if apps:  # only when there are any: a billing service that predates apps agrees
+            beat["apps"] = apps
+        self.spool.put([*events, beat])
+        self.wake.set()
+
     async def heartbeat_loop(self) -> None:
         while True:
             try:
-                kernels = await self.live_kernels()
-                # The app scan does not yield, so the heartbeat's time is when it looked.
-                now = time.time()
-                try:
-                    events, apps = self.app_events(now)
-                except Exception:  # never let app discovery stop the kernels' heartbeat
-                    self.log.exception(
-                        "gpulab_reporter: looking for jupyter-server-proxy apps failed"
-                    )
-                    events, apps = [], []
-                beat = self.event("heartbeat", kernels=kernels, t=now)
-                if apps:  # only when there are any: a billing service that predates apps agrees
-                    beat["apps"] = apps
-                self.spool.put([*events, beat])
-                self.wake.set()
+                await self.beat()
             except Exception:
                 self.log.exception("gpulab_reporter: heartbeat failed")
             await asyncio.sleep(self.heartbeat)
