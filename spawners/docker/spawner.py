@@ -485,12 +485,17 @@ class GpuDockerSpawner(ContainerAgentMixin, RecoveryMixin, GpuSpawnerMixin, Dock
                 writer.close()
                 return
             if time.monotonic() >= next_check:
-                state = (await self.docker("inspect_container", self.object_id))["State"]
-                if not state["Running"]:
-                    raise SpawnError(500, await self._early_exit_message(state))
+                await self._raise_if_exited()
                 next_check = time.monotonic() + self.exit_check_interval
             await asyncio.sleep(self.ready_poll_interval)
         raise SpawnError(500, f"Server did not listen on {ip}:{port} in {self.start_timeout}s")
+
+    async def _raise_if_exited(self) -> None:
+        """Fail a spawn whose server died before it listened, with its own last words, rather
+        than waiting out start_timeout."""
+        state = (await self.docker("inspect_container", self.object_id))["State"]
+        if not state["Running"]:
+            raise SpawnError(500, await self._early_exit_message(state))
 
     async def _early_exit_message(self, state: dict[str, Any]) -> str:
         raw = await self.docker("logs", self.object_id, tail=self.log_tail_lines)

@@ -396,26 +396,10 @@ class GpuSwarmSpawner(GpuDockerSpawner, SwarmSpawner):
         code = (status.get("ContainerStatus") or {}).get("ExitCode")
         return f"Server task {status['State']} ({why}, code {code}) before it answered.{tail}"
 
-    async def _wait_answering(self, ip: str, port: int) -> None:
-        deadline = time.monotonic() + self.start_timeout
-        next_check = time.monotonic() + self.exit_check_interval
-        while time.monotonic() < deadline:
-            try:
-                _, writer = await asyncio.wait_for(asyncio.open_connection(ip, port), 1)
-            except (OSError, TimeoutError):
-                pass
-            else:
-                writer.close()
-                return
-            if time.monotonic() >= next_check:
-                tasks = await self._tasks()
-                if not tasks or tasks[0]["Status"]["State"] != "running":
-                    raise SpawnError(
-                        500, await self._task_failure(tasks[0]) if tasks else "Service gone"
-                    )
-                next_check = time.monotonic() + self.exit_check_interval
-            await asyncio.sleep(self.ready_poll_interval)
-        raise SpawnError(500, f"Server did not listen on {ip}:{port} in {self.start_timeout}s")
+    async def _raise_if_exited(self) -> None:
+        tasks = await self._tasks()
+        if not tasks or tasks[0]["Status"]["State"] != "running":
+            raise SpawnError(500, await self._task_failure(tasks[0]) if tasks else "Service gone")
 
     # ---- start, poll, stop -------------------------------------------------------------------
 

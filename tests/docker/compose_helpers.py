@@ -66,3 +66,48 @@ def internal_network(cfg: dict) -> str:
     found = [k for k, net in cfg["networks"].items() if (net or {}).get("internal")]
     assert len(found) == 1, cfg["networks"]
     return found[0]
+
+
+# ---- scripts run in the test containers of the network tests ------------------------------------
+
+# Accept-and-close listeners on HOST:PORT arguments. A name is resolved in the container, as
+# configurable-http-proxy resolves its --api-ip (Node's listen looks the name up).
+LISTEN = r"""
+import socket, sys, threading, time
+def serve(sock):
+    while True:
+        conn, _ = sock.accept()
+        conn.close()
+for arg in sys.argv[1:]:
+    host, port = arg.rsplit(":", 1)
+    for _ in range(100):
+        try:
+            sock = socket.create_server((socket.gethostbyname(host), int(port)))
+            break
+        except OSError:
+            # Swarm's DNS may learn a new task's alias a moment after the task starts.
+            time.sleep(0.2)
+    else:
+        raise SystemExit(f"cannot listen on {arg}")
+    threading.Thread(target=serve, args=(sock,), daemon=True).start()
+print("listening", flush=True)
+threading.Event().wait()
+"""
+
+PROBE = r"""
+import json, socket, sys
+from concurrent.futures import ThreadPoolExecutor
+def probe(target):
+    host, port = target.rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=3).close()
+        return "open"
+    except socket.gaierror:
+        return "no such name"
+    except TimeoutError:
+        return "timed out"
+    except OSError as e:
+        return type(e).__name__
+with ThreadPoolExecutor(len(sys.argv) - 1) as pool:
+    print(json.dumps(dict(zip(sys.argv[1:], pool.map(probe, sys.argv[1:])))))
+"""

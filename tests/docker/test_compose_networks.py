@@ -18,6 +18,8 @@ from urllib.parse import urlparse
 
 import pytest
 from compose_helpers import (
+    LISTEN,
+    PROBE,
     command_options,
     compose_config,
     internal_network,
@@ -27,41 +29,6 @@ from compose_helpers import (
 
 LABEL = "org.gpulab.test-compose-networks"
 
-# Accept-and-close listeners on HOST:PORT arguments. A host name is resolved here, in the
-# container, as configurable-http-proxy resolves its --api-ip (Node's listen looks the name up).
-LISTEN = r"""
-import socket, sys, threading
-def serve(sock):
-    while True:
-        conn, _ = sock.accept()
-        conn.close()
-for arg in sys.argv[1:]:
-    host, port = arg.rsplit(":", 1)
-    sock = socket.create_server((socket.gethostbyname(host), int(port)))
-    threading.Thread(target=serve, args=(sock,), daemon=True).start()
-print("listening", flush=True)
-threading.Event().wait()
-"""
-
-# HOST:PORT arguments -> "open", or why not; printed as JSON. All at once: a dropped SYN takes
-# the whole timeout.
-PROBE = r"""
-import json, socket, sys
-from concurrent.futures import ThreadPoolExecutor
-def probe(target):
-    host, port = target.rsplit(":", 1)
-    try:
-        socket.create_connection((host, int(port)), timeout=3).close()
-        return "open"
-    except socket.gaierror:
-        return "no such name"
-    except TimeoutError:
-        return "timed out"
-    except OSError as e:
-        return type(e).__name__
-with ThreadPoolExecutor(len(sys.argv) - 1) as pool:
-    print(json.dumps(dict(zip(sys.argv[1:], pool.map(probe, sys.argv[1:])))))
-"""
 
 # Network keys this test knows how to reproduce; anything else must be added here, so that the
 # test never checks a layout other than the file's.

@@ -30,7 +30,7 @@ from urllib.parse import urlparse
 
 import pytest
 import yaml
-from compose_helpers import command_options, compose_config, service_networks
+from compose_helpers import LISTEN, PROBE, command_options, compose_config, service_networks
 from conftest import require
 from harness import REPO, wait_for
 
@@ -224,48 +224,6 @@ def test_postgres_gets_the_same_roles_and_databases_as_the_single_node_stack(sta
 
 
 # ---- the layout on a real swarm -----------------------------------------------------------------
-
-# Accept-and-close listeners on HOST:PORT arguments; a name is resolved here, in the container, as
-# configurable-http-proxy resolves its --api-ip.
-LISTEN = r"""
-import socket, sys, threading, time
-def serve(sock):
-    while True:
-        conn, _ = sock.accept()
-        conn.close()
-for arg in sys.argv[1:]:
-    host, port = arg.rsplit(":", 1)
-    for _ in range(100):
-        try:
-            sock = socket.create_server((socket.gethostbyname(host), int(port)))
-            break
-        except OSError:
-            # Swarm's DNS may learn a new task's alias a moment after the task starts.
-            time.sleep(0.2)
-    else:
-        raise SystemExit(f"cannot listen on {arg}")
-    threading.Thread(target=serve, args=(sock,), daemon=True).start()
-print("listening", flush=True)
-threading.Event().wait()
-"""
-
-PROBE = r"""
-import json, socket, sys
-from concurrent.futures import ThreadPoolExecutor
-def probe(target):
-    host, port = target.rsplit(":", 1)
-    try:
-        socket.create_connection((host, int(port)), timeout=3).close()
-        return "open"
-    except socket.gaierror:
-        return "no such name"
-    except TimeoutError:
-        return "timed out"
-    except OSError as e:
-        return type(e).__name__
-with ThreadPoolExecutor(len(sys.argv) - 1) as pool:
-    print(json.dumps(dict(zip(sys.argv[1:], pool.map(probe, sys.argv[1:])))))
-"""
 
 
 def listeners(cfg: dict) -> dict[str, list[str]]:
