@@ -7,8 +7,6 @@ here are blocking; async callers run them in a thread.
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,8 +19,6 @@ from gpulab.spawners.images import (
     ImageStatus,
     split_label,
 )
-
-log = logging.getLogger(__name__)
 
 
 def image_status(client, slug: str, docker_image: str | None) -> ImageStatus:
@@ -66,8 +62,9 @@ def catalog_image_status(client, catalog: Catalog) -> dict[str, ImageStatus]:
 
 # ---- many nodes (Docker Swarm) ------------------------------------------------------------------
 # A Swarm manager's API lists nodes but cannot inspect, pull or load images on them: each node's
-# own engine is asked, at the URL the operator gives for it (``gpulab images --node-engine``, the
-# Swarm spawner's node engines). Blocking calls, one short-lived client per node.
+# own engine is asked, at the URL the operator gives for it (``gpulab images --node-engine``).
+# Blocking calls, one short-lived client per node. (The Swarm spawner asks through its cluster's
+# long-lived clients instead: SwarmCluster.engine.)
 
 ENGINE_SCHEMES = ("unix", "tcp", "ssh")
 TLS_FILES = ("ca.pem", "cert.pem", "key.pem")
@@ -125,41 +122,3 @@ def image_id(client, tag: str) -> str | None:
         return client.images.get(tag).id
     except docker.errors.ImageNotFound:
         return None
-
-
-def nodes_with_images(
-    engines: Mapping[str, NodeEngine | str],
-    tags: Iterable[str],
-    image_ids: Mapping[str, str] | None = None,
-) -> dict[str, set[str]]:
-    """For each tag, the nodes (keys of ``engines``) whose engine holds it: with ``image_ids``
-    (tag -> id, e.g. the hub node's) only where it is that very image, not an older build under
-    the same tag. A node whose engine does not answer holds nothing (logged)."""
-    import docker.errors
-
-    tags = list(tags)
-    found: dict[str, set[str]] = {tag: set() for tag in tags}
-    for node, engine in engines.items():
-        try:
-            client = engine_client(engine, timeout=10)
-        except docker.errors.DockerException as e:
-            log.warning("node %s: engine %s unusable: %s", node, engine, e)
-            continue
-        try:
-            for tag in tags:
-                have = image_id(client, tag)
-                if have and (image_ids is None or image_ids.get(tag) in (None, have)):
-                    found[tag].add(node)
-        except (docker.errors.DockerException, OSError) as e:
-            log.warning("node %s: engine %s does not answer: %s", node, engine, e)
-        finally:
-            client.close()
-    return found
-
-
-def nodes_with_image(
-    engines: Mapping[str, NodeEngine | str], tag: str, image_id: str | None = None
-) -> set[str]:
-    """The nodes (keys of ``engines``) whose engine holds ``tag`` (and, given ``image_id``, that
-    very image): where the spawn form may offer that image."""
-    return nodes_with_images(engines, [tag], {tag: image_id} if image_id else None)[tag]

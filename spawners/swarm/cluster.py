@@ -253,13 +253,6 @@ class SwarmCluster(SingletonConfigurable):
             )
         return self._client_for(url, tls=True)
 
-    def engine_or_manager(self, node_id: str) -> docker.APIClient:
-        """Node ``node_id``'s own engine, or the manager's when none is configured."""
-        try:
-            return self.engine(node_id)
-        except LookupError:
-            return self.manager()
-
     def _client_for(self, url: str, tls: bool = False) -> docker.APIClient:
         with self._lock:
             if url not in self._clients:

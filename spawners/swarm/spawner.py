@@ -64,7 +64,7 @@ from dockerspawner import SwarmSpawner
 from jupyterhub.traitlets import ByteSpecification
 from traitlets import Bool, Float, Unicode, default, validate
 
-from gpulab.spawners.docker.images import image_status, nodes_with_images
+from gpulab.spawners.docker.images import image_status
 from gpulab.spawners.docker.labels import L_ALLOC, L_GPUS, L_HUB, L_USER, LABEL_PREFIX
 from gpulab.spawners.docker.spawner import GpuDockerSpawner, _docker_reason
 from gpulab.spawners.images import ImageStatus
@@ -412,7 +412,8 @@ class GpuSwarmSpawner(GpuDockerSpawner, SwarmSpawner):
         opts = self.gpulab_options or parse_options(self.user_options, self.pool.catalog)
         self.gpulab_options = opts
         docker_image = self.pool.catalog.images[opts.image].docker_image
-        where = await asyncio.to_thread(self._nodes_with_image, docker_image)
+        holding = await asyncio.to_thread(self._nodes_with_image, opts.image, docker_image)
+        where = set(holding)
         if not where:
             raise SpawnError(
                 409,
@@ -420,9 +421,7 @@ class GpuSwarmSpawner(GpuDockerSpawner, SwarmSpawner):
                 "that takes servers (`gpulab images --preload` copies the catalog's images to "
                 "every node)",
             )
-        self._image_status = await asyncio.to_thread(
-            image_status, self.cluster.engine_or_manager(min(where)), opts.image, docker_image
-        )
+        self._image_status = await self._status_from(holding, opts.image, docker_image)
         names = ", ".join(sorted(self._node_name(n) for n in where))
         why = f"on the node(s) holding image {opts.image} ({names})"
         self._pinned_node = None
@@ -461,26 +460,51 @@ class GpuSwarmSpawner(GpuDockerSpawner, SwarmSpawner):
     def _node_name(self, node_id: str) -> str:
         return (self.cluster.node(node_id) or {}).get("name", node_id[:12])
 
-    def _nodes_with_image(self, docker_image: str | None) -> set[str]:
-        """The ids of the ready, active nodes holding ``docker_image`` (blocking). A node whose
-        engine URL the hub lacks (SwarmCluster.node_engines) cannot be asked and counts as
-        holding it: Swarm then fails the task with its own reason if it does not."""
+    def _nodes_with_image(
+        self, slug: str, docker_image: str | None
+    ) -> dict[str, ImageStatus | None]:
+        """The ready, active nodes holding ``docker_image``, with what each node's engine says
+        of it (blocking; through the cluster's own clients, TLS included). A node whose engine
+        URL the hub lacks (SwarmCluster.node_engines) cannot be asked and counts as holding it
+        (None): Swarm then fails the task with its own reason if it does not."""
         if not docker_image:
-            return set()
-        usable = [
-            n
-            for n, info in self.cluster.nodes.items()
-            if info.get("state") == "ready" and info.get("availability") == "active"
-        ]
-        engines = {n: url for n in usable if (url := self.cluster.engine_url(n))}
-        unknown = set(usable) - set(engines)
+            return {}
+        found: dict[str, ImageStatus | None] = {}
+        unknown = []
+        for node_id, info in self.cluster.nodes.items():
+            if info.get("state") != "ready" or info.get("availability") != "active":
+                continue
+            try:
+                engine = self.cluster.engine(node_id)
+            except LookupError:
+                unknown.append(node_id)
+                found[node_id] = None
+                continue
+            try:
+                status = image_status(engine, slug, docker_image)
+            except (docker.errors.DockerException, OSError) as e:
+                # An engine that does not answer holds nothing this spawn can use.
+                self.log.warning("Swarm node %s: engine does not answer: %s", info["name"], e)
+                continue
+            if status.present:
+                found[node_id] = status
         if unknown:
             self.log.warning(
                 "No engine URL for Swarm node(s) %s: assuming they hold %s",
                 ", ".join(sorted(self._node_name(n) for n in unknown)),
                 docker_image,
             )
-        return nodes_with_images(engines, [docker_image])[docker_image] | unknown
+        return found
+
+    async def _status_from(
+        self, holding: dict[str, ImageStatus | None], slug: str, docker_image: str
+    ) -> ImageStatus:
+        """The image's status as one holding node reported it; where only nodes without an
+        engine URL hold it, as the manager sees it."""
+        known = [st for _, st in sorted(holding.items()) if st is not None]
+        if known:
+            return known[0]
+        return await asyncio.to_thread(image_status, self.cluster.manager(), slug, docker_image)
 
     async def image_availability(self) -> dict[str, ImageStatus]:
         """Which catalog images some ready, active node holds (the form greys out the rest)."""
@@ -488,25 +512,19 @@ class GpuSwarmSpawner(GpuDockerSpawner, SwarmSpawner):
         now = time.monotonic()
         if cls._image_cache is not None and now - cls._image_cache[0] < self.image_status_ttl:
             return cls._image_cache[1]
-
-        def survey() -> dict[str, ImageStatus]:
-            out = {}
-            for slug, image in self.pool.catalog.images.items():
-                where = self._nodes_with_image(image.docker_image)
-                if where:
-                    engine = self.cluster.engine_or_manager(min(where))
-                    out[slug] = image_status(engine, slug, image.docker_image)
-                else:
-                    out[slug] = ImageStatus(
-                        slug,
-                        image.docker_image,
-                        False,
-                        reason=f"{image.docker_image} is not on any Swarm node that takes "
-                        "servers; `gpulab images --preload` copies it to every node",
-                    )
-            return out
-
-        statuses = await asyncio.to_thread(survey)
+        statuses = {}
+        for slug, image in self.pool.catalog.images.items():
+            holding = await asyncio.to_thread(self._nodes_with_image, slug, image.docker_image)
+            if holding:
+                statuses[slug] = await self._status_from(holding, slug, image.docker_image)
+            else:
+                statuses[slug] = ImageStatus(
+                    slug,
+                    image.docker_image,
+                    False,
+                    reason=f"{image.docker_image} is not on any Swarm node that takes "
+                    "servers; `gpulab images --preload` copies it to every node",
+                )
         cls._image_cache = (now, statuses)
         return statuses
 
