@@ -126,7 +126,8 @@ class SwarmCluster(SingletonConfigurable):
         value_trait=Unicode(),
         config=True,
         help="""Docker API URL of each node's own engine, by node id, node name (its
-        gpulab.node label) or hostname, e.g. {"gpu-box-2": "tcp://10.0.0.12:2376"}. The
+        gpulab.node label) or hostname, e.g. {"gpu-box-2": "tcp://10.0.0.12:2376"}; a name or
+        hostname that several nodes share reaches none of them (logged). The
         manager's API cannot exec into containers on other nodes; without an entry for a node,
         its servers get no preemption warning and no observed activity (logged).""",
     )
@@ -238,9 +239,22 @@ class SwarmCluster(SingletonConfigurable):
     # ---- node engines ------------------------------------------------------------------------
 
     def engine_url(self, node_id: str) -> str | None:
+        """The node's engine URL from ``node_engines``: keyed by its id, or by a name or hostname
+        that no other node has. Nodes cloned from one image often share a hostname, and a key
+        matching several nodes must not send one node's exec to another's engine."""
+        if node_id in self.node_engines:
+            return self.node_engines[node_id]
         node = self.nodes.get(node_id) or {}
-        keys = [node_id, node.get("name", ""), node.get("hostname", "")]
-        return next((self.node_engines[k] for k in keys if k and k in self.node_engines), None)
+        for field in ("name", "hostname"):
+            key = node.get(field, "")
+            if key in self.node_engines:
+                if sum(key in (n.get("name"), n.get("hostname")) for n in self.nodes.values()) == 1:
+                    return self.node_engines[key]
+                self._warn(
+                    f"SwarmCluster.node_engines key {key!r} names several Swarm nodes; "
+                    "key their engines by node id or gpulab.node label"
+                )
+        return None
 
     def engine(self, node_id: str) -> docker.APIClient:
         """A client of node ``node_id``'s own engine; LookupError when none is configured."""

@@ -9,7 +9,7 @@ import pytest
 from gpulab.hub_config.catalog import load_catalog
 from gpulab.spawners.node.allocator import GpuAllocator, NoCapacity
 from gpulab.spawners.node.inventory import GpuDevice
-from gpulab.spawners.swarm.cluster import read_cluster
+from gpulab.spawners.swarm.cluster import SwarmCluster, read_cluster
 
 CATALOG = load_catalog()
 
@@ -124,3 +124,24 @@ def test_only_ready_active_nodes_cards_are_offered_and_a_bad_label_is_reported()
     assert info["paused"]["availability"] == "pause" and info["odd"]["gpus"] == 2
     (warning,) = warnings
     assert "gpulab.gpu-type='tpu-v9' is not a catalog GPU type" in warning
+
+
+def test_a_node_engine_key_shared_by_several_nodes_reaches_none_of_them() -> None:
+    # Every node() is on hostname "box": a key "box" must not send n1's exec to n2's engine.
+    _, info = read_cluster(
+        [node("n1", **{"gpulab.node": "gpu-1"}), node("n2"), node("n3")],
+        CATALOG,
+        "NVIDIA-GPU",
+        print,
+    )
+    cluster = SwarmCluster(
+        node_engines={
+            "box": "tcp://shared:2375",
+            "gpu-1": "tcp://gpu-1:2375",
+            "n3": "tcp://n3:2375",
+        }
+    )
+    cluster.nodes = info
+    assert cluster.engine_url("n1") == "tcp://gpu-1:2375"
+    assert cluster.engine_url("n2") is None
+    assert cluster.engine_url("n3") == "tcp://n3:2375"
