@@ -223,6 +223,7 @@ def rate_periods(prices: PriceBook, s, merged: list[tuple[int, int]]) -> list[di
     above the bid has ``capped: true`` and that ``price_in_force`` (it was charged the bid)."""
     bid = bid_of(s.options) if s.pricing == "spot" else None
     out: list[dict[str, Any]] = []
+    billed_us: list[int] = []
     for start, end in merged:
         for a, b, price in prices.segments(s.gpu_type, s.pricing, start, end):
             recorded = price is not None
@@ -240,8 +241,22 @@ def rate_periods(prices: PriceBook, s, merged: list[tuple[int, int]]) -> list[di
                 row["capped"] = capped
                 if capped:
                     row["price_in_force"] = str(price)
+                # A gap in billed time (an idle stretch) does not make a new spot price: the
+                # statement promises one run per price in force, so runs either side join.
+                prev = out[-1] if out else None
+                if prev is not None and _same_spot_price(prev, row):
+                    billed_us[-1] += b - a
+                    prev["to"] = row["to"]
+                    prev["billed_seconds"] = billed_us[-1] / MICRO
+                    continue
             out.append(row)
+            billed_us.append(b - a)
     return out
+
+
+def _same_spot_price(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    keys = ("price_per_card_hour", "spot_price_recorded", "capped", "price_in_force")
+    return all(a.get(k) == b.get(k) for k in keys)
 
 
 def spot_summary(prices: PriceBook, s, merged: list[tuple[int, int]]) -> dict[str, Any]:

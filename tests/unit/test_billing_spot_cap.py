@@ -99,3 +99,36 @@ def test_price_above_the_bid_is_charged_at_the_bid(tmp_path: Path) -> None:
     assert (capped_row["price_per_card_hour"], capped_row["price_in_force"]) == ("0.5", "0.60")
     assert capped_row["capped_seconds"] == capped_row["billed_seconds"] == "13.9"
     engine.dispose()
+
+
+def test_a_gap_in_billed_time_keeps_one_rate_row_per_spot_price(tmp_path: Path) -> None:
+    """Two kernels with idle time between them, all at one spot price: the statement shows that
+    price once, with the billed seconds of both (the gap not billed), not once per kernel."""
+    hist = PriceHistory(market_dir(tmp_path) / PRICES_FILE)
+    assert hist.record("a100-80g", T0 - 10, Decimal("0.40"))
+    prices = PriceBook(CATALOG, tmp_path)
+    engine = make_engine(f"sqlite:///{tmp_path / 'billing.sqlite'}")
+    upgrade(engine)
+    user = f"g{uuid.uuid4().hex[:8]}"
+    start = server_start(user, T0)
+    start["pricing"] = "spot"
+    start["options"] = {**start["options"], "pricing": "spot", "max_price": "0.5"}
+    events = [
+        start,
+        kernel("kernel_start", user, "k1", T0),
+        kernel("kernel_stop", user, "k1", T0 + 5),
+        kernel("kernel_start", user, "k2", T0 + 9),
+        heartbeat(user, T0 + 15, ["k2"]),
+        kernel("kernel_stop", user, "k2", T0 + 21),
+        server_stop(user, T0 + 30),
+    ]
+    ingest(engine, parse_batch({"events": events}, time.time()), prices, 10 * MICRO, 0)
+    with engine.connect() as conn:
+        usage = statements.usage(conn, prices, user, 0, round((T0 + 3600) * MICRO))
+    (s,) = usage["servers"]
+    (rate,) = s["rates"]
+    assert (rate["price_per_card_hour"], rate["billed_seconds"]) == ("0.40", 17.0)
+    assert rate["from"] == statements.iso(round(T0 * MICRO))
+    assert rate["to"] == statements.iso(round((T0 + 21) * MICRO))
+    assert s["amount"]["micro"] == micro([("0.40", "17")])
+    engine.dispose()
