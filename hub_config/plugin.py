@@ -25,6 +25,8 @@ from tornado.httpclient import AsyncHTTPClient
 
 from gpulab.hub_config import api, overrides
 from gpulab.hub_config.billing_hooks import configure_billing
+from gpulab.hub_config.courses import groups as course_groups
+from gpulab.hub_config.courses import handlers as course_handlers
 from gpulab.hub_config.home import TEMPLATES as HOME_TEMPLATES
 from gpulab.hub_config.notices import notices_for
 from gpulab.hub_config.observer import ActivityObserver
@@ -75,7 +77,7 @@ def configure_plugin(
 
 def routes() -> list[tuple[str, type]]:
     """gpulab's routes, to be mounted ahead of JupyterHub's own."""
-    return [*api.ROUTES, *overrides.ROUTES]
+    return [*api.ROUTES, *course_handlers.ROUTES, *overrides.ROUTES]
 
 
 def attach(app: Any) -> list[tuple[str, type]]:
@@ -83,6 +85,8 @@ def attach(app: Any) -> list[tuple[str, type]]:
     pool = GpuPool.instance(config=app.config)
     if not getattr(pool, "_attached", False):
         pool._attached = True
+        # JupyterHub dropped the course roles its config does not load: derive them again.
+        course_groups.sync_all(app.db)
         spawner_class = app.spawner_class
         spawner_class.prepare_node(pool, app.config)
         ready = asyncio.ensure_future(_hub_answers(app))

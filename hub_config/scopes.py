@@ -17,6 +17,10 @@ SETTINGS_SCOPE = "custom:gpulab:spot-settings"
 # Reporting usage to billing is tied to one server: a server's own token holds it as
 # ``!server=USER/NAME`` and billing accepts its reports for that server only.
 REPORT_USAGE_SCOPE = "custom:gpulab:report-usage"
+# Course staff hold these filtered to their course's group (``!group=ml101``): TAs and teachers
+# read the course (roster, servers, credit), teachers also manage it (roster, limits, caps).
+COURSE_READ_SCOPE = "custom:gpulab:course-read"
+COURSE_MANAGE_SCOPE = "custom:gpulab:course-manage"
 
 CUSTOM_SCOPES: dict[str, dict[str, str]] = {
     READ_POOL_SCOPE: {
@@ -30,6 +34,15 @@ CUSTOM_SCOPES: dict[str, dict[str, str]] = {
     REPORT_USAGE_SCOPE: {
         "description": "Report a server's kernel and app usage to billing (held by each "
         "server's own token, for that server only).",
+    },
+    COURSE_READ_SCOPE: {
+        "description": "Read a course: its roster, its students' servers and credit, its "
+        "bookings (course staff hold it as !group=COURSE).",
+    },
+    COURSE_MANAGE_SCOPE: {
+        "description": "Manage a course: import its roster, set its limits and caps, book lab "
+        "sessions (teachers hold it as !group=COURSE).",
+        "subscopes": [COURSE_READ_SCOPE],
     },
 }
 # Defined at import as well as through JupyterHub.custom_scopes: needs_scope() checks the name

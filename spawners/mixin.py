@@ -17,6 +17,7 @@ from traitlets import Float, HasTraits, default
 
 from gpulab.spawners.activity import Observation
 from gpulab.spawners.apps import AppServersMixin
+from gpulab.spawners.courses import CourseRuleError, apply_course_rules, student_courses
 from gpulab.spawners.form import render_form
 from gpulab.spawners.market.admission import Admission, MarketAnswer
 from gpulab.spawners.market.hub import SpotMarket
@@ -140,6 +141,11 @@ class GpuSpawnerMixin(AppServersMixin, HasTraits):
             # last good ones back so a failed request changes nothing.
             self.orm_spawner.user_options = self._last_good_options()
             raise SpawnError(400, f"Invalid spawn option {e}") from None
+        try:
+            options = apply_course_rules(options, student_courses(self.user), self.pool.catalog)
+        except CourseRuleError as e:
+            self.orm_spawner.user_options = self._last_good_options()
+            raise SpawnError(e.status, f"Not allowed: {e}") from None
         self.gpulab_options = options
         self.user_options = options.to_json()
         self.orm_spawner.user_options = options.to_json()

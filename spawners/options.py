@@ -4,7 +4,11 @@
 
     {"app": "jupyterlab", "image": "base", "gpu": "a100-80g" | "none", "gpus": 1,
      "datasets": ["sklearn-toy"], "pricing": "on-demand" | "spot", "max_price": 1.5,
-     "wait": false, "windows_only": false}
+     "wait": false, "windows_only": false, "course": "ml101" | null}
+
+``course`` names the course whose rules and credit a server runs under (see
+:mod:`gpulab.spawners.courses`); here it is only checked to be a slug, since membership is the
+hub's to check.
 
 ``app`` (default JupyterLab) picks what the server opens on; an app that names an image runs in
 it (``image`` then defaults to it) and only on the GPU types it fits.
@@ -15,6 +19,7 @@ Every field is checked against the catalog; an error names the field and the all
 from __future__ import annotations
 
 import math
+import re
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
@@ -23,7 +28,19 @@ from pydantic import BaseModel, ConfigDict
 from gpulab.hub_config.catalog import DEFAULT_APP, App, Catalog
 
 PRICING = ("on-demand", "spot")
-FIELDS = ("app", "image", "gpu", "gpus", "datasets", "pricing", "max_price", "wait", "windows_only")
+FIELDS = (
+    "app",
+    "image",
+    "gpu",
+    "gpus",
+    "datasets",
+    "pricing",
+    "max_price",
+    "wait",
+    "windows_only",
+    "course",
+)
+COURSE_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
 
 DEFAULTS: dict[str, Any] = {
     "app": DEFAULT_APP,
@@ -35,6 +52,7 @@ DEFAULTS: dict[str, Any] = {
     "max_price": None,
     "wait": False,
     "windows_only": False,
+    "course": None,
 }
 
 
@@ -63,6 +81,8 @@ class ServerOptions(BaseModel):
     windows_only: bool = False
     # What the server opens on: a catalog app slug (JupyterLab by default).
     app: str = DEFAULT_APP
+    # The course this server runs under (its limits, its credit pool, its education prices).
+    course: str | None = None
 
     @property
     def gpu_type(self) -> str | None:
@@ -231,7 +251,14 @@ def parse_options(raw: Any, catalog: Catalog) -> ServerOptions:
         if value and pricing != "spot":
             raise OptionsError(name, 'applies to spot requests only; set "pricing": "spot"')
 
+    course = opts["course"]
+    if course is not None and (not isinstance(course, str) or not COURSE_RE.match(course)):
+        raise OptionsError(
+            "course", f"must be a course name (lowercase letters, digits, '-'), not {course!r}"
+        )
+
     return ServerOptions(
+        course=course,
         image=image,
         gpu=gpu,
         gpus=gpus,
@@ -252,7 +279,7 @@ def options_from_form(form: dict[str, list[str]]) -> dict[str, Any]:
         return values[0] if values and values[0] != "" else None
 
     out: dict[str, Any] = {}
-    for key in ("app", "image", "gpu", "pricing"):
+    for key in ("app", "image", "gpu", "pricing", "course"):
         if (v := one(key)) is not None:
             out[key] = v
     if (v := one("gpus")) is not None and out.get("gpu") != "none":

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpulab.spawners.courses import CourseRuleError, apply_course_rules, student_courses
 from gpulab.spawners.market.admission import Admission, MarketAnswer
 from gpulab.spawners.market.hub import SpotMarket
 from gpulab.spawners.options import OptionsError, parse_options
@@ -25,8 +26,10 @@ async def queue_instead_of_spawn(spawner: Any, raw_options: Any) -> dict[str, An
         return None  # not a gpulab spawner
     try:
         options = parse_options(raw_options or {}, pool.catalog)
-    except OptionsError:
-        return None
+        # The course a student's server runs under decides what they may pay with (below).
+        options = apply_course_rules(options, student_courses(spawner.user), pool.catalog)
+    except (OptionsError, CourseRuleError):
+        return None  # the spawn goes ahead and the spawner refuses it, naming the field
     spawner.gpulab_admission = None
     try:
         # Money first: a request the user cannot pay must not queue, reserve or reclaim anything

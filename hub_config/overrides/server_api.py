@@ -9,16 +9,24 @@ import json
 
 from jupyterhub.apihandlers.users import UserServerAPIHandler
 from jupyterhub.scopes import needs_scope
+from tornado import web
 
+from gpulab.hub_config.courses.groups import CourseError
+from gpulab.hub_config.courses.staff import check_staff_start
 from gpulab.hub_config.overrides.queue import idle_spawner, queue_instead_of_spawn
 
 
 class ServerAPIHandler(UserServerAPIHandler):
     @needs_scope("start:servers")
     async def post(self, user_name: str, server_name: str = "") -> None:
-        spawner = idle_spawner(self.find_user(user_name), server_name)
+        user = self.find_user(user_name)
+        spawner = idle_spawner(user, server_name)
         if spawner is not None:
             body = self.get_server_json_body() or {}
+            try:
+                check_staff_start(self, user, body.get("user_options") or {})
+            except CourseError as e:
+                raise web.HTTPError(e.status, str(e)) from None
             entry = await queue_instead_of_spawn(spawner, body.get("user_options"))
             if entry is not None:
                 self.set_status(202)

@@ -27,6 +27,8 @@ from jupyterhub.scopes import needs_scope
 from jupyterhub.utils import maybe_future, url_path_join
 from tornado import web
 
+from gpulab.hub_config.courses.groups import CourseError
+from gpulab.hub_config.courses.staff import check_staff_start
 from gpulab.hub_config.overrides.queue import idle_spawner, queue_instead_of_spawn
 
 # JupyterHub's own wait, for spawners that do not say.
@@ -81,6 +83,10 @@ class SpawnPageHandler(SpawnHandler):
                 options = await maybe_future(spawner.run_options_from_form(form_options))
             except Exception:
                 options = None  # JupyterHub's own handling reports it
+            try:
+                check_staff_start(self, user, options or {})
+            except CourseError as e:
+                raise web.HTTPError(e.status, str(e)) from None
             if options is not None and await queue_instead_of_spawn(spawner, options) is not None:
                 # 303 to the form (which shows the queued request): answering the POST with the
                 # page itself made a reload post the form again and queue a second request.

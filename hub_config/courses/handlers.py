@@ -1,0 +1,282 @@
+"""``/hub/api/gpulab/courses``: create courses, import rosters, read a course's servers.
+
+- ``GET  /courses``: the courses the caller may see (all with ``admin:groups``; else those they
+  study, teach or assist), each with the caller's role in it.
+- ``POST /courses`` (``admin:groups``): create a course: name, display name, teachers, TAs, limits.
+- ``GET  /courses/C`` (``custom:gpulab:course-read!group=C``: its TAs and teachers): the course,
+  and per student their server (ready or not, what it runs, the cards it holds).
+- ``PATCH /courses/C`` (``custom:gpulab:course-manage!group=C``: its teachers): display name and
+  limits; changing the teachers needs ``admin:groups``.
+- ``POST /courses/C/roster`` (course-manage): a roster CSV (``username,role``), all or nothing.
+- ``DELETE /courses/C/members/NAME`` (course-manage): take someone off the course.
+
+Errors are JSON ``{"status", "message", "field"}``; a refused request changes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from jupyterhub.apihandlers.base import APIHandler
+from jupyterhub.scopes import needs_scope
+from pydantic import BaseModel, ConfigDict, ValidationError
+from tornado import web
+
+from gpulab.hub_config.courses import groups
+from gpulab.hub_config.courses.groups import CourseError
+from gpulab.hub_config.courses.roster import USERNAME_RE, parse_roster
+from gpulab.hub_config.scopes import COURSE_MANAGE_SCOPE, COURSE_READ_SCOPE
+from gpulab.spawners.courses import Course, CourseLimits, student_courses
+from gpulab.spawners.node.pool import GpuPool
+from gpulab.spawners.options import COURSE_RE
+
+
+class NewCourse(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    display_name: str = ""
+    teachers: list[str] = []
+    tas: list[str] = []
+    limits: CourseLimits = CourseLimits()
+
+
+class CourseChange(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    display_name: str | None = None
+    teachers: list[str] | None = None
+    tas: list[str] | None = None
+    limits: CourseLimits | None = None
+
+
+def _first_error(e: ValidationError, allowed: list[str]) -> CourseError:
+    err = e.errors()[0]
+    field = ".".join(str(p) for p in err["loc"]) or "body"
+    if err["type"] == "extra_forbidden":
+        return CourseError(400, field, f"unknown field; allowed: {', '.join(allowed)}")
+    return CourseError(400, field, err["msg"].removeprefix("Value error, "))
+
+
+class CourseAPIHandler(APIHandler):
+    """What the course handlers share: errors with a field, users made through the hub."""
+
+    @property
+    def pool(self) -> GpuPool:
+        return GpuPool.instance(config=self.settings["config"])
+
+    def json_object_body(self) -> dict:
+        body = self.get_json_body()
+        if not isinstance(body, dict):
+            raise CourseError(400, "body", "must be a JSON object")
+        return body
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        exc = kwargs.get("exc_info", (None, None))[1]
+        if isinstance(exc, CourseError):
+            self.set_header("Content-Type", "application/json")
+            self.finish(json.dumps({"status": exc.status, "message": str(exc), "field": exc.field}))
+            return
+        super().write_error(status_code, **kwargs)
+
+    def send_error(self, status_code: int = 500, **kwargs: Any) -> None:
+        exc = kwargs.get("exc_info", (None, None))[1]
+        if isinstance(exc, CourseError):
+            status_code = exc.status
+        super().send_error(status_code, **kwargs)
+
+    def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
+        if isinstance(value, CourseError):
+            self.log.warning("%s %s: %s", self.request.method, self.request.path, value)
+            return
+        super().log_exception(typ, value, tb)
+
+    def make_user(self, name: str) -> Any:
+        """The ORM user ``name``, created through the hub (default roles and all) if new."""
+        if not USERNAME_RE.match(name) or not self.authenticator.validate_username(name):
+            raise CourseError(400, "username", f"{name!r} is not a valid username")
+        return self.user_from_username(name).orm_user
+
+    def course(self, name: str) -> tuple[Any, Course]:
+        found = groups.find(self.db, name)
+        if found is None:
+            raise CourseError(404, "course", f"no course named {name!r}")
+        return found
+
+    def check_people(self, names: list[str], field: str) -> None:
+        for name in names:
+            if not USERNAME_RE.match(name) or not self.authenticator.validate_username(name):
+                raise CourseError(400, field, f"{name!r} is not a valid username")
+
+    def check_limits(self, limits: CourseLimits) -> None:
+        try:
+            limits.check(self.pool.catalog)
+        except ValueError as e:
+            field, _, message = str(e).partition(": ")
+            raise CourseError(400, field, message) from None
+
+    def course_json(self, group: Any, course: Course) -> dict[str, Any]:
+        return {
+            "name": course.name,
+            "display_name": course.title,
+            "teachers": list(course.teachers),
+            "tas": list(course.tas),
+            "students": groups.students(group),
+            "limits": {
+                section: course.limits.allowed(section, self.pool.catalog)
+                for section in ("gpu_types", "images", "datasets", "apps")
+            },
+        }
+
+    def server_json(self, name: str) -> dict[str, Any]:
+        user = self.users.get(name) if hasattr(self.users, "get") else None
+        spawner = user.spawners.get("") if user is not None else None
+        if spawner is None or not (spawner.active or spawner.pending):
+            return {"state": "stopped"}
+        opts = getattr(spawner, "gpulab_options", None)
+        alloc = getattr(spawner, "allocation", None)
+        return {
+            "state": spawner.pending or ("ready" if spawner.ready else "starting"),
+            "url": user.server_url("") if spawner.ready else None,
+            "mode": getattr(spawner, "mode_label", "") or "",
+            "gpu_type": opts.gpu_type if opts is not None else None,
+            "cards": len(alloc.uuids) if alloc is not None else 0,
+            "course": opts.course if opts is not None else None,
+            "pricing": opts.pricing if opts is not None else None,
+        }
+
+
+class CoursesAPIHandler(CourseAPIHandler):
+    def get(self) -> None:
+        me = self.current_user
+        if me is None:
+            raise web.HTTPError(403, "Missing or invalid credentials.")
+        if self.has_scope("admin:groups"):
+            listed = [(g, c, "admin") for g, c in groups.all_courses(self.db)]
+        else:
+            name = getattr(me, "name", "")
+            mine = {c.name: (g, c, role) for g, c, role in groups.staff_courses(self.db, name)}
+            user = self.find_user(name) if getattr(me, "kind", "") == "user" else None
+            for c in student_courses(user.orm_user) if user is not None else []:
+                found = groups.find(self.db, c.name)
+                if found is not None and c.name not in mine:
+                    mine[c.name] = (*found, "student")
+            listed = [mine[k] for k in sorted(mine)]
+        out = []
+        for group, course, role in listed:
+            entry = {"name": course.name, "display_name": course.title, "role": role}
+            if role != "student":
+                entry["students"] = len(group.users)
+            out.append(entry)
+        self.write(json.dumps({"courses": out}))
+
+    @needs_scope("admin:groups")
+    def post(self) -> None:
+        try:
+            new = NewCourse.model_validate(self.json_object_body())
+        except ValidationError as e:
+            raise _first_error(e, list(NewCourse.model_fields)) from None
+        if not COURSE_RE.match(new.name) or len(new.name) > 40:
+            raise CourseError(
+                400,
+                "name",
+                f"{new.name!r}: a course name is up to 40 lowercase letters, digits and '-' "
+                "(e.g. ml101)",
+            )
+        self.check_people(new.teachers, "teachers")
+        self.check_people(new.tas, "tas")
+        self.check_limits(new.limits)
+        course = Course(
+            name=new.name,
+            display_name=new.display_name,
+            teachers=tuple(dict.fromkeys(new.teachers)),
+            tas=tuple(n for n in dict.fromkeys(new.tas) if n not in new.teachers),
+            limits=new.limits,
+        )
+        group = groups.save(self.db, course, self.make_user, create=True)
+        self.log.info("Course %s created by %s", course.name, self.current_user.name)
+        self.set_status(201)
+        self.write(json.dumps(self.course_json(group, course)))
+
+
+class CourseAPIItemHandler(CourseAPIHandler):
+    @needs_scope(COURSE_READ_SCOPE)
+    def get(self, group_name: str) -> None:
+        group, course = self.course(group_name)
+        out = self.course_json(group, course)
+        out["servers"] = {name: self.server_json(name) for name in out["students"]}
+        self.write(json.dumps(out))
+
+    @needs_scope(COURSE_MANAGE_SCOPE)
+    def patch(self, group_name: str) -> None:
+        group, course = self.course(group_name)
+        try:
+            change = CourseChange.model_validate(self.json_object_body())
+        except ValidationError as e:
+            raise _first_error(e, list(CourseChange.model_fields)) from None
+        update: dict[str, Any] = {}
+        if change.display_name is not None:
+            update["display_name"] = change.display_name
+        if change.limits is not None:
+            self.check_limits(change.limits)
+            update["limits"] = change.limits
+        for field in ("teachers", "tas"):
+            people = getattr(change, field)
+            if people is None:
+                continue
+            if field == "teachers" and not self.has_scope("admin:groups"):
+                raise CourseError(
+                    403, "teachers", "only an admin (admin:groups) changes a course's teachers"
+                )
+            self.check_people(people, field)
+            update[field] = tuple(dict.fromkeys(people))
+        updated = course.model_copy(update=update)
+        groups.save(self.db, updated, self.make_user)
+        self.write(json.dumps(self.course_json(group, updated)))
+
+
+class RosterAPIHandler(CourseAPIHandler):
+    @needs_scope(COURSE_MANAGE_SCOPE)
+    def post(self, group_name: str) -> None:
+        group, course = self.course(group_name)
+        text = self.request.body.decode("utf-8", errors="replace")
+        auth = self.authenticator
+        rows = parse_roster(text, auth.normalize_username, auth.validate_username)
+        if not self.has_scope("admin:groups"):
+            for row in rows:
+                if row.role == "teacher" and row.username not in course.teachers:
+                    raise CourseError(
+                        403,
+                        f"roster line {row.line}: role",
+                        "only an admin (admin:groups) adds teachers; use ta or student",
+                    )
+        before = set(groups.students(group)) | set(course.teachers) | set(course.tas)
+        updated = groups.add_members(
+            self.db, group, course, [(r.username, r.role) for r in rows], self.make_user
+        )
+        added = [r.username for r in rows if r.username not in before]
+        self.log.info("Roster of %s: %d rows, %d new", course.name, len(rows), len(added))
+        self.write(
+            json.dumps(
+                {"rows": len(rows), "added": added, "course": self.course_json(group, updated)}
+            )
+        )
+
+
+class MemberAPIHandler(CourseAPIHandler):
+    @needs_scope(COURSE_MANAGE_SCOPE)
+    def delete(self, group_name: str, member: str) -> None:
+        group, course = self.course(group_name)
+        if member in course.teachers and not self.has_scope("admin:groups"):
+            raise CourseError(403, "user", "only an admin (admin:groups) removes a teacher")
+        groups.remove_member(self.db, group, course, member)
+        self.set_status(204)
+
+
+ROUTES = [
+    (r"/api/gpulab/courses", CoursesAPIHandler),
+    (r"/api/gpulab/courses/([^/]+)", CourseAPIItemHandler),
+    (r"/api/gpulab/courses/([^/]+)/roster", RosterAPIHandler),
+    (r"/api/gpulab/courses/([^/]+)/members/([^/]+)", MemberAPIHandler),
+]
