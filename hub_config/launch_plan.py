@@ -42,10 +42,10 @@ def plan_launch(
 ) -> tuple[dict[str, Any], Choice]:
     """The spawn options for launching ``app`` with the user's ``body`` (pricing, max_price, and
     optionally gpu and datasets), and the choice made. Raises :class:`LaunchRefused`."""
-    unknown = sorted(set(body) - {"pricing", "max_price", "gpu", "datasets"})
+    unknown = sorted(set(body) - {"pricing", "max_price", "gpu", "datasets", "course"})
     if unknown:
         raise LaunchRefused(
-            400, f"{unknown[0]}: unknown field; allowed: pricing, max_price, gpu, datasets"
+            400, f"{unknown[0]}: unknown field; allowed: pricing, max_price, gpu, datasets, course"
         )
     pricing = body.get("pricing") or "on-demand"
     if pricing not in PRICING:
@@ -53,7 +53,7 @@ def plan_launch(
             400, f"pricing: unknown pricing {pricing!r}; allowed: {', '.join(PRICING)}"
         )
     options: dict[str, Any] = {"app": app.slug, "pricing": pricing}
-    for key in ("max_price", "datasets"):
+    for key in ("max_price", "datasets", "course"):
         if body.get(key) is not None:
             options[key] = body[key]
     fits = app_gpu_types(app, catalog)

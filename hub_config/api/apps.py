@@ -25,9 +25,12 @@ from tornado import web
 
 from gpulab.hub_config.api.base import GpulabAPIHandler
 from gpulab.hub_config.billing_hooks import hourly_price
+from gpulab.hub_config.courses.groups import CourseError
+from gpulab.hub_config.courses.staff import check_staff_start
 from gpulab.hub_config.home import GpulabHome
 from gpulab.hub_config.launch_plan import LaunchRefused, plan_launch
 from gpulab.hub_config.overrides.queue import queue_instead_of_spawn
+from gpulab.spawners.courses import allowed_choices, student_courses
 from gpulab.spawners.options import OptionsError, app_gpu_types, parse_options
 
 # How long the launch request waits for a spawn to be refused outright (bad option, balance, no
@@ -107,9 +110,14 @@ class HomeAPIHandler(_UserHandler):
                 balance = await self.home.balance_hook(user.name)
             except Exception as e:  # the page still works without billing
                 balance_error = f"balance unavailable: {e}"
+        # A student sees their courses' apps and GPU types only (the spawner refuses the rest).
+        courses = student_courses(user.orm_user)
+        allowed = allowed_choices(courses, catalog)
         apps = []
         for app in catalog.apps.values():
             reason = await spawner.app_unavailable(app)
+            if not reason and allowed is not None and app.slug not in allowed["apps"]:
+                reason = f"not offered by your courses ({', '.join(c.name for c in courses)})"
             plan: dict[str, Any] | None = None
             if not reason:
                 try:
@@ -125,7 +133,8 @@ class HomeAPIHandler(_UserHandler):
                     "gpu_choices": [
                         g
                         for g in app_gpu_types(app, catalog)
-                        if g == "none" or counts.get(g, {}).get("total", 0) > 0
+                        if (g == "none" or counts.get(g, {}).get("total", 0) > 0)
+                        and (allowed is None or g in allowed["gpu_types"])
                     ],
                     "available": not reason,
                     "reason": reason,
@@ -207,6 +216,10 @@ class LaunchAPIHandler(_UserHandler):
                 )
                 + f"; stop it first to launch {app.display_name}",
             )
+        try:
+            check_staff_start(self, user, body)
+        except CourseError as e:
+            raise web.HTTPError(e.status, str(e)) from None
         reason = await spawner.app_unavailable(app)
         if reason:
             runnable = [

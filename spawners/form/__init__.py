@@ -24,6 +24,7 @@ from jinja2 import Environment, PackageLoader, StrictUndefined
 from markupsafe import Markup
 
 from gpulab.hub_config.catalog import Catalog
+from gpulab.spawners.courses import Course, allowed_choices, student_courses
 from gpulab.spawners.images import ImageStatus
 from gpulab.spawners.market.hub import SpotMarket
 from gpulab.spawners.node.allocator import owner_key
@@ -60,6 +61,7 @@ async def render_form(spawner: Any) -> str:
         server=spawner.name,
         user_options=spawner.user_options or {},
         available=await hook() if hook is not None else {},
+        courses=student_courses(spawner.user),
     )
     return render(context)
 
@@ -80,14 +82,26 @@ def form_context(
     server: str,
     user_options: dict[str, Any],
     available: dict[str, ImageStatus],
+    courses: list[Course] | None = None,
 ) -> dict[str, Any]:
-    """What the template shows, as plain values (the template escapes them)."""
+    """What the template shows, as plain values (the template escapes them). A student sees only
+    what their ``courses`` allow (the spawner refuses the rest anyway)."""
+    allowed = allowed_choices(courses or [], catalog)
+
+    def offered(section: str, slug: str) -> bool:
+        return allowed is None or slug in allowed[section]
+
     queued = market.queued_entry(owner_key(user, server))
     # A queued request never became a spawn, so user_options still hold the server before it:
     # the form shows the queued request's choices, else "Start" would quietly submit others.
     last = {**DEFAULTS, **user_options, **((queued or {}).get("options") or {})}
     cur = catalog.currency
 
+    if not offered("gpu_types", last["gpu"]):
+        # The last choice is not the course's: start from the first one it offers.
+        firsts = [t["slug"] for t in snapshot["gpu_types"] if t["total"] > 0]
+        firsts = [g for g in [*firsts, "none"] if offered("gpu_types", g)]
+        last["gpu"] = firsts[0] if firsts else "none"
     gpu_types = [
         {
             "slug": t["slug"],
@@ -103,14 +117,20 @@ def form_context(
             "spot_price": str(market.current_price(t["slug"])),
         }
         for t in snapshot["gpu_types"]
-        if t["total"] > 0
+        if t["total"] > 0 and offered("gpu_types", t["slug"])
     ]
     no_gpu = catalog.no_gpu
 
-    present = [s for s in catalog.images if s not in available or available[s].present]
+    present = [
+        s
+        for s in catalog.images
+        if (s not in available or available[s].present) and offered("images", s)
+    ]
     selected = last["image"] if last["image"] in present else (present[0] if present else "")
     images = []
     for slug, image in catalog.images.items():
+        if not offered("images", slug):
+            continue
         status = available.get(slug)
         missing = status is not None and not status.present
         images.append(
@@ -139,6 +159,7 @@ def form_context(
             "checked": slug in chosen,
         }
         for slug, ds in catalog.datasets.items()
+        if offered("datasets", slug)
     ]
 
     windows = ", ".join(market.low_price_windows) + (", weekends" if market.weekends_low else "")
@@ -151,7 +172,12 @@ def form_context(
             "description": no_gpu.description,
             "price_per_hour": str(no_gpu.price_per_hour),
             "checked": last["gpu"] == "none",
+            "offered": offered("gpu_types", "none"),
         },
+        "courses": [
+            {"name": c.name, "title": c.title, "selected": last.get("course") == c.name}
+            for c in courses or []
+        ],
         "max_gpus": catalog.max_gpus_per_server,
         "gpus": str((last["gpus"] if last["gpu"] != "none" else 1) or 1),
         "images": images,

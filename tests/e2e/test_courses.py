@@ -99,6 +99,10 @@ def test_roster_limits_and_staff_scopes(hub: Hub) -> None:
     r = hub.api("GET", "/gpulab/courses", token=token_for(hub, s1))
     assert [(c["name"], c["role"]) for c in r.json()["courses"]] == [(ml, "student")]
 
+    # The home page offers the student only the course's GPU types.
+    home = hub.api("GET", f"/gpulab/users/{s1}/home").json()
+    lab = next(a for a in home["apps"] if a["slug"] == "jupyterlab")
+    assert lab["available"] and set(lab["gpu_choices"]) <= {"none", "rtx-4090"}
     # The course allows no A100: refused with the rule, nothing started, no card held.
     free_a100 = hub.free("a100-80g")
     r = hub.spawn(s1, {"gpu": "a100-80g"})

@@ -88,3 +88,36 @@ def test_catalog_texts_and_user_values_come_out_escaped(evil_pool) -> None:
     # The form's own script and style are there, once each: nothing else opened a tag.
     assert html.count("<script>") == 1 and html.count("<style>") == 1
     assert 'data-gpu-free="rtx-4090">1/1 free' in html
+
+
+def test_a_student_sees_only_what_their_courses_allow(evil_pool) -> None:
+    pool, _market, config = evil_pool
+    group = SimpleNamespace(
+        name="ml101",
+        properties={
+            "gpulab_course": {
+                "display_name": "Machine learning <101>",
+                "limits": {"gpu_types": ["rtx-4090"], "images": ["base"], "datasets": []},
+            }
+        },
+    )
+    spawner = SimpleNamespace(
+        pool=pool,
+        config=config,
+        user=SimpleNamespace(name="stud", groups=[group]),
+        name="",
+        user_options={},
+    )
+    html = asyncio.run(render_form(spawner))
+    # The course picker, its title escaped; only the course's GPU type (checked: no-GPU is not
+    # the course's), image and no dataset.
+    assert '<select name="course"' in html and "Machine learning &lt;101&gt;" in html
+    assert 'value="rtx-4090" checked' in html
+    assert 'value="none"' not in html
+    images = [s for s in pool.catalog.images if s != "base"]
+    assert images and not [s for s in images if f'<option value="{s}"' in html]
+    assert 'name="datasets"' not in html
+    # A user in no course sees the whole catalog and no picker.
+    spawner.user = SimpleNamespace(name="other", groups=[])
+    html = asyncio.run(render_form(spawner))
+    assert 'name="course"' not in html and 'value="none"' in html
