@@ -7,8 +7,10 @@ server with the given environment, return its URL) and its own stop/poll.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from tornado import web
@@ -22,6 +24,7 @@ from gpulab.spawners.form import render_form
 from gpulab.spawners.market.admission import Admission, MarketAnswer
 from gpulab.spawners.market.hub import SpotMarket
 from gpulab.spawners.node.allocator import Allocation, NoCapacity, owner_key
+from gpulab.spawners.node.holds import accounts_for
 from gpulab.spawners.node.pool import GpuPool
 from gpulab.spawners.node.procs import ENV_ALLOC, ENV_HUB
 from gpulab.spawners.options import OptionsError, ServerOptions, options_from_form, parse_options
@@ -33,6 +36,21 @@ class SpawnError(web.HTTPError):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(status, log_message=message.replace("%", "%%"), reason=None)
         self.jupyterhub_message = message
+
+
+@dataclass(frozen=True)
+class CourseSeat:
+    """One course of a server's user, as the hub's ``course_seats_hook`` reports it: the user's
+    ``role`` in it (``student``, ``teacher`` or ``ta``) and the course's people by hub name."""
+
+    course: str
+    role: str
+    students: tuple[str, ...] = ()
+    staff: tuple[str, ...] = ()  # teachers and TAs
+
+    @property
+    def is_staff(self) -> bool:
+        return self.role in ("teacher", "ta")
 
 
 class GpuSpawnerMixin(AppServersMixin, HasTraits):
@@ -51,6 +69,8 @@ class GpuSpawnerMixin(AppServersMixin, HasTraits):
     # (hub_config.overrides.queue): used instead of asking the market again. Taken (and
     # cleared) when the start begins, so it serves one start only.
     gpulab_admission: Admission | None = None
+    # The user's courses at this start (course_seats_hook), for the spawner's nbgrader setup.
+    course_seats: tuple[CourseSeat, ...] = ()
 
     pre_allocate_hook = AnyTrait(
         None,
@@ -69,6 +89,17 @@ class GpuSpawnerMixin(AppServersMixin, HasTraits):
         cannot pay for a server with these ServerOptions (gpulab's billing sets it). gpulab asks
         it before anything is stopped, reserved or reclaimed for a request: a switch, a spot
         market pre-check, a start.""",
+    )
+
+    course_seats_hook = AnyTrait(
+        None,
+        allow_none=True,
+        config=True,
+        help="""A callable(spawner), sync or async, returning the user's courses as CourseSeat
+        objects (course, the user's role, the course's students and staff), asked at every
+        start before GPUs are allocated. The spawner gives the server an nbgrader configuration
+        and access to those courses' assignment exchanges only (gpulab's hub wiring sets it;
+        None: no courses).""",
     )
 
     ready_redirect_wait = Float(
@@ -178,7 +209,13 @@ class GpuSpawnerMixin(AppServersMixin, HasTraits):
         if refusal is not None:
             raise SpawnError(refusal.status, refusal.message)
         try:
-            alloc = self.pool.allocator.allocate(self.owner, opts.gpu_type, opts.gpus, opts.pricing)
+            alloc = self.pool.allocator.allocate(
+                self.owner,
+                opts.gpu_type,
+                opts.gpus,
+                opts.pricing,
+                accounts=accounts_for(self.user.name, opts.course),
+            )
         except NoCapacity as e:
             raise SpawnError(409, str(e)) from None
         self.allocation = alloc
@@ -235,6 +272,8 @@ class GpuSpawnerMixin(AppServersMixin, HasTraits):
             "GPULAB_IMAGE": opts.image if opts else "",
             "GPULAB_DATASETS": ",".join(opts.datasets) if opts else "",
             "GPULAB_APP": opts.app if opts else "",
+            # The user's courses and roles (nbgrader's --course names), e.g. "ml101:teacher".
+            "GPULAB_COURSES": ",".join(f"{s.course}:{s.role}" for s in self.course_seats),
             **self.app_env(),
         }
         if alloc.uuids:
@@ -353,6 +392,7 @@ class GpuSpawnerMixin(AppServersMixin, HasTraits):
         try:
             if self.pre_allocate_hook is not None:
                 await self.pre_allocate_hook(self)
+            self.course_seats = await self.gpulab_course_seats()
             self.emit_progress(10, "Allocating GPUs")
             alloc = self._allocate(admission)
             self.emit_progress(
@@ -382,6 +422,15 @@ class GpuSpawnerMixin(AppServersMixin, HasTraits):
             raise
         finally:
             self._progress_finish()
+
+    async def gpulab_course_seats(self) -> tuple[CourseSeat, ...]:
+        """The user's courses now, from ``course_seats_hook`` (none without one)."""
+        if self.course_seats_hook is None:
+            return ()
+        seats = self.course_seats_hook(self)
+        if inspect.isawaitable(seats):
+            seats = await seats
+        return tuple(seats or ())
 
     async def _launch(self, gpu_env: dict[str, str]) -> str | tuple[str, int]:
         """Start the server with ``gpu_env`` added; return its URL or (ip, port), as start()."""

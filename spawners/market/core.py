@@ -31,6 +31,8 @@ WINDOW_RE = re.compile(rf"^{_HMS}-{_HMS}$")
 REASON_PRICE = "price-above-max"
 REASON_ON_DEMAND = "on-demand-reclaim"
 REASON_WINDOW = "low-price-window-ended"
+# The card is held for a monthly reservation or a lab session (spawners/node/holds.py).
+REASON_HOLD = "reserved"
 
 
 # ---- the price -------------------------------------------------------------------------------
@@ -225,7 +227,9 @@ def utilization(total: int, free: int, queued_cards: int) -> float:
     return min(1.0, (total - free + queued_cards) / total)
 
 
-def decide(book: TypeBook, free: int, price: Decimal, low_window: bool) -> Decisions:
+def decide(
+    book: TypeBook, free: int, price: Decimal, low_window: bool, held_need: int = 0
+) -> Decisions:
     """One market tick for one GPU type. Pure: reads ``book``, changes nothing.
 
     1. Spot servers bidding below ``price`` are preempted; window-only ones are preempted when the
@@ -236,6 +240,9 @@ def decide(book: TypeBook, free: int, price: Decimal, low_window: bool) -> Decis
        reclaim no longer needed (the request was cancelled, a card freed) is cancelled.
     3. While no on-demand request waits, queued spot requests start by highest bid while their bid
        covers the price (window-only ones only inside a window) and cards are free.
+
+    ``held_need``: cards that reservations and lab sessions need now but spot servers occupy;
+    those spot servers are reclaimed like on-demand ones (lowest bids first), for ``reserved``.
     """
     d = Decisions()
     orders = book.orders
@@ -249,7 +256,7 @@ def decide(book: TypeBook, free: int, price: Decimal, low_window: bool) -> Decis
     reclaims = []  # servers leaving to make room for on-demand requests
     for owner, reason in book.preempting.items():
         o = orders[owner]
-        if reason == REASON_ON_DEMAND:
+        if reason in (REASON_ON_DEMAND, REASON_HOLD):
             reclaims.append(owner)
         elif keeps_running(o):
             d.cancel.append(owner)
@@ -284,7 +291,7 @@ def decide(book: TypeBook, free: int, price: Decimal, low_window: bool) -> Decis
 
     # Reclaims still needed (lowest bids first) stay; the rest are called off, e.g. when the
     # on-demand request was cancelled or a card freed by itself.
-    need = waiting_on_demand - incoming
+    need = waiting_on_demand + held_need - incoming
     reclaims.sort(key=lambda owner: book._run_key(orders[owner]))
     for owner in reclaims:
         o = orders[owner]
@@ -297,7 +304,7 @@ def decide(book: TypeBook, free: int, price: Decimal, low_window: bool) -> Decis
         for _, _, owner in book.running:
             if owner in leaving:
                 continue
-            d.preempt.append((owner, REASON_ON_DEMAND))
+            d.preempt.append((owner, REASON_ON_DEMAND if waiting_on_demand else REASON_HOLD))
             leaving.add(owner)
             need -= orders[owner].cards
             if need <= 0:

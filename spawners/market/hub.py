@@ -41,6 +41,7 @@ from gpulab.spawners.market.settings import SpotSettings
 from gpulab.spawners.market.store import load_state, save_state
 from gpulab.spawners.market.views import queue_entry_json
 from gpulab.spawners.node.allocator import RESERVED, NoCapacity
+from gpulab.spawners.node.holds import accounts_for
 from gpulab.spawners.options import ServerOptions
 
 
@@ -179,7 +180,8 @@ class SpotMarket(SpotMarketConfig):
         if self.history.record(slug, now, price):
             self.log.info("Spot price of %s is now %s", slug, price)
         low = self.in_low_window(now)
-        d = decide(self.books[slug], c["free"], price, low)
+        held_need = self.pool.allocator.hold_deficit(slug, now)
+        d = decide(self.books[slug], c["free"], price, low, held_need)
         for owner in d.cancel:
             self._cancel(owner, price)
         for owner, reason in d.preempt:
@@ -285,7 +287,10 @@ class SpotMarket(SpotMarketConfig):
             self._note_bid(owner, options)
             return
         self._sync_running()
-        c = self.pool.allocator.counts().get(slug, {"total": 0, "free": 0})
+        # Cards held for the user's (or their course's) reservation or lab session count as
+        # free for this request.
+        accounts = accounts_for(spawner.user.name, options.course)
+        c = self.pool.allocator.counts(accounts).get(slug, {"total": 0, "free": 0})
         cur = self.pool.catalog.currency
         now = time.time()
         if options.pricing == "on-demand":

@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from gpulab.spawners.node.holds import Hold
 from gpulab.spawners.node.inventory import GpuDevice
 from gpulab.spawners.node.procs import (
     allocation_ids_running,
@@ -40,6 +41,7 @@ class Allocation:
     pricing: str = "on-demand"
     pid_start: int | None = None  # the process's start time (clock ticks), guards against pid reuse
     expires: float | None = None  # reservations only: when an unclaimed hold lapses
+    hold_id: str | None = None  # the account's hold (reservation, booking) its cards came from
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -63,6 +65,7 @@ RESERVED = "#reserved"
 @dataclass
 class _State:
     allocations: dict[str, Allocation] = field(default_factory=dict)  # by owner
+    holds: dict[str, Hold] = field(default_factory=dict)  # by id
 
 
 class GpuAllocator:
@@ -101,12 +104,18 @@ class GpuAllocator:
                     ", ".join(missing),
                 )
             state.allocations[alloc.owner] = alloc
+        for rec in raw.get("holds", []):
+            hold = Hold(**rec)
+            state.holds[hold.hold_id] = hold
         return state
 
     def _save(self) -> None:
         self.ledger_path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.ledger_path.with_suffix(".tmp")
-        data = {"allocations": [a.to_json() for a in self._state.allocations.values()]}
+        data = {
+            "allocations": [a.to_json() for a in self._state.allocations.values()],
+            "holds": [h.to_json() for h in self._state.holds.values()],
+        }
         with open(tmp, "w") as f:
             json.dump(data, f, indent=1)
             f.flush()
@@ -125,16 +134,128 @@ class GpuAllocator:
     def get(self, owner: str) -> Allocation | None:
         return self._state.allocations.get(owner)
 
-    def counts(self) -> dict[str, dict[str, int]]:
-        """Per GPU type: total and free cards."""
+    def counts(self, accounts: Iterable[str] = ()) -> dict[str, dict[str, int]]:
+        """Per GPU type: total cards, free cards, and of those ``held`` for reservations and
+        bookings (not counted as free: free is what a new server of ``accounts``, by default
+        anyone without a hold, can take)."""
         held = self.held_uuids()
         out: dict[str, dict[str, int]] = {}
         for d in self.devices:
-            c = out.setdefault(d.gpu_type, {"total": 0, "free": 0})
+            c = out.setdefault(d.gpu_type, {"total": 0, "free": 0, "held": 0})
             c["total"] += 1
             if d.uuid not in held:
                 c["free"] += 1
+        now = time.time()
+        for slug, c in out.items():
+            c["held"] = min(c["free"], self.held_out(slug, now, accounts=accounts))
+            c["free"] -= c["held"]
         return out
+
+    # ---- holds (reservations, bookings) --------------------------------------------------------
+
+    @property
+    def holds(self) -> list[Hold]:
+        return list(self._state.holds.values())
+
+    def hold_used(self, hold_id: str) -> int:
+        return sum(len(a.uuids) for a in self._state.allocations.values() if a.hold_id == hold_id)
+
+    def _claims(self, gpu_type: str, now: float, skip: Iterable[str] = ()) -> list[tuple]:
+        """(from, end, unused cards) of the active holds of ``gpu_type`` besides ``skip``."""
+        skipped = set(skip)
+        return [
+            (max(h.reclaim_from, now), h.end, max(h.cards - self.hold_used(h.hold_id), 0))
+            for h in self._state.holds.values()
+            if h.gpu_type == gpu_type and h.active(now) and h.hold_id not in skipped
+        ]
+
+    @staticmethod
+    def _peak(claims: list[tuple], start: float, end: float) -> int:
+        """The most cards ``claims`` hold at once at any time in [start, end)."""
+        points = {start, *(f for f, _, _ in claims if start <= f < end)}
+        return max(
+            (sum(n for f, e, n in claims if f <= t < e) for t in points),
+            default=0,
+        )
+
+    def held_out(self, gpu_type: str, now: float, accounts: Iterable[str] = ()) -> int:
+        """Free cards of ``gpu_type`` that a new server without a hold must leave alone: the
+        peak of what the holds (other than ``accounts``' usable ones) will claim from now on.
+        A server has no end time, so it must fit beside every hold still to come."""
+        mine = [
+            h.hold_id
+            for h in self._state.holds.values()
+            if h.account in set(accounts) and h.usable(now)
+        ]
+        claims = self._claims(gpu_type, now, skip=mine)
+        return self._peak(claims, now, max((e for _, e, _ in claims), default=now) + 1)
+
+    def hold_deficit(self, gpu_type: str, now: float) -> int:
+        """Cards the holds claiming now need beyond the free ones: what spot servers occupy."""
+        held = self.held_uuids()
+        free = sum(1 for d in self.devices if d.gpu_type == gpu_type and d.uuid not in held)
+        claims = self._claims(gpu_type, now)
+        need = sum(n for f, e, n in claims if f <= now < e)
+        return max(need - free, 0)
+
+    def usable_hold(self, accounts: Iterable[str], gpu_type: str, count: int) -> Hold | None:
+        """The first hold of ``accounts`` (in that order) usable now with ``count`` unused cards."""
+        now = time.time()
+        for account in accounts:
+            for h in sorted(self._state.holds.values(), key=lambda h: h.created):
+                if (
+                    h.account == account
+                    and h.gpu_type == gpu_type
+                    and h.usable(now)
+                    and h.cards - self.hold_used(h.hold_id) >= count
+                ):
+                    return h
+        return None
+
+    def hold_problem(self, hold: Hold, now: float | None = None) -> str | None:
+        """Why ``hold`` cannot be promised (None: it can): the cards of its type, less those
+        on-demand servers hold now (they have no end time; spot ones are reclaimed), less the
+        peak the other holds claim during its window."""
+        now = time.time() if now is None else now
+        total = sum(1 for d in self.devices if d.gpu_type == hold.gpu_type)
+        fixed = sum(
+            len(a.uuids)
+            for a in self._state.allocations.values()
+            if a.gpu_type == hold.gpu_type and a.hold_id is None and a.pricing not in ("spot",)
+        )
+        # Other holds at their full size: their servers may stop and start again.
+        full = [
+            (max(h.reclaim_from, now), h.end, h.cards)
+            for h in self._state.holds.values()
+            if h.gpu_type == hold.gpu_type and h.active(now) and h.hold_id != hold.hold_id
+        ]
+        peak = self._peak(full, max(hold.reclaim_from, now), hold.end)
+        left = total - fixed - peak
+        if left >= hold.cards:
+            return None
+        return (
+            f"{hold.cards} {hold.gpu_type} card(s) requested, at most {max(left, 0)} can be "
+            f"promised: {total} on this platform, {fixed} held by running on-demand servers, "
+            f"{peak} already held for other reservations or lab sessions at that time"
+        )
+
+    def add_hold(self, hold: Hold) -> None:
+        """Record ``hold`` (idempotent by id). Raises :class:`NoCapacity`, changing nothing, when
+        it cannot be promised."""
+        if hold.hold_id in self._state.holds:
+            return
+        problem = self.hold_problem(hold)
+        if problem is not None:
+            raise NoCapacity(problem, {s: c["free"] for s, c in self.counts().items()})
+        self._state.holds[hold.hold_id] = hold
+        self._save()
+
+    def drop_hold(self, hold_id: str) -> Hold | None:
+        """Forget a hold (ended or cancelled); servers that took its cards keep them."""
+        hold = self._state.holds.pop(hold_id, None)
+        if hold is not None:
+            self._save()
+        return hold
 
     def describe_free(self, exclude: str | None = None) -> str:
         free = [
@@ -148,9 +269,15 @@ class GpuAllocator:
     # ---- mutations ---------------------------------------------------------------------------
 
     def allocate(
-        self, owner: str, gpu_type: str | None, count: int, pricing: str = "on-demand"
+        self,
+        owner: str,
+        gpu_type: str | None,
+        count: int,
+        pricing: str = "on-demand",
+        accounts: Iterable[str] = (),
     ) -> Allocation:
-        """Give ``count`` whole cards of ``gpu_type`` (none for no-GPU mode) to ``owner``.
+        """Give ``count`` whole cards of ``gpu_type`` (none for no-GPU mode) to ``owner``, from
+        a usable hold of one of ``accounts`` (the user's, the course's) when there is one.
 
         A matching reservation made for ``owner`` (see :meth:`reserve`) is used first.
         """
@@ -167,7 +294,7 @@ class GpuAllocator:
                 self._save()
                 return reserved
             self._adopted.discard(reserved.alloc_id)  # reserved for other options: give it back
-        return self._take(owner, gpu_type, count, pricing)
+        return self._take(owner, gpu_type, count, pricing, accounts)
 
     def reserve(
         self, owner: str, gpu_type: str | None, count: int, ttl: float = 120.0
@@ -203,12 +330,31 @@ class GpuAllocator:
         if expired:
             self._save()
 
-    def _take(self, owner: str, gpu_type: str | None, count: int, pricing: str) -> Allocation:
+    def _take(
+        self,
+        owner: str,
+        gpu_type: str | None,
+        count: int,
+        pricing: str,
+        accounts: Iterable[str] = (),
+    ) -> Allocation:
         self._drop_expired_reservations()
         uuids: list[str] = []
+        hold = None
         if gpu_type is not None:
+            accounts = list(accounts)
+            hold = self.usable_hold(accounts, gpu_type, count)
             held = self.held_uuids()
             candidates = [d for d in self.devices if d.gpu_type == gpu_type and d.uuid not in held]
+            held_out = 0 if hold is not None else self.held_out(gpu_type, time.time(), accounts)
+            if held_out and len(candidates) - held_out < count:
+                total = sum(1 for d in self.devices if d.gpu_type == gpu_type)
+                raise NoCapacity(
+                    f"No {gpu_type} available: {count} requested, {len(candidates)} of {total} "
+                    f"free, of which {min(held_out, len(candidates))} held for reservations or "
+                    f"lab sessions. {self.describe_free(exclude=gpu_type)}",
+                    {s: c["free"] for s, c in self.counts().items()},
+                )
             pin = self._pins.get(owner.removesuffix(RESERVED))
             if pin is not None:
                 candidates = [d for d in candidates if d.node in pin[0]]
@@ -234,6 +380,7 @@ class GpuAllocator:
             uuids=uuids,
             created=time.time(),
             pricing=pricing,
+            hold_id=hold.hold_id if hold is not None else None,
         )
         self._state.allocations[owner] = alloc
         self._adopted.add(alloc.alloc_id)

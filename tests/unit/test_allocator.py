@@ -27,7 +27,7 @@ def test_whole_cards_by_uuid_and_release(tmp_path) -> None:
     x = a.allocate("alice/", "a100-80g", 1)
     y = a.allocate("bob/", "a100-80g", 1)
     assert len(x.uuids) == len(y.uuids) == 1 and x.uuids != y.uuids
-    assert a.counts()["a100-80g"] == {"total": 2, "free": 0}
+    assert a.counts()["a100-80g"] == {"total": 2, "free": 0, "held": 0}
     with pytest.raises(NoCapacity) as e:
         a.allocate("carol/", "a100-80g", 1)
     assert "0 of 2 free" in str(e.value) and "rtx-4090 x3" in str(e.value)
@@ -165,4 +165,4 @@ def test_unmatched_nvml_cards_are_never_offered(tmp_path) -> None:
 
     odd = GpuDevice(0, "GPU-real-1", "NVIDIA H200", 141 * 1024, None, False)
     a = GpuAllocator([odd, *devices("RTX-4090:1")], tmp_path / "ledger.json")
-    assert a.counts() == {"rtx-4090": {"total": 1, "free": 1}}
+    assert a.counts() == {"rtx-4090": {"total": 1, "free": 1, "held": 0}}

@@ -18,6 +18,7 @@ from gpulab.hub_config.catalog import load_catalog
 from gpulab.hub_config.catalog.price_history import PriceHistory, price_at
 from gpulab.spawners.local.checkpoint import run_checkpoint
 from gpulab.spawners.market.core import (
+    REASON_HOLD,
     REASON_ON_DEMAND,
     REASON_PRICE,
     REASON_WINDOW,
@@ -297,3 +298,16 @@ def test_local_checkpoint_is_killed_with_its_children_at_the_limit(tmp_path) -> 
     except ProcessLookupError:
         alive = False
     assert not alive, "the command's child outlived the checkpoint's limit"
+
+
+def test_cards_a_hold_needs_reclaim_the_lowest_bids_until_no_longer_needed() -> None:
+    book = TypeBook()
+    for i, (owner, bid) in enumerate([("hi/", "1.90"), ("lo/", "1.10"), ("mid/", "1.50")]):
+        book.add_running(spot_order(owner, bid, created=i))
+    d = decide(book, free=0, price=Decimal("0.90"), low_window=False, held_need=2)
+    assert d.preempt == [("lo/", REASON_HOLD), ("mid/", REASON_HOLD)]
+    book.preempting["lo/"] = REASON_HOLD
+    book.preempting["mid/"] = REASON_HOLD
+    assert decide(book, 0, Decimal("0.90"), False, held_need=2).preempt == []
+    # The lab session was cancelled: the warnings are called off.
+    assert sorted(decide(book, 0, Decimal("0.90"), False, held_need=0).cancel) == ["lo/", "mid/"]

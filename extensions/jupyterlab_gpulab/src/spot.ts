@@ -14,7 +14,8 @@ export interface ICheckpoint {
 export interface IPreemption {
   id: string;
   status: 'warning' | 'cancelled' | 'stopped';
-  reason: string; // "price-above-max" | "on-demand-reclaim" | "low-price-window-ended"
+  // "price-above-max" | "on-demand-reclaim" | "low-price-window-ended" | "reserved"
+  reason: string;
   price: string | null; // the spot price when the warning went out
   max_price: string | null;
   warned_at: number | null;
@@ -79,6 +80,8 @@ export function reasonText(p: IPreemption, currency: string): string {
       return 'an on-demand user needs this GPU';
     case 'low-price-window-ended':
       return 'the low-price window ended';
+    case 'reserved':
+      return 'this GPU is reserved (a lab session or a monthly reservation)';
     default:
       return p.reason || 'the spot market reclaims this GPU';
   }
@@ -209,6 +212,8 @@ export function shortReason(p: IPreemption, currency: string): string {
       return 'an on-demand user needs this GPU';
     case 'low-price-window-ended':
       return 'the low-price window ended';
+    case 'reserved':
+      return 'this GPU is reserved (a lab session or a monthly reservation)';
     default:
       return p.reason || 'reclaimed by the spot market';
   }

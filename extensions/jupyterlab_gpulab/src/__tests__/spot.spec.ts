@@ -232,6 +232,9 @@ describe('warning texts', () => {
     expect(
       warningMessage(preemption({ reason: 'on-demand-reclaim' }), 299, 'CNY', 'Saving open documents…')
     ).toBe('Spot server stops in 4:59 (an on-demand user needs this GPU). Saving open documents…');
+    expect(warningMessage(preemption({ reason: 'reserved' }), 60, 'CNY', '')).toBe(
+      'Spot server stops in 1:00 (this GPU is reserved (a lab session or a monthly reservation)).'
+    );
   });
 
   it('give the whole story in the details', () => {
