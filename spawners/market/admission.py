@@ -54,7 +54,9 @@ def spot_problems(
             f"the spot price of {slug} is {price} {currency}/card-hour, above your max_price {bid}"
         )
     if counts["free"] < cards:
-        problems.append(f"{counts['free']} of {counts['total']} {slug} cards are free")
+        held = counts.get("held", 0)
+        more = f" ({held} more held for reservations or lab sessions)" if held else ""
+        problems.append(f"{counts['free']} of {counts['total']} {slug} cards are free{more}")
     if windows_only and not low_window:
         problems.append(f"it is outside the low-price windows ({windows})")
     if on_demand_waiting:

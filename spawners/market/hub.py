@@ -296,7 +296,9 @@ class SpotMarket(SpotMarketConfig):
         if options.pricing == "on-demand":
             if c["free"] >= options.gpus:
                 return
-            if c["free"] + book.running_cards < options.gpus:
+            # Spot cards that holds will claim cannot make room for this request.
+            held = self.pool.allocator.held_out(slug, now, accounts)
+            if c["free"] + c.get("held", 0) + book.running_cards - held < options.gpus:
                 return  # spot servers can't make room: the allocator says what is free
             order = Order(owner, slug, options.gpus, "on-demand", None, False, now)
             entry = self._enqueue(order, options)

@@ -11,42 +11,14 @@ from __future__ import annotations
 import uuid
 
 import requests
+from course_helpers import make_course, roster, token_for
 from harness import Hub, wait_for
 
 STUDENT_SERVER_PATH = "/user/{name}/api/status"
 
 
-def token_for(hub: Hub, name: str) -> str:
-    r = hub.api("POST", f"/users/{name}/tokens", json={"expires_in": 3600, "note": "course test"})
-    assert r.status_code == 201, r.text
-    return r.json()["token"]
-
-
 def course_name(prefix: str) -> str:
     return f"{prefix}{uuid.uuid4().hex[:6]}"
-
-
-def make_course(hub: Hub, name: str, teachers: list[str], tas: list[str] = (), **limits) -> dict:
-    body = {
-        "name": name,
-        "display_name": f"Course {name}",
-        "teachers": teachers,
-        "tas": list(tas),
-        "limits": limits,
-    }
-    r = hub.api("POST", "/gpulab/courses", json=body)
-    assert r.status_code == 201, r.text
-    return r.json()
-
-
-def roster(hub: Hub, course: str, text: str, token: str) -> requests.Response:
-    return hub.api(
-        "POST",
-        f"/gpulab/courses/{course}/roster",
-        token=token,
-        data=text.encode(),
-        headers={"Content-Type": "text/csv"},
-    )
 
 
 def server_status(hub: Hub, owner: str, token: str) -> int:

@@ -1,0 +1,145 @@
+"""Lab sessions on a real hub: a teacher books cards for class hours, and the class notices.
+
+The hub's pool is 3 simulated RTX 4090s. Before the booking, one user runs an on-demand server
+(1 card) and another a spot server (1 card). The teacher books 2 cards for a 10-minute window
+starting in 2 minutes: a booking of 3 is refused (the on-demand card cannot be promised); the
+spot server gets the usual warning (reason: reserved) and is stopped; nobody else can take the
+booked cards; the students' servers are started before the window and are ready when it opens.
+A second, short booking shows the end of a window: its servers stop and the cards are free.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+
+import pytest
+from course_helpers import make_course, roster, token_for
+from harness import Hub, wait_for
+
+WARNING = 8  # the spot warning, seconds
+
+
+@pytest.fixture(scope="module")
+def lab_hub(module_hub_factory) -> Hub:
+    return module_hub_factory(
+        "bookings",
+        simulate="RTX-4090:3",
+        extra_args=[
+            f"--SpotMarket.warning_seconds={WARNING}",
+            "--SpotMarket.tick_interval=1",
+            "--BookingKeeper.prestart_seconds=100",
+        ],
+    )
+
+
+def iso(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).isoformat()
+
+
+def book(hub: Hub, course: str, token: str, **body) -> dict:
+    r = hub.api("POST", f"/gpulab/courses/{course}/bookings", token=token, json=body)
+    return {"status": r.status_code, **r.json()}
+
+
+def preemptions(hub: Hub, user: str) -> list[dict]:
+    r = hub.api("GET", "/gpulab/spot/preemptions")
+    assert r.status_code == 200, r.text
+    return [p for p in r.json()["preemptions"] if p["user"] == user]
+
+
+def test_a_booked_class_starts_ready_and_takes_cards_from_nobody_else(lab_hub: Hub) -> None:
+    hub = lab_hub
+    make_course(hub, "ml101", ["prof"], gpu_types=["none", "rtx-4090"])
+    t_token = token_for(hub, "prof")
+    r = roster(hub, "ml101", "username,role\nann,student\nbob,student\n", t_token)
+    assert r.status_code == 200, r.text
+    hub.create_user("ondemand")
+    hub.create_user("spotty")
+    hub.spawn_ready("ondemand", {"gpu": "rtx-4090"})
+    hub.spawn_ready("spotty", {"gpu": "rtx-4090", "pricing": "spot"})
+
+    start = time.time() + 120
+    # Bad input names the field and holds nothing.
+    for body, field in [
+        ({"gpu_type": "h100", "cards": 1, "start": iso(start), "minutes": 10}, "gpu_type"),
+        ({"gpu_type": "rtx-4090", "cards": 0, "start": iso(start), "minutes": 10}, "cards"),
+        ({"gpu_type": "rtx-4090", "cards": 1, "start": "tomorrow", "minutes": 10}, "start"),
+        ({"gpu_type": "rtx-4090", "cards": 1, "start": iso(start), "minutes": -5}, "minutes"),
+    ]:
+        got = book(hub, "ml101", t_token, **body)
+        assert (got["status"], got["field"]) == (400, field), got
+    # Three cards cannot be promised: one is held by a running on-demand server.
+    got = book(hub, "ml101", t_token, gpu_type="rtx-4090", cards=3, start=iso(start), minutes=10)
+    assert got["status"] == 409 and got["field"] == "cards"
+    assert "at most 2 can be promised" in got["message"]
+    assert "1 held by running on-demand servers" in got["message"]
+    listed = hub.api("GET", "/gpulab/courses/ml101/bookings", token=t_token).json()
+    assert listed["bookings"] == []
+    # A TA-less student may not book.
+    assert book(hub, "ml101", token_for(hub, "ann"), gpu_type="rtx-4090", cards=1,
+                start=iso(start), minutes=10)["status"] in (403, 404)  # fmt: skip
+
+    got = book(hub, "ml101", t_token, gpu_type="rtx-4090", cards=2, start=iso(start), minutes=10)
+    assert got["status"] == 201, got
+    assert got["state"] in ("scheduled", "starting")
+
+    # Nobody else gets the booked cards, on-demand or spot.
+    hub.create_user("late")
+    for pricing in ("on-demand", "spot"):
+        r = hub.spawn("late", {"gpu": "rtx-4090", "pricing": pricing})
+        assert r.status_code == 409, r.text
+        assert "held for reservations or lab sessions" in r.json()["message"]
+        assert hub.server("late") is None
+
+    # The spot server on a booked card gets the usual warning, then stops.
+    warned = wait_for(lambda: preemptions(hub, "spotty"), 30, 0.5, "spotty's warning")
+    assert warned[-1]["reason"] == "reserved"
+    wait_for(lambda: hub.server("spotty") is None, WARNING + 60, 0.5, "the spot server to stop")
+    assert hub.server("ondemand") is not None  # on-demand servers are never reclaimed
+
+    # The students' servers start before the window and are ready when it opens.
+    ready_at: dict[str, float] = {}
+
+    def both_ready() -> bool:
+        for name in ("ann", "bob"):
+            s = hub.server(name)
+            if s and s["ready"] and name not in ready_at:
+                ready_at[name] = time.time()
+        return len(ready_at) == 2
+
+    wait_for(both_ready, max(start - time.time(), 1) + 5, 0.5, "the students' servers")
+    assert max(ready_at.values()) < start, (ready_at, start)
+    info = hub.api("GET", "/gpulab/courses/ml101", token=t_token).json()
+    for name in ("ann", "bob"):
+        srv = info["servers"][name]
+        assert (srv["gpu_type"], srv["cards"], srv["course"]) == ("rtx-4090", 1, "ml101")
+    wait_for(lambda: time.time() >= start, 130, 0.5, "the window to open")
+    listed = hub.api("GET", "/gpulab/courses/ml101/bookings", token=t_token).json()
+    (b,) = listed["bookings"]
+    assert (b["state"], b["cards_in_use"]) == ("open", 2)
+    for name in ("ann", "bob"):
+        assert hub.server(name)["ready"]
+    # Cancel the rest of the class (the teacher ends it early): the hold goes, the servers stay.
+    r = hub.api("DELETE", f"/gpulab/courses/ml101/bookings/{b['id']}", token=t_token)
+    assert r.status_code == 204, r.text
+    for name in ("ann", "bob", "ondemand"):
+        hub.stop_server(name)
+
+
+def test_the_end_of_a_window_stops_its_servers_and_frees_the_cards(lab_hub: Hub) -> None:
+    hub = lab_hub
+    make_course(hub, "cv201", ["prof2"])
+    t_token = token_for(hub, "prof2")
+    assert roster(hub, "cv201", "cat\n", t_token).status_code == 200
+    free = hub.free("rtx-4090")
+    got = book(hub, "cv201", t_token, gpu_type="rtx-4090", cards=1, start=time.time(),
+               minutes=0.5)  # fmt: skip
+    assert got["status"] == 201, got
+    assert hub.free("rtx-4090") == free - 1
+    s = wait_for(lambda: (hub.server("cat") or {}).get("ready"), 60, 0.5, "cat's server")
+    assert s
+    wait_for(lambda: hub.server("cat") is None, 90, 0.5, "the server to stop at the window's end")
+    wait_for(lambda: hub.free("rtx-4090") == free, 30, 0.5, "the card to be free again")
+    listed = hub.api("GET", "/gpulab/courses/cv201/bookings", token=t_token).json()
+    assert listed["bookings"] == []
