@@ -28,7 +28,14 @@ from tornado.httpserver import HTTPServer
 from traitlets import Float, Int, List, Unicode, default, validate
 from traitlets.config import Application
 
-from gpulab.billing_service import compensation, csv_export, handlers, ledger, statements
+from gpulab.billing_service import (
+    compensation,
+    courses,
+    csv_export,
+    handlers,
+    ledger,
+    statements,
+)
 from gpulab.billing_service.bounds import Limits
 from gpulab.billing_service.compensation import Rule
 from gpulab.billing_service.db import is_sqlite, make_engine, upgrade
@@ -272,11 +279,11 @@ class BillingService(Application):
 
     # ---- operations the handlers share -------------------------------------------------------
 
-    def _balance(self, user: str) -> dict[str, Any]:
+    def _balance(self, user: str, course: str | None = None) -> dict[str, Any]:
         now = time.time_ns() // 1000
         with self.engine.begin() as conn:
             ledger.ensure_account(conn, user, self.trial_micro, now)
-            return statements.balance_info(
+            info = statements.balance_info(
                 conn,
                 self.prices,
                 user,
@@ -284,9 +291,38 @@ class BillingService(Application):
                 int(3 * self.heartbeat_interval * MICRO),
                 self.warn_micro,
             )
+            if course is not None:
+                info["course"] = statements.course_status(
+                    conn, course, user, now, self.catalog.currency
+                )
+            return info
 
-    async def balance(self, user: str) -> dict[str, Any]:
-        return await self.run_db(self._balance, user)
+    async def balance(self, user: str, course: str | None = None) -> dict[str, Any]:
+        return await self.run_db(self._balance, user, course)
+
+    def course_info(self, conn, course: str) -> dict[str, Any]:
+        return statements.course_info(conn, course, time.time_ns() // 1000, self.catalog.currency)
+
+    def set_course(self, course: str, body: Any, actor: str) -> None:
+        """Apply a PUT of a course's settings; raises ``courses.SettingsError`` (nothing
+        changed) for a bad field."""
+        now = time.time_ns() // 1000
+        with self.engine.begin() as conn:  # rolled back, course row and all, on an error
+            # Write first (SQLite's write lock) and lock the row (PostgreSQL), so that two
+            # concurrent changes of different fields both stay.
+            courses.ensure(conn, course, now)
+            courses.lock(conn, [course])
+            current = courses.Settings.of(courses.get(conn, course))
+            settings = courses.parse_settings(body, current)
+            courses.put_settings(conn, course, settings, now, actor)
+
+    def credit_course(
+        self, course: str, kind: str, amount: int, key: str, note: str, actor: str
+    ) -> tuple[Any, bool]:
+        with self.engine.begin() as conn:
+            return courses.credit(
+                conn, course, kind, amount, key, time.time_ns() // 1000, note=note, actor=actor
+            )
 
     def credit(
         self, user: str, kind: str, amount: int, key: str, note: str, actor: str
@@ -393,6 +429,8 @@ class BillingService(Application):
             (url_path_join(api, r"users/([^/]+)/balance"), handlers.BalanceHandler),
             (url_path_join(api, r"users/([^/]+)/credits"), handlers.CreditsHandler),
             (url_path_join(api, r"users/([^/]+)/compensations"), handlers.CompensationsHandler),
+            (url_path_join(api, r"courses/([^/]+)"), handlers.CourseHandler),
+            (url_path_join(api, r"courses/([^/]+)/credits"), handlers.CourseCreditsHandler),
             (url_path_join(api, "admin/overview"), handlers.OverviewHandler),
             (url_path_join(p, "oauth_callback"), HubOAuthCallbackHandler),
             (url_path_join(p, "statement.csv"), csv_export.CsvHandler),

@@ -28,7 +28,14 @@ from sqlalchemy import Connection, select
 from gpulab.billing_service import ledger
 from gpulab.billing_service.metering import session_intervals
 from gpulab.billing_service.models import MICRO, LedgerEntry, ServerSession
-from gpulab.billing_service.rating import PriceBook, bid_of, format_money, merge, to_micro
+from gpulab.billing_service.rating import (
+    PriceBook,
+    bid_of,
+    format_money,
+    merge,
+    rated_pricing,
+    to_micro,
+)
 
 KIND = "compensation"
 REASONS = ("spot-preemption", "zero-balance", "node-failure")
@@ -81,7 +88,11 @@ class Rule:
             if min(b, end) > max(a, start)
         ]
         return prices.cost_micro(
-            sess.gpu_type, sess.gpus, sess.pricing, window, bid_of(sess.options)
+            sess.gpu_type,
+            sess.gpus,
+            rated_pricing(sess.pricing, sess.options),
+            window,
+            bid_of(sess.options),
         )
 
 

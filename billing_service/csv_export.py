@@ -5,7 +5,9 @@ for spot), its bid, capped seconds, billed seconds and amount), then a ``rate`` 
 billed time at one price (each spot price in force; a price above the bid is charged at the bid
 and the row gives the ``price_in_force`` it replaced), a ``kernel`` row per kernel, an ``app`` row
 per app run and a ``compensation`` row per credit for lost work (its amount negative: it lowers
-what the session cost). Prices are per card-hour (per hour in no-GPU mode).
+what the session cost). Prices are per card-hour (per hour in no-GPU mode). A ``server`` row
+names the session's ``course`` (empty outside courses) and who paid its amount:
+``paid_by_course`` (the course's pool) and ``paid_by_personal`` (the user's own balance).
 
 Spreadsheet formulas: kernel and app ids, server names and notes come from users, so any cell
 that a spreadsheet would read as a formula (starting with ``=``, ``+``, ``-``, ``@``, a tab or a
@@ -58,7 +60,15 @@ COLUMNS = (
     "billed_seconds",
 )
 # After the amount, so that readers of the older layout find every column where it was.
-EXTRA = ("bid_per_card_hour", "price_in_force", "capped_seconds", "note")
+EXTRA = (
+    "bid_per_card_hour",
+    "price_in_force",
+    "capped_seconds",
+    "note",
+    "course",
+    "paid_by_course",
+    "paid_by_personal",
+)
 
 
 def statement_rows(usage: dict[str, Any]) -> list[dict[str, Any]]:
@@ -87,6 +97,9 @@ def statement_rows(usage: dict[str, Any]) -> list[dict[str, Any]]:
                 amount: s["amount"]["exact"],
                 "bid_per_card_hour": spot.get("bid_per_card_hour"),
                 "capped_seconds": spot.get("capped_seconds", ""),
+                "course": s.get("course") or "",
+                "paid_by_course": s["paid_by"]["course"]["exact"] if "paid_by" in s else "",
+                "paid_by_personal": s["paid_by"]["personal"]["exact"] if "paid_by" in s else "",
             }
         )
         for r in s["rates"]:

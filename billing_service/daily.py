@@ -23,7 +23,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gpulab.billing_service.models import MICRO
-from gpulab.billing_service.rating import US_PER_HOUR, PriceBook, bid_of, from_micro
+from gpulab.billing_service.rating import (
+    US_PER_HOUR,
+    PriceBook,
+    bid_of,
+    from_micro,
+    rated_pricing,
+)
 
 TIME_ZONE = "UTC"
 DAY_US = 86_400 * MICRO
@@ -68,7 +74,8 @@ def session_days(prices: PriceBook, session: Any, merged: list[tuple[int, int]])
     bid = bid_of(session.options)
     out: dict[int, Day] = {}
     for day, pieces in sorted(cut_at_midnight(merged).items()):
-        rated = prices.rate(session.gpu_type, session.gpus, session.pricing, pieces, bid)
+        pricing = rated_pricing(session.pricing, session.options)
+        rated = prices.rate(session.gpu_type, session.gpus, pricing, pieces, bid)
         out[day] = Day(rated.billed_us, rated.exact // US_PER_HOUR)
     if out:
         # The rounding remainder goes to the last day; it also absorbs any difference between

@@ -6,6 +6,12 @@
 - A server alive (heartbeats arriving) with no live kernel for ``idle_timeout`` is stopped.
 - A server the hub runs but that sends no heartbeat for ``silent_timeout`` (its reporter was
   killed or is missing) is stopped: unmetered time is not given away.
+- A course session (``courses``) is paid by its course's pool up to the student's cap, then by
+  the student: with ``overflow = "personal"`` the money it may still use is what the pool can
+  pay for the student now (min(cap left, pool balance)) plus the student's balance, and the
+  rules above apply to that sum; with ``overflow = "refuse"`` it is stopped as soon as what the
+  pool can still pay cannot pay ``switch_margin`` more seconds of it (cap used up, pool empty, or
+  outside the term), so the pool never pays beyond the cap.
 
 Each decision is taken from the database only; the action goes through the hub's API.
 """
@@ -20,14 +26,23 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import func, select
 
+from gpulab.billing_service import courses
 from gpulab.billing_service.models import MICRO, Account, ServerSession
-from gpulab.billing_service.rating import bid_of
+from gpulab.billing_service.rating import bid_of, rated_pricing
 from gpulab.billing_service.statements import session_options
 
 if TYPE_CHECKING:
     from gpulab.billing_service.app import BillingService
 
 log = logging.getLogger("gpulab.billing")
+
+
+def refuse_reason(st: courses.StudentStatus) -> str:
+    if st.period is None:
+        return "outside the term"
+    if st.cap_left_micro <= st.pool_micro:
+        return "the cap per student is used up"
+    return "the course's credit pool is used up"
 
 
 class Enforcer:
@@ -61,12 +76,37 @@ class Enforcer:
                     ServerSession.last_heartbeat_us >= now - fresh,
                 )
             ).all()
+            status = {
+                (s.course, s.user): courses.student_status(conn, s.course, s.user, now)
+                for s in rows
+                if s.course is not None
+            }
         for sess in rows:
             balance = sess.balance_micro
             busy = sess.last_busy_us is not None and sess.last_busy_us >= now - fresh
+            st = status.get((sess.course, sess.user))
+            if busy and st is not None:
+                rate = app.prices.rate_micro_per_hour(
+                    sess.gpu_type,
+                    sess.gpus,
+                    rated_pricing(sess.pricing, sess.options),
+                    now,
+                    bid_of(sess.options),
+                )
+                if st.settings.overflow == "refuse":
+                    if st.available_micro < rate * app.switch_margin / 3600:
+                        out.append(("stop", sess, f"course {sess.course}: {refuse_reason(st)}"))
+                        continue
+                else:
+                    # The pool's share for the student first, then their own balance.
+                    balance += st.available_micro
             if busy:
                 rate = app.prices.rate_micro_per_hour(
-                    sess.gpu_type, sess.gpus, sess.pricing, now, bid_of(sess.options)
+                    sess.gpu_type,
+                    sess.gpus,
+                    rated_pricing(sess.pricing, sess.options),
+                    now,
+                    bid_of(sess.options),
                 )
                 margin = rate * app.switch_margin / 3600
                 if sess.gpu_type != "none" and balance < margin:

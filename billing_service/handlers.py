@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from jupyterhub.services.auth import HubOAuthenticated
 from tornado import web
 
-from gpulab.billing_service import compensation, ledger, statements
+from gpulab.billing_service import compensation, courses, ledger, statements
 from gpulab.billing_service.chart import bar_chart
 from gpulab.billing_service.hub_links import HubLinks
 from gpulab.billing_service.metering import ingest
@@ -30,6 +30,10 @@ if TYPE_CHECKING:
 ADMIN_SCOPE = "admin:users"
 # Defined by the hub (hub_config/scopes.py); billing imports nothing of the hub, so it is named here.
 REPORT_SCOPE = "custom:gpulab:report-usage"
+# Course staff (hub_config/scopes.py, filtered by the course's group): TAs and teachers read a
+# course's money (``!group=COURSE``), teachers also set its cap and rules.
+COURSE_READ_SCOPE = "custom:gpulab:course-read"
+COURSE_MANAGE_SCOPE = "custom:gpulab:course-manage"
 
 
 def now_us() -> int:
@@ -208,9 +212,45 @@ class UsageHandler(BaseHandler):
 
 
 class BalanceHandler(BaseHandler):
+    """The balance; with ``?course=C`` also where the user stands in course C (``course``)."""
+
     async def get(self, name: str) -> None:
         self.require_user(name)
-        self.write_json(await self.billing.balance(name))
+        course = self.get_argument("course", None)
+        if course is not None:
+            course = checked_course(course)
+        self.write_json(await self.billing.balance(name, course))
+
+
+def parse_credit(body: Any) -> tuple[str, int, str, str]:
+    """A credit's (kind, amount in micro-units, idempotency key, note), or 400 naming a field."""
+    if not isinstance(body, dict):
+        raise FieldError("body", "must be a JSON object with amount, kind, idempotency_key")
+    allowed = {"amount", "kind", "idempotency_key", "note"}
+    extra = sorted(set(body) - allowed)
+    if extra:
+        raise FieldError(extra[0], f"unknown field; allowed: {', '.join(sorted(allowed))}")
+    kind = body.get("kind", "topup")
+    if kind not in ledger.CREDIT_KINDS:
+        raise FieldError("kind", f"{kind!r}; allowed: {', '.join(ledger.CREDIT_KINDS)}")
+    raw = body.get("amount")
+    try:
+        if isinstance(raw, bool) or not isinstance(raw, str | int):
+            raise InvalidOperation
+        amount = to_micro(Decimal(str(raw)))
+    except (InvalidOperation, ValueError):
+        raise FieldError(
+            "amount", f'{raw!r} is not a decimal string with at most 6 decimals, e.g. "5.00"'
+        ) from None
+    if amount == 0 or (kind == "topup" and amount < 0):
+        raise FieldError("amount", "a top-up is positive; an adjustment is non-zero")
+    key = body.get("idempotency_key")
+    if not isinstance(key, str) or not 1 <= len(key) <= 200:
+        raise FieldError("idempotency_key", "a string of 1-200 characters is required")
+    note = body.get("note", "")
+    if not isinstance(note, str):
+        raise FieldError("note", "must be a string")
+    return kind, amount, key, note
 
 
 class CreditsHandler(BaseHandler):
@@ -218,33 +258,7 @@ class CreditsHandler(BaseHandler):
 
     async def post(self, name: str) -> None:
         self.require_admin()
-        body = self.json_body()
-        if not isinstance(body, dict):
-            raise FieldError("body", "must be a JSON object with amount, kind, idempotency_key")
-        allowed = {"amount", "kind", "idempotency_key", "note"}
-        extra = sorted(set(body) - allowed)
-        if extra:
-            raise FieldError(extra[0], f"unknown field; allowed: {', '.join(sorted(allowed))}")
-        kind = body.get("kind", "topup")
-        if kind not in ledger.CREDIT_KINDS:
-            raise FieldError("kind", f"{kind!r}; allowed: {', '.join(ledger.CREDIT_KINDS)}")
-        raw = body.get("amount")
-        try:
-            if isinstance(raw, bool) or not isinstance(raw, str | int):
-                raise InvalidOperation
-            amount = to_micro(Decimal(str(raw)))
-        except (InvalidOperation, ValueError):
-            raise FieldError(
-                "amount", f'{raw!r} is not a decimal string with at most 6 decimals, e.g. "5.00"'
-            ) from None
-        if amount == 0 or (kind == "topup" and amount < 0):
-            raise FieldError("amount", "a top-up is positive; an adjustment is non-zero")
-        key = body.get("idempotency_key")
-        if not isinstance(key, str) or not 1 <= len(key) <= 200:
-            raise FieldError("idempotency_key", "a string of 1-200 characters is required")
-        note = body.get("note", "")
-        if not isinstance(note, str):
-            raise FieldError("note", "must be a string")
+        kind, amount, key, note = parse_credit(self.json_body())
         try:
             entry, created = await self.billing.run_db(
                 self.billing.credit, name, kind, amount, f"credit:{key}", note, self.model["name"]
@@ -320,6 +334,78 @@ class CompensationsHandler(BaseHandler):
             )
         out["balance"] = (await self.billing.balance(name))["balance"]
         self.write_json(out, 201 if out["created"] else 200)
+
+
+def checked_course(course: str) -> str:
+    try:
+        return courses.check_name(course)
+    except courses.SettingsError as e:
+        raise FieldError(e.field, str(e).split(": ", 1)[1]) from None
+
+
+class CourseHandler(BaseHandler):
+    """``courses/C``: its settings, pool and students (GET: admins and the course's staff); set
+    its cap and rules (PUT: admins and its teachers)."""
+
+    def require_course_scope(self, course: str, *scopes: str) -> None:
+        model = self.require_login()
+        if self.is_admin():
+            return
+        held = set(model.get("scopes", []))
+        if not any(f"{scope}!group={course}" in held for scope in scopes):
+            raise web.HTTPError(
+                403,
+                "%s",
+                f"{model['name']} may not {'see' if len(scopes) > 1 else 'change'} course "
+                f"{course} (needs {scopes[-1]}!group={course} or {ADMIN_SCOPE})",
+            )
+
+    async def get(self, course: str) -> None:
+        course = checked_course(course)
+        # Teachers (course-manage) may read what they manage.
+        self.require_course_scope(course, COURSE_MANAGE_SCOPE, COURSE_READ_SCOPE)
+        self.write_json(await self.billing.read(self.billing.course_info, course))
+
+    async def put(self, course: str) -> None:
+        course = checked_course(course)
+        self.require_course_scope(course, COURSE_MANAGE_SCOPE)
+        body = self.json_body()
+        try:
+            await self.billing.run_db(self.billing.set_course, course, body, self.model["name"])
+        except courses.SettingsError as e:
+            raise FieldError(e.field, str(e).split(": ", 1)[1]) from None
+        self.write_json(await self.billing.read(self.billing.course_info, course))
+
+
+class CourseCreditsHandler(BaseHandler):
+    """``courses/C/credits``: an admin tops up (or adjusts) a course's pool, once per key."""
+
+    async def post(self, course: str) -> None:
+        self.require_admin()
+        course = checked_course(course)
+        kind, amount, key, note = parse_credit(self.json_body())
+        try:
+            entry, created = await self.billing.run_db(
+                self.billing.credit_course, course, kind, amount, key, note, self.model["name"]
+            )
+        except courses.IdempotencyConflict as e:
+            raise web.HTTPError(409, "%s", str(e)) from None
+        info = await self.billing.read(self.billing.course_info, course)
+        self.write_json(
+            {
+                "id": entry.id,
+                "course": course,
+                "kind": entry.kind,
+                "amount": statements.money(entry.amount_micro),
+                "created_us": entry.created_us,
+                "note": entry.note,
+                "actor": entry.actor,
+                "idempotency_key": key,
+                "created": created,
+                "pool_balance": info["pool_balance"],
+            },
+            201 if created else 200,
+        )
 
 
 class OverviewHandler(BaseHandler):

@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import Connection, Engine, select, tuple_, update
 
-from gpulab.billing_service import ledger
+from gpulab.billing_service import courses, ledger
 from gpulab.billing_service.bounds import Limits, Rejection, check
 from gpulab.billing_service.models import Event, KernelSpan, ServerSession
-from gpulab.billing_service.rating import PriceBook, bid_of, merge
+from gpulab.billing_service.rating import PriceBook, bid_of, course_of, merge, rated_pricing
 from gpulab.billing_service.schemas import (
     APP_PREFIX,
     ActivityEvent,
@@ -160,6 +160,7 @@ def _apply(
                     gpus=ev.gpus,
                     pricing=ev.pricing,
                     options=json.dumps(ev.options),
+                    course=course_of(ev.options),
                     started_us=ev.t_us,
                     billed_us=0,
                     charged_micro=0,
@@ -251,6 +252,19 @@ def _apply(
             .order_by(ServerSession.id)
             .with_for_update()
         ).all()
+    if affected:
+        # Course sessions split their charge with their course's pool: the courses' rows are
+        # locked (after the sessions, in one order) while the batch decides who pays.
+        names = set(
+            conn.execute(
+                select(ServerSession.course).where(
+                    ServerSession.id.in_(sorted(affected)), ServerSession.course.is_not(None)
+                )
+            ).scalars()
+        )
+        for name in sorted(names):
+            courses.ensure(conn, name, now_us)
+        courses.lock(conn, names)
     for sid in sorted(affected):
         rate_session(conn, sid, prices, now_us)
 
@@ -340,18 +354,28 @@ def session_intervals(conn: Connection, sess) -> list[tuple[int, int]]:
 
 
 def rate_session(conn: Connection, sid: int, prices: PriceBook, now_us: int) -> None:
-    """Re-rate one session from its spans and post the difference to the ledger."""
+    """Re-rate one session from its spans and post the difference to the ledger; a course
+    session's difference is split between its course's pool and the student (``courses``)."""
     q = select(ServerSession).where(ServerSession.id == sid)
     if conn.dialect.name == "postgresql":
         q = q.with_for_update()
     sess = conn.execute(q).one()
     merged = merge(session_intervals(conn, sess))
     billed = sum(b - a for a, b in merged)
-    amount = prices.cost_micro(sess.gpu_type, sess.gpus, sess.pricing, merged, bid_of(sess.options))
+    amount = prices.cost_micro(
+        sess.gpu_type,
+        sess.gpus,
+        rated_pricing(sess.pricing, sess.options),
+        merged,
+        bid_of(sess.options),
+    )
     delta = amount - sess.charged_micro
-    if delta:
+    personal = delta
+    if sess.course is not None:
+        personal = courses.settle(conn, prices, sess, merged, amount, now_us)
+    if personal:
         ledger.post(
-            conn, sess.user, "charge", -delta, now_us, session_id=sid, note=f"session {sid}"
+            conn, sess.user, "charge", -personal, now_us, session_id=sid, note=f"session {sid}"
         )
     if delta or billed != sess.billed_us:
         conn.execute(

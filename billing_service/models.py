@@ -65,6 +65,8 @@ class ServerSession(Base):
     charged_micro: Mapped[int] = mapped_column(BigInteger, default=0)
     last_busy_us: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     last_heartbeat_us: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # The course the session runs under (the hub-reported options' ``course``), or None.
+    course: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
 
     __table_args__ = (Index("ix_sessions_user_server_started", "user", "server", "started_us"),)
 
@@ -114,4 +116,66 @@ class LedgerEntry(Base):
     __table_args__ = (
         UniqueConstraint("idempotency_key", name="uq_ledger_idempotency_key"),
         Index("ix_ledger_user_created", "user", "created_us"),
+    )
+
+
+class Course(Base):
+    """A course's credit pool and its rules. The pool is not an account: no user name reaches
+    it (``accounts`` and ``ledger`` never hold it); its balance always equals the sum of its
+    ``course_ledger`` entries and moves only by an atomic ``balance = balance + amount``."""
+
+    __tablename__ = "courses"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    balance_micro: Mapped[int] = mapped_column(BigInteger)
+    cap_micro: Mapped[int] = mapped_column(BigInteger)  # per student per period
+    period: Mapped[str] = mapped_column(String(8))  # week, term
+    term_start: Mapped[str | None] = mapped_column(String(10), nullable=True)  # YYYY-MM-DD
+    term_end: Mapped[str | None] = mapped_column(String(10), nullable=True)  # inclusive
+    overflow: Mapped[str] = mapped_column(String(16))  # personal, refuse
+    created_us: Mapped[int] = mapped_column(BigInteger)
+    updated_us: Mapped[int] = mapped_column(BigInteger)
+    updated_by: Mapped[str] = mapped_column(String(255), default="")
+
+
+class CourseLedgerEntry(Base):
+    """Append-only, like ``ledger``: top-ups and adjustments of a pool, and what it paid."""
+
+    __tablename__ = "course_ledger"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    course: Mapped[str] = mapped_column(ForeignKey("courses.name"))
+    kind: Mapped[str] = mapped_column(String(16))  # topup, adjustment, charge
+    amount_micro: Mapped[int] = mapped_column(BigInteger)
+    created_us: Mapped[int] = mapped_column(BigInteger)
+    session_id: Mapped[int | None] = mapped_column(ForeignKey("server_sessions.id"), nullable=True)
+    user: Mapped[str] = mapped_column(String(255), default="")  # the student, for charges
+    idempotency_key: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    note: Mapped[str] = mapped_column(Text, default="")
+    actor: Mapped[str] = mapped_column(String(255), default="")
+
+    __table_args__ = (
+        UniqueConstraint("idempotency_key", name="uq_course_ledger_idempotency_key"),
+        Index("ix_course_ledger_course_created", "course", "created_us"),
+    )
+
+
+class CourseCharge(Base):
+    """Who paid one course session's charge for the seconds in one period: ``course_micro``
+    from the pool, ``personal_micro`` from the student's account (their sum is ``amount``).
+    ``period_start_us`` is -1 for time outside every period (outside the term)."""
+
+    __tablename__ = "course_charges"
+
+    session_id: Mapped[int] = mapped_column(ForeignKey("server_sessions.id"), primary_key=True)
+    period_start_us: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    period_end_us: Mapped[int] = mapped_column(BigInteger)
+    course: Mapped[str] = mapped_column(String(64))
+    user: Mapped[str] = mapped_column(String(255))
+    amount_micro: Mapped[int] = mapped_column(BigInteger)
+    course_micro: Mapped[int] = mapped_column(BigInteger)
+    personal_micro: Mapped[int] = mapped_column(BigInteger)
+
+    __table_args__ = (
+        Index("ix_course_charges_course_user_period", "course", "user", "period_start_us"),
     )

@@ -17,12 +17,18 @@ Spot never costs more than the bid: every spot second is rated at min(price in f
 server's bid), the bid being the ``max_price`` of the spawn options the hub reported with
 ``server_start``. The market reclaims a server whose price rises above its bid only after a
 warning period; those seconds are rated at the bid (``Rated.capped_us`` counts them).
+
+Course sessions (a ``course`` in the options the hub reported with ``server_start``) on on-demand
+pricing are rated at the catalog's education price (``GpuType.education_price``, no-GPU
+``education_price_per_hour``; the on-demand price where none is set): their rated pricing is
+``"education"`` (``rated_pricing``). Spot course sessions follow the spot rules unchanged.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import ROUND_FLOOR, ROUND_HALF_EVEN, Decimal, InvalidOperation
@@ -86,6 +92,36 @@ def bid_of(options: str | dict[str, Any] | None) -> Decimal | None:
     return bid
 
 
+COURSE_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
+EDUCATION = "education"
+
+
+def options_dict(options: str | dict[str, Any] | None) -> dict[str, Any]:
+    if isinstance(options, str):
+        try:
+            options = json.loads(options or "{}")
+        except ValueError:
+            return {}
+    return options if isinstance(options, dict) else {}
+
+
+def course_of(options: str | dict[str, Any] | None) -> str | None:
+    """The course a session runs under (its options' ``course``), or None; a name that is not a
+    course name (lowercase letters, digits, '-') is no course."""
+    course = options_dict(options).get("course")
+    if isinstance(course, str) and len(course) <= 64 and COURSE_RE.match(course):
+        return course
+    return None
+
+
+def rated_pricing(pricing: str, options: str | dict[str, Any] | None) -> str:
+    """The pricing a session's seconds are rated at: ``"education"`` for an on-demand session of
+    a course, else its own (``"on-demand"``, ``"spot"``)."""
+    if pricing == "on-demand" and course_of(options) is not None:
+        return EDUCATION
+    return pricing
+
+
 @dataclass(frozen=True)
 class Rated:
     """Billed intervals priced exactly, before the one rounding."""
@@ -138,8 +174,12 @@ class PriceBook:
         if end_us <= start_us:
             return []
         if gpu_type in ("", "none"):
-            return [(start_us, end_us, self.catalog.no_gpu.price_per_hour)]
+            no_gpu = self.catalog.no_gpu
+            price = no_gpu.course_price if pricing == EDUCATION else no_gpu.price_per_hour
+            return [(start_us, end_us, price)]
         gpu = self._gpu(gpu_type)
+        if pricing == EDUCATION:
+            return [(start_us, end_us, gpu.course_price)]
         if pricing != "spot":
             return [(start_us, end_us, gpu.on_demand_price)]
         if history is None:

@@ -9,7 +9,7 @@ from typing import Any
 
 from sqlalchemy import Connection, func, select
 
-from gpulab.billing_service import daily
+from gpulab.billing_service import courses, daily
 from gpulab.billing_service.metering import NEVER
 from gpulab.billing_service.models import MICRO, Account, KernelSpan, LedgerEntry, ServerSession
 from gpulab.billing_service.rating import (
@@ -18,6 +18,7 @@ from gpulab.billing_service.rating import (
     format_money,
     from_micro,
     merge,
+    rated_pricing,
     round_div,
 )
 from gpulab.billing_service.schemas import APP_PREFIX, OBSERVED_PREFIX
@@ -67,6 +68,8 @@ def usage(
         ).all():
             by_session[span.session_id].append(span)
 
+    split = courses.paid_by(conn, [s.id for s in sessions if s.course is not None])
+    total_course = 0
     servers = []
     per_day: dict[str, dict[str, int]] = defaultdict(lambda: {"billed_us": 0, "charged_micro": 0})
     spend: dict[int, daily.Day] = {}
@@ -128,6 +131,9 @@ def usage(
                 per_day[daily.day_name(day)]["billed_us"] += d.billed_us
         total_billed_us += s.billed_us
         total_amount += s.charged_micro
+        # Who paid: a course session's charge is split between its pool and the student.
+        by_course, by_user = split.get(s.id, (0, 0)) if s.course else (0, s.charged_micro)
+        total_course += by_course
         row = {
             "session": s.id,
             "server": s.server,
@@ -138,7 +144,11 @@ def usage(
             "price_per_hour": str(
                 from_micro(
                     prices.rate_micro_per_hour(
-                        s.gpu_type, s.gpus, s.pricing, s.started_us, bid_of(s.options)
+                        s.gpu_type,
+                        s.gpus,
+                        rated_pricing(s.pricing, s.options),
+                        s.started_us,
+                        bid_of(s.options),
                     )
                 )
             ),
@@ -146,6 +156,8 @@ def usage(
             "stopped": iso(s.stopped_us),
             "billed_seconds": s.billed_us / MICRO,
             "amount": money(s.charged_micro),
+            "course": s.course,
+            "paid_by": {"course": money(by_course), "personal": money(by_user)},
             "kernels": kernels,
             "apps": apps,
             "observed": observed,
@@ -209,6 +221,11 @@ def usage(
             "billed_seconds": total_billed_us / MICRO,
             "amount": money(total_amount),
         },
+        # Who paid total.amount: course pools (course sessions, ``courses``) and the user.
+        "paid_by": {
+            "course": money(total_course),
+            "personal": money(total_amount - total_course),
+        },
         # Credited for lost work (ledger kind ``compensation``), next to the total charged.
         "compensation": money(total_comp),
     }
@@ -222,10 +239,11 @@ def rate_periods(prices: PriceBook, s, merged: list[tuple[int, int]]) -> list[di
     price (rated at the on-demand price, see ``rating``); a spot run whose price in force was
     above the bid has ``capped: true`` and that ``price_in_force`` (it was charged the bid)."""
     bid = bid_of(s.options) if s.pricing == "spot" else None
+    rated = rated_pricing(s.pricing, s.options)
     out: list[dict[str, Any]] = []
     billed_us: list[int] = []
     for start, end in merged:
-        for a, b, price in prices.segments(s.gpu_type, s.pricing, start, end):
+        for a, b, price in prices.segments(s.gpu_type, rated, start, end):
             recorded = price is not None
             if price is None:
                 price = prices.price_at(s.gpu_type, "on-demand", a)
@@ -309,7 +327,9 @@ def balance_info(
 ) -> dict[str, Any]:
     bal = conn.execute(select(Account.balance_micro).where(Account.user == user)).scalar() or 0
     burn = sum(
-        prices.rate_micro_per_hour(s.gpu_type, s.gpus, s.pricing, now_us, bid_of(s.options))
+        prices.rate_micro_per_hour(
+            s.gpu_type, s.gpus, rated_pricing(s.pricing, s.options), now_us, bid_of(s.options)
+        )
         for s in burning_sessions(conn, now_us, fresh_us, user)
     )
     time_left = None if burn == 0 else max(0.0, bal / burn * 3600)
@@ -392,3 +412,59 @@ def session_options(row) -> dict[str, Any]:
         return json.loads(row.options or "{}")
     except ValueError:
         return {}
+
+
+def _period_json(period: tuple[int, int] | None) -> dict[str, Any]:
+    return {
+        "period_start": iso(period[0]) if period else None,
+        "period_end": iso(period[1]) if period else None,
+    }
+
+
+def course_status(conn: Connection, course: str, user: str, now_us: int, currency: str):
+    """The balance API's ``course``: where ``user`` stands in ``course`` now."""
+    st = courses.student_status(conn, course, user, now_us)
+    return {
+        "name": course,
+        "currency": currency,
+        "cap": money(st.settings.cap_micro),
+        "used": money(st.used_micro),
+        "left": money(st.cap_left_micro),
+        # What the pool pays for this student now: min(left, pool balance).
+        "available": money(st.available_micro),
+        "pool_balance": money(st.pool_micro),
+        **st.settings.to_json(),
+        **_period_json(st.period),
+        "in_period": st.period is not None,
+    }
+
+
+def course_info(conn: Connection, course: str, now_us: int, currency: str) -> dict[str, Any]:
+    """A course's settings, pool balance, current period and each student's use of it."""
+    row = courses.get(conn, course)
+    settings = courses.Settings.of(row)
+    period = settings.period_at(now_us)
+    per_user = courses.period_usage(conn, course, period[0]) if period else {}
+    names = sorted(set(courses.students(conn, course)) | set(per_user))
+    students = []
+    for name in names:
+        by_course, by_user = per_user.get(name, (0, 0))
+        left = max(0, settings.cap_micro - by_course) if period else 0
+        students.append(
+            {
+                "user": name,
+                "used": money(by_course),
+                "left": money(left),
+                "personal": money(by_user),
+            }
+        )
+    return {
+        "course": course,
+        "currency": currency,
+        "configured": row is not None,
+        "cap": money(settings.cap_micro),
+        **settings.to_json(),
+        "pool_balance": money(row.balance_micro if row is not None else 0),
+        **_period_json(period),
+        "students": students,
+    }

@@ -3,7 +3,9 @@
 
 - ``before_start`` (the spawner's ``pre_allocate_hook``): refuse a start, with a clear message,
   when the balance cannot pay ``min_minutes`` of the requested mode; then report ``server_start``
-  with the mode, so the billing service knows what each second of that server costs.
+  with the mode, so the billing service knows what each second of that server costs. A server
+  of a course (option ``course``) is priced at the education price and paid by the course's pool
+  up to the student's cap first: billing's balance API says what is left (``?course=``).
 - ``after_stop`` (JupyterHub's ``Spawner.post_stop_hook``): report ``server_stop``, which closes
   the server's session whether it stopped cleanly, was culled or was found dead.
 
@@ -32,7 +34,12 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 from gpulab.hub_config.catalog import Catalog
 from gpulab.hub_config.data_dir import secret_file
-from gpulab.hub_config.scopes import READ_POOL_SCOPE, grant
+from gpulab.hub_config.scopes import (
+    COURSE_MANAGE_SCOPE,
+    COURSE_READ_SCOPE,
+    READ_POOL_SCOPE,
+    grant,
+)
 from gpulab.spawners.market.hub import SpotMarket
 from gpulab.spawners.mixin import SpawnError
 from gpulab.spawners.options import ServerOptions, parse_options
@@ -60,7 +67,62 @@ def hourly_price(opts: ServerOptions, catalog: Catalog) -> tuple[Decimal, str]:
             price = None
         if price is not None:
             return price * opts.gpus, "spot price "
+    if opts.course and opts.pricing == "on-demand":
+        # Course sessions are rated at the catalog's education price (billing's rating).
+        if opts.gpu_type is None:
+            return catalog.no_gpu.course_price, "education price "
+        return catalog.gpu_types[opts.gpu].course_price * opts.gpus, "education price "
     return opts.price_per_hour(catalog), ""
+
+
+def _m(value: dict[str, Any]) -> Decimal:
+    return Decimal(value["exact"])
+
+
+def course_refusal(
+    course: dict[str, Any], balance: Decimal, need: Decimal, what: str, minutes: float, cur: str
+) -> str | None:
+    """Why a course server cannot start (None: it can), from billing's ``course`` record: with
+    ``overflow = "refuse"`` the course's share must pay ``need`` on its own; with ``"personal"``
+    the course's share plus the student's balance must."""
+    name = course["name"]
+    available = _m(course["available"])
+    cap, used, left, pool = (_m(course[k]) for k in ("cap", "used", "left", "pool_balance"))
+    period = "weekly" if course["period"] == "week" else "term"
+    this = "this week" if course["period"] == "week" else "this term"
+    need_text = f"{cur} {need:.2f} for {minutes:g} minutes of {what}"
+    if course["overflow"] == "refuse":
+        if available >= need:
+            return None
+        beyond = "; the course refuses usage beyond the cap"
+        if not course.get("in_period", True):
+            return (
+                f"Course {name} pays only during its term ({course['term_start']} to "
+                f"{course['term_end']}) and refuses usage outside it."
+            )
+        if left <= 0:
+            return (
+                f"Your {period} cap in course {name} ({cur} {cap:.2f}) is used up: "
+                f"{cur} {used:.2f} of {cap:.2f} {this}{beyond}."
+            )
+        if pool < left:
+            return (
+                f"The credit pool of course {name} has {cur} {pool:.2f} left, less than "
+                f"{need_text}; the course refuses usage beyond its pool. Ask the course's "
+                "teacher to top it up."
+            )
+        return (
+            f"Your {period} cap in course {name} has {cur} {left:.2f} left ({cur} {used:.2f} of "
+            f"{cap:.2f} used {this}), less than {need_text}{beyond}."
+        )
+    if available + balance >= need:
+        return None
+    return (
+        f"Course {name} can pay {cur} {available:.2f} more for you {this} (cap {cur} {cap:.2f}, "
+        f"{cur} {used:.2f} used, pool {cur} {pool:.2f}) and your balance is {cur} {balance:.2f}: "
+        f"together less than {need_text}. Beyond the cap the course charges your own balance; "
+        "top up, or choose a cheaper mode."
+    )
 
 
 class BillingHooks:
@@ -113,6 +175,11 @@ class BillingHooks:
                     raise
                 await asyncio.sleep(0.5)
 
+    async def course_money(self, course: str) -> dict[str, Any]:
+        """Billing's record of ``course``: pool, cap, and each student's credit this period (for
+        the teacher dashboard, whose page the hub has already checked the viewer may see)."""
+        return await self._call("GET", f"api/v1/courses/{course}")
+
     async def balance(self, user_name: str) -> dict[str, Any]:
         """Billing's balance record for ``user_name`` (for the hub's home page)."""
         return await self._call("GET", f"api/v1/users/{user_name}/balance")
@@ -131,8 +198,11 @@ class BillingHooks:
         name = spawner.user.name
         per_hour, price_kind = hourly_price(opts, catalog)
         need = per_hour * Decimal(str(self.min_minutes)) / 60
+        path = f"api/v1/users/{name}/balance"
+        if opts.course:
+            path += f"?course={opts.course}"
         try:
-            info = await self._call_when_up("GET", f"api/v1/users/{name}/balance")
+            info = await self._call_when_up("GET", path)
         except BillingUnavailable as e:
             log.error("Refusing start of %s: %s", spawner.owner, e)
             raise SpawnError(
@@ -140,8 +210,15 @@ class BillingHooks:
                 "Billing is unavailable right now, so the server cannot start; try again in a minute.",
             ) from None
         balance = Decimal(info["balance"]["exact"])
+        cur = catalog.currency
+        if opts.course and isinstance(info.get("course"), dict):
+            why = course_refusal(
+                info["course"], balance, need, opts.label(catalog), self.min_minutes, cur
+            )
+            if why is not None:
+                raise SpawnError(402, why)
+            return
         if balance < need:
-            cur = catalog.currency
             raise SpawnError(
                 402,
                 f"Your balance ({cur} {balance:.2f}) cannot pay for {self.min_minutes:g} minutes of "
@@ -261,7 +338,13 @@ def configure_billing(c, data_dir: str, catalog: str, roles: list[dict]) -> None
             "display": True,
             "oauth_no_confirm": True,
             # Admins' OAuth tokens for the statement page carry admin:users (the admin view).
-            "oauth_client_allowed_scopes": ["admin:users"],
+            # Course staff's tokens carry their course scopes (filtered by the course's group),
+            # so billing's course API shows TAs and teachers their course.
+            "oauth_client_allowed_scopes": [
+                "admin:users",
+                COURSE_READ_SCOPE,
+                COURSE_MANAGE_SCOPE,
+            ],
         }
     )
     services = list(c.JupyterHub.services) if "services" in c.JupyterHub else []
@@ -287,6 +370,7 @@ def configure_billing(c, data_dir: str, catalog: str, roles: list[dict]) -> None
     c.ActivityObserver.report_hook = hooks.report_events
     c.SpotMarket.compensation_hook = hooks.compensate
     c.GpulabHome.balance_hook = hooks.balance
+    c.CourseDashboard.money_hook = hooks.course_money
     c.GpulabHome.statement_url = "/services/billing/"
     server_env = dict(c.Spawner.environment) if "environment" in c.Spawner else {}
     server_env["GPULAB_BILLING_URL"] = server_url

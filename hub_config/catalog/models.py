@@ -61,10 +61,31 @@ class NoGpuMode(_Model):
     display_name: str = "No GPU"
     description: str = "write and debug code on the same disk"
     price_per_hour: Money
+    # What a course session (spawn option ``course``) pays per hour; None: ``price_per_hour``.
+    education_price_per_hour: Money | None = None
     cpus: float = Field(gt=0)
     mem: str
 
     _mem = field_validator("mem")(_check_mem)
+
+    @model_validator(mode="after")
+    def _education_below_price(self) -> NoGpuMode:
+        edu = self.education_price_per_hour
+        if edu is not None and edu > self.price_per_hour:
+            raise ValueError(
+                f"education_price_per_hour ({edu}) must not exceed price_per_hour "
+                f"({self.price_per_hour})"
+            )
+        return self
+
+    @property
+    def course_price(self) -> Decimal:
+        """The price per hour of a course session."""
+        return (
+            self.price_per_hour
+            if self.education_price_per_hour is None
+            else self.education_price_per_hour
+        )
 
 
 class GpuType(_Model):
@@ -73,6 +94,9 @@ class GpuType(_Model):
     vram_gb: int = Field(gt=0)
     on_demand_price: Money
     spot_floor_price: Money
+    # What a course session (spawn option ``course``) on on-demand pricing pays per card-hour;
+    # None: the on-demand price.
+    education_price: Money | None = None
     cpus_per_card: float = Field(gt=0)
     mem_per_card: str
     nvml_names: list[str] = Field(
@@ -89,7 +113,17 @@ class GpuType(_Model):
                 f"spot_floor_price ({self.spot_floor_price}) must not exceed "
                 f"on_demand_price ({self.on_demand_price})"
             )
+        if self.education_price is not None and self.education_price > self.on_demand_price:
+            raise ValueError(
+                f"education_price ({self.education_price}) must not exceed "
+                f"on_demand_price ({self.on_demand_price})"
+            )
         return self
+
+    @property
+    def course_price(self) -> Decimal:
+        """The price per card-hour of an on-demand course session."""
+        return self.on_demand_price if self.education_price is None else self.education_price
 
     def matches(self, nvml_name: str) -> bool:
         return any(n.lower() in nvml_name.lower() for n in self.nvml_names)

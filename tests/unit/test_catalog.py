@@ -29,6 +29,26 @@ def test_default_catalog_has_the_documented_prices() -> None:
     assert "base" in c.images
 
 
+def test_education_prices_are_below_on_demand_and_optional() -> None:
+    c = load_catalog()
+    edu = {s: g.education_price for s, g in c.gpu_types.items()}
+    assert edu == {
+        "rtx-4090": Decimal("0.48"),
+        "rtx-3090-ti": Decimal("0.36"),
+        "a100-80g": Decimal("1.50"),
+        "h100-80g": Decimal("2.80"),
+    }
+    assert all(g.course_price < g.on_demand_price for g in c.gpu_types.values())
+    assert c.no_gpu.course_price == Decimal("0.05") < c.no_gpu.price_per_hour
+    # Without them, a course pays the on-demand price.
+    data = default_data()
+    del data["gpu_types"]["a100-80g"]["education_price"]
+    del data["no_gpu"]["education_price_per_hour"]
+    plain = parse_catalog(data)
+    assert plain.gpu_types["a100-80g"].course_price == Decimal("2.10")
+    assert plain.no_gpu.course_price == Decimal("0.09")
+
+
 def test_offline_dataset_resolves_to_real_files() -> None:
     ds = load_catalog().datasets["sklearn-toy"]
     src = ds.resolve_source()
@@ -54,6 +74,18 @@ def test_offline_dataset_resolves_to_real_files() -> None:
         (
             lambda d: d["gpu_types"]["a100-80g"].update(spot_floor_price="9"),
             "must not exceed on_demand_price",
+        ),
+        (
+            lambda d: d["gpu_types"]["a100-80g"].update(education_price="9"),
+            "gpu_types.a100-80g: education_price (9) must not exceed on_demand_price (2.10)",
+        ),
+        (
+            lambda d: d["gpu_types"]["a100-80g"].update(education_price="-1"),
+            "gpu_types.a100-80g.education_price",
+        ),
+        (
+            lambda d: d["no_gpu"].update(education_price_per_hour="1"),
+            "no_gpu: education_price_per_hour (1) must not exceed price_per_hour (0.09)",
         ),
         (
             lambda d: d["gpu_types"].update({"A100-80G": d["gpu_types"]["a100-80g"]}),
