@@ -1,4 +1,5 @@
-"""Log-in for gpulab: NativeAuthenticator (sign-up in the browser) plus a bootstrapped admin.
+"""Log-in for gpulab: NativeAuthenticator (sign-up in the browser) plus a bootstrapped admin,
+and LTI 1.3 launches from an LMS when ``GpulabLTI`` is configured (:mod:`gpulab.hub_config.lti`).
 
 On first start the hub writes a random admin password to the data dir; this authenticator creates
 the admin account with it, so there is never a fixed default password. Its ``get_handlers`` is
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from jupyterhub import orm
 from nativeauthenticator import NativeAuthenticator
 from nativeauthenticator.handlers import LoginHandler as NativeLoginHandler
 from tornado.escape import url_escape
@@ -16,6 +18,7 @@ from tornado.httputil import url_concat
 from traitlets import Unicode
 
 from gpulab.hub_config import plugin
+from gpulab.hub_config.lti import GpulabLTI, LTILaunchHandler
 
 
 class GpulabHubMixin:
@@ -78,7 +81,32 @@ class GpulabAuthenticator(GpulabHubMixin, NativeAuthenticator):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        # LTI 1.3 launches (off unless GpulabLTI.issuer is set); a half-done config stops here.
+        self.lti = GpulabLTI(parent=self)
+        self.lti.check()
         self._bootstrap_admin()
+
+    async def authenticate(self, handler, data):
+        # Only the LTI launch handler, after it checked the id_token, logs people in by LTI;
+        # every other log-in (the form) is a password log-in.
+        if isinstance(handler, LTILaunchHandler):
+            return self.lti.authenticate(handler, data, taken=self.name_taken)
+        return await super().authenticate(handler, data)
+
+    def name_taken(self, name: str) -> bool:
+        """Whether ``name`` is somebody's already (a hub user, a sign-up, an admin name), so
+        that an LMS person never gets it."""
+        return (
+            name in self.admin_users
+            or super().user_exists(name)
+            or orm.User.find(self.db, name) is not None
+        )
+
+    def user_exists(self, username: str) -> bool:
+        # A name an LMS person holds cannot be signed up for with a password.
+        return super().user_exists(username) or self.lti.name_is_linked(
+            self.db, self.normalize_username(username)
+        )
 
     def _bootstrap_admin(self) -> None:
         if not self.admin_password_file or not self.admin_users:
@@ -100,7 +128,11 @@ class GpulabAuthenticator(GpulabHubMixin, NativeAuthenticator):
             self.enable_signup, self.check_common_password = saved
 
     def get_handlers(self, app) -> list:
+        lti = self.lti.handlers(app.db) if self.lti.enabled else []
         return [
-            (path, LoginHandler if handler is NativeLoginHandler else handler)
-            for path, handler in super().get_handlers(app)
+            *lti,
+            *(
+                (path, LoginHandler if handler is NativeLoginHandler else handler)
+                for path, handler in super().get_handlers(app)
+            ),
         ]

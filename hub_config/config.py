@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpulab.hub_config.data_dir import admin_password, make_private_data_dir, secret_file
+from gpulab.hub_config.lti import configure_from_env as configure_lti
 from gpulab.hub_config.plugin import configure_plugin
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -151,6 +152,8 @@ def configure(c, settings: Settings | None = None) -> None:
     # A hand-written config calling configure(c) on a fresh data dir gets its password here too.
     admin_password(data)
     c.GpulabAuthenticator.admin_password_file = str(data / "admin-password")
+    # LTI 1.3 launches from an LMS, when GPULAB_LTI_* are set (docs/lti.md).
+    configure_lti(c, os.environ)
 
     # The market starts and stops servers through the hub's API: at the address it binds to
     # (not loopback, which a hub bound to the Docker gateway does not listen on).
