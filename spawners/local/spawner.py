@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import pwd
 import re
 import shlex
 import shutil
@@ -37,9 +38,11 @@ from gpulab.hub_config.catalog import App
 from gpulab.spawners.images import ImageStatus
 from gpulab.spawners.inside.agent import signal_opted_in
 from gpulab.spawners.inside.launcher import enter_sandbox
+from gpulab.spawners.local import accounts, exchange
 from gpulab.spawners.local.checkpoint import run_checkpoint
 from gpulab.spawners.local.forkserver import ForkServerClient
 from gpulab.spawners.local.isolation import LocalIsolationMixin
+from gpulab.spawners.local.sandbox import Sandbox
 from gpulab.spawners.mixin import GpuSpawnerMixin, SpawnError
 from gpulab.spawners.node.pool import GpuPool
 from gpulab.spawners.options import ServerOptions
@@ -362,6 +365,10 @@ class GpuLocalSpawner(LocalIsolationMixin, GpuSpawnerMixin, LocalProcessSpawner)
         env["GPULAB_TRIM_IMPORTS"] = "1" if self.trim_imports else "0"
         venv_bin = os.path.dirname(sys.executable)
         env["PATH"] = os.pathsep.join([venv_bin, env.get("PATH", os.defpath)])
+        nbgrader_config = await asyncio.to_thread(self._prepare_assignments, sandbox)
+        env["JUPYTER_CONFIG_PATH"] = os.pathsep.join(
+            filter(None, [nbgrader_config, env.get("JUPYTER_CONFIG_PATH")])
+        )
 
         self.emit_progress(40, "Starting the server process")
         t0 = time.perf_counter()
@@ -391,6 +398,33 @@ class GpuLocalSpawner(LocalIsolationMixin, GpuSpawnerMixin, LocalProcessSpawner)
                 "imports_and_server_init_until_listening": time.perf_counter() - t1,
             }
         return (self.ip or "127.0.0.1", self.port)
+
+    def _prepare_assignments(self, sandbox: Sandbox) -> str:
+        """The course exchanges of the user's courses and the server's nbgrader config
+        (:mod:`.exchange`); blocking. Returns the folder holding the config."""
+        account_of = None
+        if self.user_accounts and self.course_seats:
+            # One read of the account database for every person of every course.
+            table = {
+                p.pw_name: accounts.Account(p.pw_name, p.pw_uid, p.pw_gid, p.pw_dir)
+                for p in pwd.getpwall()
+            }
+            prefix = self.account_prefix
+
+            def account_of(name: str) -> accounts.Account | None:
+                return table.get(accounts.account_name(name, prefix))
+
+        folder, problems = exchange.prepare(
+            self.pool.data_dir,
+            self.user_home_name(),
+            self.user.name,
+            self.course_seats,
+            sandbox.account,
+            account_of,
+        )
+        for problem in problems:
+            self.log.warning("nbgrader exchange for %s: %s", self.owner, problem)
+        return str(folder)
 
     def command_line(self) -> list[str]:
         """The server's command line for Popen: `cmd` and its arguments, wrapped in `shell_cmd`
