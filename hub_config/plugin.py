@@ -25,8 +25,11 @@ from tornado.httpclient import AsyncHTTPClient
 
 from gpulab.hub_config import api, overrides
 from gpulab.hub_config.billing_hooks import configure_billing
+from gpulab.hub_config.courses import bookings as course_bookings
+from gpulab.hub_config.courses import dashboard as course_dashboard
 from gpulab.hub_config.courses import groups as course_groups
 from gpulab.hub_config.courses import handlers as course_handlers
+from gpulab.hub_config.courses.assignments import configure_assignments
 from gpulab.hub_config.home import TEMPLATES as HOME_TEMPLATES
 from gpulab.hub_config.notices import notices_for
 from gpulab.hub_config.observer import ActivityObserver
@@ -66,6 +69,7 @@ def configure_plugin(
     services.append({"name": MARKET_SERVICE, "api_token": market_token})
     c.JupyterHub.services = services
     configure_billing(c, data_dir, catalog, roles)
+    configure_assignments(c)
     c.JupyterHub.load_roles = roles
     c.SpotMarket.api_token = market_token
     c.SpotMarket.hub_api_url = hub_api_url
@@ -77,7 +81,13 @@ def configure_plugin(
 
 def routes() -> list[tuple[str, type]]:
     """gpulab's routes, to be mounted ahead of JupyterHub's own."""
-    return [*api.ROUTES, *course_handlers.ROUTES, *overrides.ROUTES]
+    return [
+        *api.ROUTES,
+        *course_handlers.ROUTES,
+        *course_bookings.ROUTES,
+        *course_dashboard.ROUTES,
+        *overrides.ROUTES,
+    ]
 
 
 def attach(app: Any) -> list[tuple[str, type]]:
@@ -102,6 +112,8 @@ def attach(app: Any) -> list[tuple[str, type]]:
             notices=notices_for(pool.data_dir),
         )
         observer.start(lambda: running_spawners(app), after=ready)
+        keeper = course_bookings.BookingKeeper.instance(config=app.config)
+        keeper.start(app, HubClient(market.hub_api_url, market.api_token), after=ready)
     return routes()
 
 

@@ -101,6 +101,15 @@ def base_roles(admin_name: str, *, admin_service: bool) -> list[dict[str, Any]]:
             "services": [ADMIN_SERVICE] if admin_service else [],
         }
     )
+    # Operators run every course (create them with admin:groups, then rosters, bookings, caps).
+    roles.append(
+        {
+            "name": "gpulab-course-admin",
+            "scopes": [COURSE_MANAGE_SCOPE, "admin:groups"],
+            "users": [admin_name],
+            "services": [ADMIN_SERVICE] if admin_service else [],
+        }
+    )
     # The spot market starts queued servers and stops reclaimed ones through the REST API; the
     # activity observer (same service) records servers' activity and moves idle GPUs.
     roles.append(
