@@ -97,6 +97,9 @@ class GpuType(_Model):
     # What a course session (spawn option ``course``) on on-demand pricing pays per card-hour;
     # None: the on-demand price.
     education_price: Money | None = None
+    # A monthly reservation's price per card-hour, prepaid for the month (below on-demand);
+    # None: this type is not reserved by the month.
+    monthly_price: Money | None = None
     cpus_per_card: float = Field(gt=0)
     mem_per_card: str
     nvml_names: list[str] = Field(
@@ -113,11 +116,12 @@ class GpuType(_Model):
                 f"spot_floor_price ({self.spot_floor_price}) must not exceed "
                 f"on_demand_price ({self.on_demand_price})"
             )
-        if self.education_price is not None and self.education_price > self.on_demand_price:
-            raise ValueError(
-                f"education_price ({self.education_price}) must not exceed "
-                f"on_demand_price ({self.on_demand_price})"
-            )
+        for key in ("education_price", "monthly_price"):
+            price = getattr(self, key)
+            if price is not None and price > self.on_demand_price:
+                raise ValueError(
+                    f"{key} ({price}) must not exceed on_demand_price ({self.on_demand_price})"
+                )
         return self
 
     @property

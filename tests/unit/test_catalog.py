@@ -84,6 +84,10 @@ def test_offline_dataset_resolves_to_real_files() -> None:
             "gpu_types.a100-80g.education_price",
         ),
         (
+            lambda d: d["gpu_types"]["a100-80g"].update(monthly_price="2.50"),
+            "gpu_types.a100-80g: monthly_price (2.50) must not exceed on_demand_price (2.10)",
+        ),
+        (
             lambda d: d["no_gpu"].update(education_price_per_hour="1"),
             "no_gpu: education_price_per_hour (1) must not exceed price_per_hour (0.09)",
         ),
