@@ -42,6 +42,7 @@ from gpulab.hub_config.scopes import (
 )
 from gpulab.spawners.market.hub import SpotMarket
 from gpulab.spawners.mixin import SpawnError
+from gpulab.spawners.node.holds import accounts_for
 from gpulab.spawners.options import ServerOptions, parse_options
 
 log = logging.getLogger("gpulab.billing.hooks")
@@ -175,6 +176,21 @@ class BillingHooks:
                     raise
                 await asyncio.sleep(0.5)
 
+    async def prepay_reservation(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """Ask billing to charge a monthly reservation (idempotent by its id): (status, answer).
+        402/400/409 are billing's refusals; 503 when billing cannot be asked."""
+        try:
+            return 201, await self._call_when_up("POST", "api/v1/reservations", body)
+        except BillingUnreachable as e:
+            return 503, {"message": f"Billing is unavailable right now: {e}"}
+        except BillingUnavailable as e:
+            status, _, detail = str(e).removeprefix("billing answered ").partition(": ")
+            try:
+                answer = json.loads(detail)
+            except ValueError:
+                answer = {"message": detail}
+            return (int(status) if status.isdigit() else 503), answer
+
     async def course_money(self, course: str) -> dict[str, Any]:
         """Billing's record of ``course``: pool, cap, and each student's credit this period (for
         the teacher dashboard, whose page the hub has already checked the viewer may see)."""
@@ -229,6 +245,15 @@ class BillingHooks:
 
     async def report_start(self, spawner, opts: ServerOptions) -> None:
         name = spawner.user.name
+        options = opts.to_json()
+        if opts.gpu_type is not None:
+            # A server of an account with a monthly reservation runs on it (prepaid): billing is
+            # told so, and the allocation is then bound to that reservation (gpulab_hold_id).
+            accounts = accounts_for(name, opts.course)
+            hold = spawner.pool.allocator.usable_hold(accounts, opts.gpu_type, opts.gpus)
+            if hold is not None and hold.kind == "reservation":
+                options["reservation"] = hold.hold_id
+                spawner.gpulab_hold_id = hold.hold_id
         event = {
             "id": f"hub-start-{uuid.uuid4()}",
             "kind": "server_start",
@@ -238,7 +263,7 @@ class BillingHooks:
             "gpu": opts.gpu,
             "gpus": opts.gpus,
             "pricing": opts.pricing,
-            "options": opts.to_json(),
+            "options": options,
         }
         try:
             await self._call_when_up("POST", "api/v1/events", {"events": [event]})
@@ -371,6 +396,7 @@ def configure_billing(c, data_dir: str, catalog: str, roles: list[dict]) -> None
     c.SpotMarket.compensation_hook = hooks.compensate
     c.GpulabHome.balance_hook = hooks.balance
     c.CourseDashboard.money_hook = hooks.course_money
+    c.ReservationsConfig.prepay_hook = hooks.prepay_reservation
     c.GpulabHome.statement_url = "/services/billing/"
     server_env = dict(c.Spawner.environment) if "environment" in c.Spawner else {}
     server_env["GPULAB_BILLING_URL"] = server_url

@@ -24,6 +24,7 @@ from typing import Any
 from tornado.httpclient import AsyncHTTPClient
 
 from gpulab.hub_config import api, overrides
+from gpulab.hub_config.api import reservations
 from gpulab.hub_config.billing_hooks import configure_billing
 from gpulab.hub_config.courses import bookings as course_bookings
 from gpulab.hub_config.courses import dashboard as course_dashboard
@@ -114,7 +115,18 @@ def attach(app: Any) -> list[tuple[str, type]]:
         observer.start(lambda: running_spawners(app), after=ready)
         keeper = course_bookings.BookingKeeper.instance(config=app.config)
         keeper.start(app, HubClient(market.hub_api_url, market.api_token), after=ready)
+        pool._confirming = asyncio.ensure_future(_confirm_reservations(app, pool, ready))
     return routes()
+
+
+async def _confirm_reservations(app: Any, pool: GpuPool, ready: Any) -> None:
+    """Once the hub answers: billing confirms every reservation held (see reservations)."""
+    await ready
+    settings = reservations.ReservationsConfig.instance(config=app.config)
+    try:
+        await reservations.confirm_reservations(pool, settings.prepay_hook, app.log)
+    except Exception:
+        app.log.exception("Confirming the reservations with billing failed")
 
 
 def running_spawners(app: Any) -> list[Any]:

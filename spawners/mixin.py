@@ -57,6 +57,9 @@ class GpuSpawnerMixin(AppServersMixin, HasTraits):
     """Mixin for a JupyterHub Spawner class (put it first in the bases)."""
 
     gpulab_options: ServerOptions | None = None
+    # The reservation billing was told this start runs on (set by the pre-allocate hook): the
+    # allocation must then come from it.
+    gpulab_hold_id: str | None = None
     allocation: Allocation | None = None
     # Human label of the running mode, e.g. "A100-80G x1 (simulated)" or "No GPU".
     mode_label: str = ""
@@ -215,6 +218,7 @@ class GpuSpawnerMixin(AppServersMixin, HasTraits):
                 opts.gpus,
                 opts.pricing,
                 accounts=accounts_for(self.user.name, opts.course),
+                hold_id=self.gpulab_hold_id,
             )
         except NoCapacity as e:
             raise SpawnError(409, str(e)) from None
@@ -389,6 +393,7 @@ class GpuSpawnerMixin(AppServersMixin, HasTraits):
         self._progress_reset()
         # Good for this start only, whatever happens to it.
         admission, self.gpulab_admission = self.gpulab_admission, None
+        self.gpulab_hold_id = None
         try:
             if self.pre_allocate_hook is not None:
                 await self.pre_allocate_hook(self)

@@ -3,6 +3,6 @@
 Scopes are checked with JupyterHub's RBAC (:mod:`gpulab.hub_config.scopes`).
 """
 
-from gpulab.hub_config.api import apps, notices, pool, spot
+from gpulab.hub_config.api import apps, notices, pool, reservations, spot
 
-ROUTES = [*pool.ROUTES, *spot.ROUTES, *notices.ROUTES, *apps.ROUTES]
+ROUTES = [*pool.ROUTES, *spot.ROUTES, *notices.ROUTES, *apps.ROUTES, *reservations.ROUTES]

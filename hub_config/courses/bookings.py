@@ -50,7 +50,7 @@ RETRY_SECONDS = 3.0
 
 class BookingKeeper(SingletonConfigurable):
     """Keeps lab-session bookings: starts the students' servers before the window, stops them
-    and frees the cards after it."""
+    and frees the cards after it. Also ends monthly reservations at their month's end."""
 
     prestart_seconds = Float(
         180.0,
@@ -110,6 +110,10 @@ class BookingKeeper(SingletonConfigurable):
         state = self._read_state(pool)
         changed = False
         for hold in list(pool.allocator.holds):
+            if hold.kind == "reservation" and now >= hold.end:
+                # A month's end: its servers run on, billed on demand from now.
+                pool.allocator.drop_hold(hold.hold_id)
+                continue
             if hold.kind != "booking" or hold.hold_id in self._busy:
                 continue
             done = state.setdefault(hold.hold_id, {"servers": [], "tried": 0.0})

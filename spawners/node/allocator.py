@@ -275,9 +275,11 @@ class GpuAllocator:
         count: int,
         pricing: str = "on-demand",
         accounts: Iterable[str] = (),
+        hold_id: str | None = None,
     ) -> Allocation:
         """Give ``count`` whole cards of ``gpu_type`` (none for no-GPU mode) to ``owner``, from
-        a usable hold of one of ``accounts`` (the user's, the course's) when there is one.
+        a usable hold of one of ``accounts`` (the user's, the course's) when there is one; from
+        the hold ``hold_id`` only, when given (billing was told the server runs on it).
 
         A matching reservation made for ``owner`` (see :meth:`reserve`) is used first.
         """
@@ -294,7 +296,7 @@ class GpuAllocator:
                 self._save()
                 return reserved
             self._adopted.discard(reserved.alloc_id)  # reserved for other options: give it back
-        return self._take(owner, gpu_type, count, pricing, accounts)
+        return self._take(owner, gpu_type, count, pricing, accounts, hold_id)
 
     def reserve(
         self, owner: str, gpu_type: str | None, count: int, ttl: float = 120.0
@@ -337,6 +339,7 @@ class GpuAllocator:
         count: int,
         pricing: str,
         accounts: Iterable[str] = (),
+        hold_id: str | None = None,
     ) -> Allocation:
         self._drop_expired_reservations()
         uuids: list[str] = []
@@ -344,6 +347,20 @@ class GpuAllocator:
         if gpu_type is not None:
             accounts = list(accounts)
             hold = self.usable_hold(accounts, gpu_type, count)
+            if hold_id is not None and (hold is None or hold.hold_id != hold_id):
+                hold = self._state.holds.get(hold_id)
+                if hold is None or not (
+                    hold.account in accounts
+                    and hold.gpu_type == gpu_type
+                    and hold.usable(time.time())
+                    and hold.cards - self.hold_used(hold_id) >= count
+                ):
+                    raise NoCapacity(
+                        f"The reservation {hold_id} has no {count} unused {gpu_type} card(s) "
+                        "now: its other servers hold them. Stop one, or start this one without "
+                        "a GPU.",
+                        {s: c["free"] for s, c in self.counts().items()},
+                    )
             held = self.held_uuids()
             candidates = [d for d in self.devices if d.gpu_type == gpu_type and d.uuid not in held]
             held_out = 0 if hold is not None else self.held_out(gpu_type, time.time(), accounts)
