@@ -81,9 +81,13 @@ def students(group: Any) -> list[str]:
     return sorted(u.name for u in group.users)
 
 
-def _properties(course: Course) -> dict[str, Any]:
-    data = course.model_dump(mode="json", exclude={"name"})
-    return {COURSE_KEY: data}
+def _store(db: Any, group: Any, course: Course) -> None:
+    """Write ``course`` into its group's properties (keeping any others), then its roles."""
+    props = dict(group.properties or {})
+    props[COURSE_KEY] = course.model_dump(mode="json", exclude={"name"})
+    group.properties = props
+    db.commit()
+    sync_roles(db, group, course)
 
 
 def save(db: Any, course: Course, make_user: MakeUser, *, create: bool = False) -> Any:
@@ -99,11 +103,7 @@ def save(db: Any, course: Course, make_user: MakeUser, *, create: bool = False) 
         raise CourseError(404, "name", f"no course named {course.name!r}")
     for name in (*course.teachers, *course.tas):
         make_user(name)
-    props = dict(group.properties or {})
-    props.update(_properties(course))
-    group.properties = props
-    db.commit()
-    sync_roles(db, group, course)
+    _store(db, group, course)
     return group
 
 
@@ -160,11 +160,7 @@ def add_members(
                 group.users.remove(user)
             (teachers if role == "teacher" else tas).append(name)
     updated = course.model_copy(update={"teachers": tuple(teachers), "tas": tuple(tas)})
-    props = dict(group.properties or {})
-    props.update(_properties(updated))
-    group.properties = props
-    db.commit()
-    sync_roles(db, group, updated)
+    _store(db, group, updated)
     return updated
 
 
@@ -182,11 +178,7 @@ def remove_member(db: Any, group: Any, course: Course, name: str) -> Course:
             "tas": tuple(n for n in course.tas if n != name),
         }
     )
-    props = dict(group.properties or {})
-    props.update(_properties(updated))
-    group.properties = props
-    db.commit()
-    sync_roles(db, group, updated)
+    _store(db, group, updated)
     return updated
 
 

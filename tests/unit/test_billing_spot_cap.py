@@ -12,6 +12,7 @@ import time
 import uuid
 from decimal import ROUND_HALF_EVEN, Decimal, localcontext
 from pathlib import Path
+from typing import Any
 
 from billing.scenario import heartbeat, kernel, server_start, server_stop
 
@@ -34,6 +35,17 @@ def micro(pieces: list[tuple[str, str]]) -> int:
         ctx.prec = 60
         exact = sum(Decimal(p) * Decimal(s) for p, s in pieces) / 3600
         return int((exact * MICRO).quantize(Decimal(1), rounding=ROUND_HALF_EVEN))
+
+
+def spot_store(tmp_path: Path, prefix: str) -> tuple[Any, str, dict]:
+    """A fresh billing store, a new user, and their spot server's start (bid 0.5) at T0."""
+    engine = make_engine(f"sqlite:///{tmp_path / 'billing.sqlite'}")
+    upgrade(engine)
+    user = f"{prefix}{uuid.uuid4().hex[:8]}"
+    start = server_start(user, T0)
+    start["pricing"] = "spot"
+    start["options"] = {**start["options"], "pricing": "spot", "max_price": "0.5"}
+    return engine, user, start
 
 
 def test_bid_parsing() -> None:
@@ -61,12 +73,7 @@ def test_price_above_the_bid_is_charged_at_the_bid(tmp_path: Path) -> None:
     assert prices.rate("a100-80g", 1, "spot", span, Decimal("5")).capped_us == 0
 
     # Through the store: the session is charged the capped amount and says so.
-    engine = make_engine(f"sqlite:///{tmp_path / 'billing.sqlite'}")
-    upgrade(engine)
-    user = f"c{uuid.uuid4().hex[:8]}"
-    start = server_start(user, T0)
-    start["pricing"] = "spot"
-    start["options"] = {**start["options"], "pricing": "spot", "max_price": "0.5"}
+    engine, user, start = spot_store(tmp_path, "c")
     events = [
         start,
         kernel("kernel_start", user, "k1", T0),
@@ -107,12 +114,7 @@ def test_a_gap_in_billed_time_keeps_one_rate_row_per_spot_price(tmp_path: Path) 
     hist = PriceHistory(market_dir(tmp_path) / PRICES_FILE)
     assert hist.record("a100-80g", T0 - 10, Decimal("0.40"))
     prices = PriceBook(CATALOG, tmp_path)
-    engine = make_engine(f"sqlite:///{tmp_path / 'billing.sqlite'}")
-    upgrade(engine)
-    user = f"g{uuid.uuid4().hex[:8]}"
-    start = server_start(user, T0)
-    start["pricing"] = "spot"
-    start["options"] = {**start["options"], "pricing": "spot", "max_price": "0.5"}
+    engine, user, start = spot_store(tmp_path, "g")
     events = [
         start,
         kernel("kernel_start", user, "k1", T0),
