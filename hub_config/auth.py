@@ -108,6 +108,28 @@ class GpulabAuthenticator(GpulabHubMixin, NativeAuthenticator):
             self.db, self.normalize_username(username)
         )
 
+    def create_user(self, username, password, **kwargs):
+        """Sign-up. A name the hub already has a user for, with no password yet (a roster or
+        an admin made it), is never approved by open sign-up: otherwise anyone could sign up
+        as a rostered student and spend their course's credit. An admin approves it."""
+        name = self.normalize_username(username)
+        claimed = (
+            name not in self.admin_users
+            and orm.User.find(self.db, name) is not None
+            and not super().user_exists(name)
+        )
+        if not claimed:
+            return super().create_user(username, password, **kwargs)
+        saved = self.open_signup
+        self.open_signup = False
+        try:
+            info = super().create_user(username, password, **kwargs)
+        finally:
+            self.open_signup = saved
+        if info is not None:
+            self.log.warning("Sign-up for the existing user %s waits for an admin's approval", name)
+        return info
+
     def _bootstrap_admin(self) -> None:
         if not self.admin_password_file or not self.admin_users:
             return

@@ -12,7 +12,7 @@ import uuid
 
 import requests
 from course_helpers import make_course, roster, token_for
-from harness import Hub, wait_for
+from harness import PASSWORD, VENV_BIN, Hub, WebSession, admin_web, wait_for
 
 STUDENT_SERVER_PATH = "/user/{name}/api/status"
 
@@ -140,7 +140,8 @@ def test_course_input_errors_name_the_field(hub: Hub) -> None:
 
 
 def test_course_roles_survive_a_hub_restart(hub_factory) -> None:
-    hub = hub_factory("courses-restart", simulate="RTX-4090:1")
+    cli = [str(VENV_BIN / "gpulab"), "up", "--open-signup"]
+    hub = hub_factory("courses-restart", simulate="RTX-4090:1", cli=cli)
     teacher, student = "tchr", "stud"
     make_course(hub, "ml101", [teacher])
     t_token = token_for(hub, teacher)
@@ -152,3 +153,14 @@ def test_course_roles_survive_a_hub_restart(hub_factory) -> None:
     assert roster(hub, "ml101", "stud2,ta\n", t_token).status_code == 200
     info = hub.api("GET", "/gpulab/courses/ml101", token=t_token).json()
     assert info["students"] == [student] and info["tas"] == ["stud2"]
+
+    # Open sign-up does not hand a rostered student's account to whoever signs up first under
+    # their name (they would spend the course's credit): that sign-up waits for an admin.
+    web = WebSession(hub)
+    assert web.signup(student, PASSWORD).ok
+    assert not web.login(student, PASSWORD)
+    fresh = WebSession(hub)
+    assert fresh.signup("newcomer", PASSWORD).ok
+    assert fresh.login("newcomer", PASSWORD)  # a new name: open sign-up as before
+    assert admin_web(hub).get(f"/hub/authorize/{student}").ok
+    assert WebSession(hub).login(student, PASSWORD)
