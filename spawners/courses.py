@@ -67,6 +67,9 @@ class Course(BaseModel):
     teachers: tuple[str, ...] = ()
     tas: tuple[str, ...] = ()
     limits: CourseLimits = Field(default_factory=CourseLimits)
+    # Existing users a teacher put on the roster as students: they join when they accept (the
+    # course's staff would otherwise reach their servers and files without their say).
+    invited: tuple[str, ...] = ()
 
     @property
     def title(self) -> str:

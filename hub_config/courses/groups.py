@@ -164,8 +164,30 @@ def add_members(
     return updated
 
 
+def invite(db: Any, group: Any, course: Course, names: Iterable[str]) -> Course:
+    """Invite existing users to join as students (see :attr:`Course.invited`)."""
+    invited = [*course.invited, *(n for n in names if n not in course.invited)]
+    updated = course.model_copy(update={"invited": tuple(invited)})
+    _store(db, group, updated)
+    return updated
+
+
+def accept(db: Any, group: Any, course: Course, name: str, make_user: MakeUser) -> Course:
+    """``name`` accepts their invitation: they join as a student."""
+    if name not in course.invited:
+        raise CourseError(404, "course", f"{name!r} has no invitation to course {course.name}")
+    pending = course.model_copy(update={"invited": tuple(n for n in course.invited if n != name)})
+    return add_members(db, group, pending, [(name, "student")], make_user)
+
+
 def remove_member(db: Any, group: Any, course: Course, name: str) -> Course:
     user = orm.User.find(db, name)
+    if name in course.invited:
+        updated = course.model_copy(
+            update={"invited": tuple(n for n in course.invited if n != name)}
+        )
+        _store(db, group, updated)
+        return updated
     if user is None or (
         user not in group.users and name not in course.teachers and name not in course.tas
     ):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from jupyterhub import orm
 from jupyterhub.apihandlers.base import APIHandler
 from jupyterhub.scopes import needs_scope
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -123,6 +124,7 @@ class CourseAPIHandler(APIHandler):
             "teachers": list(course.teachers),
             "tas": list(course.tas),
             "students": groups.students(group),
+            "invited": list(course.invited),
             "limits": {
                 section: course.limits.allowed(section, self.pool.catalog)
                 for section in ("gpu_types", "images", "datasets", "apps")
@@ -162,6 +164,9 @@ class CoursesAPIHandler(CourseAPIHandler):
                 found = groups.find(self.db, c.name)
                 if found is not None and c.name not in mine:
                     mine[c.name] = (*found, "student")
+            for group, course in groups.all_courses(self.db):
+                if name in course.invited and course.name not in mine:
+                    mine[course.name] = (group, course, "invited")
             listed = [mine[k] for k in sorted(mine)]
         out = []
         for group, course, role in listed:
@@ -252,16 +257,54 @@ class RosterAPIHandler(CourseAPIHandler):
                         "only an admin (admin:groups) adds teachers; use ta or student",
                     )
         before = set(groups.students(group)) | set(course.teachers) | set(course.tas)
-        updated = groups.add_members(
-            self.db, group, course, [(r.username, r.role) for r in rows], self.make_user
-        )
-        added = [r.username for r in rows if r.username not in before]
-        self.log.info("Roster of %s: %d rows, %d new", course.name, len(rows), len(added))
+        # A student row naming someone the hub already has (and who is not in this course yet)
+        # is an invitation they accept: the course's staff would otherwise reach their server
+        # and files without their say. Admins add them directly.
+        invite = [
+            r.username
+            for r in rows
+            if r.role == "student"
+            and r.username not in before
+            and not self.has_scope("admin:groups")
+            and orm.User.find(self.db, r.username) is not None
+        ]
+        rows_now = [(r.username, r.role) for r in rows if r.username not in invite]
+        updated = groups.add_members(self.db, group, course, rows_now, self.make_user)
+        if invite:
+            updated = groups.invite(self.db, group, updated, invite)
+        added = [name for name, _ in rows_now if name not in before]
+        self.log.info(
+            "Roster of %s: %d rows, %d new, %d invited", course.name, len(rows), len(added),
+            len(invite),
+        )  # fmt: skip
         self.write(
             json.dumps(
-                {"rows": len(rows), "added": added, "course": self.course_json(group, updated)}
+                {
+                    "rows": len(rows),
+                    "added": added,
+                    "invited": invite,
+                    "course": self.course_json(group, updated),
+                }
             )
         )
+
+
+class JoinAPIHandler(CourseAPIHandler):
+    """``POST /courses/C/join``: the caller accepts their invitation to C."""
+
+    def post(self, group_name: str) -> None:
+        me = self.current_user
+        if me is None or getattr(me, "kind", "") != "user":
+            raise web.HTTPError(403, "Missing or invalid credentials.")
+        group, course = self.course_for_invitee(group_name, me.name)
+        updated = groups.accept(self.db, group, course, me.name, self.make_user)
+        self.write(json.dumps({"course": updated.name, "role": "student"}))
+
+    def course_for_invitee(self, name: str, user: str) -> tuple[Any, Course]:
+        found = groups.find(self.db, name)
+        if found is None or user not in found[1].invited:
+            raise CourseError(404, "course", f"no invitation to course {name!r} for {user}")
+        return found
 
 
 class MemberAPIHandler(CourseAPIHandler):
@@ -279,4 +322,5 @@ ROUTES = [
     (r"/api/gpulab/courses/([^/]+)", CourseAPIItemHandler),
     (r"/api/gpulab/courses/([^/]+)/roster", RosterAPIHandler),
     (r"/api/gpulab/courses/([^/]+)/members/([^/]+)", MemberAPIHandler),
+    (r"/api/gpulab/courses/([^/]+)/join", JoinAPIHandler),
 ]

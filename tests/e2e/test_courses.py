@@ -59,9 +59,22 @@ def test_roster_limits_and_staff_scopes(hub: Hub) -> None:
     assert roster(hub, ml, f"{s1},student\n", ta_token).status_code in (403, 404)
     assert hub.api("GET", f"/users/{s1}").status_code == 404
 
-    r = roster(hub, ml, f"username,role\n{s1},student\n{s2},Learner\n", t_token)
+    # Someone the hub already has is invited, not enrolled: the course's staff would reach
+    # their server and files. They join when they accept.
+    existing = hub.create_user(f"old{tag}")
+    r = roster(hub, ml, f"username,role\n{s1},student\n{s2},Learner\n{existing},student\n", t_token)
     assert r.status_code == 200, r.text
     assert sorted(r.json()["added"]) == sorted([s1, s2])
+    assert r.json()["invited"] == [existing]
+    assert existing not in hub.api("GET", f"/groups/{ml}").json()["users"]
+    e_token = token_for(hub, existing)
+    r = hub.api("GET", "/gpulab/courses", token=e_token)
+    assert [(c["name"], c["role"]) for c in r.json()["courses"]] == [(ml, "invited")]
+    assert hub.api("POST", f"/gpulab/courses/{cv}/join", token=e_token).status_code == 404
+    assert hub.api("POST", f"/gpulab/courses/{ml}/join", token=e_token).status_code == 200
+    assert existing in hub.api("GET", f"/groups/{ml}").json()["users"]
+    r = hub.api("DELETE", f"/gpulab/courses/{ml}/members/{existing}", token=t_token)
+    assert r.status_code == 204
     # The course is a JupyterHub group with the students as members.
     group = hub.api("GET", f"/groups/{ml}").json()
     assert sorted(group["users"]) == sorted([s1, s2])
