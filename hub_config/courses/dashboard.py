@@ -36,7 +36,7 @@ from traitlets import Float
 from traitlets.config import LoggingConfigurable
 
 from gpulab.hub_config.courses import groups
-from gpulab.hub_config.courses.handlers import CourseAPIHandler
+from gpulab.hub_config.courses.handlers import student_server
 from gpulab.hub_config.scopes import COURSE_MANAGE_SCOPE, COURSE_READ_SCOPE
 from gpulab.spawners.courses import Course
 
@@ -266,7 +266,7 @@ class CourseDashboardPage(CoursePageHandler):
         group, course = found
         students = groups.students(group)
         # The same per-student entry as GET /hub/api/gpulab/courses/C (it reads only self.users).
-        servers = {name: CourseAPIHandler.server_json(self, name) for name in students}
+        servers = {name: student_server(self.users, name) for name in students}
         dashboard = self.dashboard
         record, reason = await dashboard.money(course.name)
         context = page_context(

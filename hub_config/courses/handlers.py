@@ -60,6 +60,25 @@ def _first_error(e: ValidationError, allowed: list[str]) -> CourseError:
     return CourseError(400, field, err["msg"].removeprefix("Value error, "))
 
 
+def student_server(users: Any, name: str) -> dict[str, Any]:
+    """A student's default server as course staff see it (the hub's ``users`` registry)."""
+    user = users.get(name) if hasattr(users, "get") else None
+    spawner = user.spawners.get("") if user is not None else None
+    if spawner is None or not (spawner.active or spawner.pending):
+        return {"state": "stopped"}
+    opts = getattr(spawner, "gpulab_options", None)
+    alloc = getattr(spawner, "allocation", None)
+    return {
+        "state": spawner.pending or ("ready" if spawner.ready else "starting"),
+        "url": user.server_url("") if spawner.ready else None,
+        "mode": getattr(spawner, "mode_label", "") or "",
+        "gpu_type": opts.gpu_type if opts is not None else None,
+        "cards": len(alloc.uuids) if alloc is not None else 0,
+        "course": opts.course if opts is not None else None,
+        "pricing": opts.pricing if opts is not None else None,
+    }
+
+
 class CourseAPIHandler(APIHandler):
     """What the course handlers share: errors with a field, users made through the hub."""
 
@@ -132,21 +151,7 @@ class CourseAPIHandler(APIHandler):
         }
 
     def server_json(self, name: str) -> dict[str, Any]:
-        user = self.users.get(name) if hasattr(self.users, "get") else None
-        spawner = user.spawners.get("") if user is not None else None
-        if spawner is None or not (spawner.active or spawner.pending):
-            return {"state": "stopped"}
-        opts = getattr(spawner, "gpulab_options", None)
-        alloc = getattr(spawner, "allocation", None)
-        return {
-            "state": spawner.pending or ("ready" if spawner.ready else "starting"),
-            "url": user.server_url("") if spawner.ready else None,
-            "mode": getattr(spawner, "mode_label", "") or "",
-            "gpu_type": opts.gpu_type if opts is not None else None,
-            "cards": len(alloc.uuids) if alloc is not None else 0,
-            "course": opts.course if opts is not None else None,
-            "pricing": opts.pricing if opts is not None else None,
-        }
+        return student_server(self.users, name)
 
 
 class CoursesAPIHandler(CourseAPIHandler):
