@@ -34,6 +34,7 @@ from gpulab.billing_service import (
     csv_export,
     handlers,
     ledger,
+    reservations,
     statements,
 )
 from gpulab.billing_service.bounds import Limits
@@ -41,7 +42,7 @@ from gpulab.billing_service.compensation import Rule
 from gpulab.billing_service.db import is_sqlite, make_engine, upgrade
 from gpulab.billing_service.enforce import Enforcer
 from gpulab.billing_service.hub_client import HubClient
-from gpulab.billing_service.metering import ingest
+from gpulab.billing_service.metering import ingest, rate_session
 from gpulab.billing_service.models import MICRO, LedgerEntry
 from gpulab.billing_service.rating import PriceBook, to_micro
 from gpulab.billing_service.schemas import ServerStop
@@ -324,6 +325,33 @@ class BillingService(Application):
                 conn, course, kind, amount, key, time.time_ns() // 1000, note=note, actor=actor
             )
 
+    def reserve(self, req: reservations.Request, actor: str) -> dict[str, Any]:
+        """Record and charge a prepaid reservation once per id (``reservations``): its record,
+        ``created`` (False for a replay) and the paying account's ``balance`` after. Raises
+        ``reservations.Conflict`` or ``reservations.PaymentRequired`` (nothing changed)."""
+        now = time.time_ns() // 1000
+        with self.engine.begin() as conn:
+            row, created, tagged = reservations.create(
+                conn, self.prices, req, now, actor=actor, trial_micro=self.trial_micro
+            )
+            # Sessions the hub tagged before the reservation was known: re-rated now.
+            for sid in tagged:
+                rate_session(conn, sid, self.prices, now)
+            out = statements.reservation_json(row, self.catalog.currency)
+            if req.kind == "user":
+                balance = ledger.balance(conn, req.name) or 0
+            else:
+                balance = courses.balance(conn, req.name)
+            out["created"] = created
+            out["balance"] = statements.money(balance)
+            return out
+
+    def list_reservations(self, conn, account: str | None) -> list[dict[str, Any]]:
+        return [
+            statements.reservation_json(r, self.catalog.currency)
+            for r in reservations.listed(conn, account)
+        ]
+
     def credit(
         self, user: str, kind: str, amount: int, key: str, note: str, actor: str
     ) -> tuple[ledger.Entry, bool]:
@@ -431,6 +459,7 @@ class BillingService(Application):
             (url_path_join(api, r"users/([^/]+)/compensations"), handlers.CompensationsHandler),
             (url_path_join(api, r"courses/([^/]+)"), handlers.CourseHandler),
             (url_path_join(api, r"courses/([^/]+)/credits"), handlers.CourseCreditsHandler),
+            (url_path_join(api, "reservations"), handlers.ReservationsHandler),
             (url_path_join(api, "admin/overview"), handlers.OverviewHandler),
             (url_path_join(p, "oauth_callback"), HubOAuthCallbackHandler),
             (url_path_join(p, "statement.csv"), csv_export.CsvHandler),

@@ -25,7 +25,7 @@ from decimal import Decimal, InvalidOperation
 
 from sqlalchemy import Connection, select
 
-from gpulab.billing_service import ledger
+from gpulab.billing_service import ledger, reservations
 from gpulab.billing_service.metering import session_intervals
 from gpulab.billing_service.models import MICRO, LedgerEntry, ServerSession
 from gpulab.billing_service.rating import (
@@ -93,6 +93,8 @@ class Rule:
             rated_pricing(sess.pricing, sess.options),
             window,
             bid_of(sess.options),
+            # Prepaid seconds (a paid reservation) cost nothing, so they credit nothing.
+            reservations.prepaid_window(conn, sess),
         )
 
 

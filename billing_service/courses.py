@@ -31,6 +31,11 @@ UPDATE``; SQLite has one writer), so two servers of one student never pass the c
 
 The pool lives in its own tables (``courses``, ``course_ledger``): it is not an account, so a
 user named e.g. ``course:ml101`` has an account of their own and nothing of the pool.
+
+A course's prepaid reservations (``reservations``, account ``course:C``) are paid from the pool
+when made (its ledger's kind ``reservation``). A course session's seconds inside the paid
+reservation it runs on are rated at 0, so they take nothing from the pool and count towards no
+cap; only its other seconds are split here.
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ from gpulab.billing_service.rating import (
     COURSE_RE,
     US_PER_HOUR,
     PriceBook,
+    Window,
     bid_of,
     rated_pricing,
     to_micro,
@@ -375,16 +381,22 @@ def used(conn: Connection, course: str, user: str, period_start_us: int) -> int:
 
 
 def period_amounts(
-    prices: PriceBook, sess, merged: list[tuple[int, int]], amount: int, settings: Settings
+    prices: PriceBook,
+    sess,
+    merged: list[tuple[int, int]],
+    amount: int,
+    settings: Settings,
+    prepaid: Window | None = None,
 ) -> dict[int, tuple[int, int]]:
     """A session's ``amount`` split by the periods its billed seconds fall in:
     {period start or OUTSIDE: (period end, micro)}. Each period but the latest gets its exact
-    amount rounded down, the latest the rest, so the parts add up to ``amount``."""
+    amount rounded down, the latest the rest, so the parts add up to ``amount``. Seconds inside
+    ``prepaid`` (a paid reservation) are rated 0 and so count towards no cap."""
     pricing = rated_pricing(sess.pricing, sess.options)
     bid = bid_of(sess.options)
     parts: list[tuple[int, int, int, int]] = []  # (last second, key, end, micro)
     for key, (end, pieces) in settings.cut(merged).items():
-        rated = prices.rate(sess.gpu_type, sess.gpus, pricing, pieces, bid)
+        rated = prices.rate(sess.gpu_type, sess.gpus, pricing, pieces, bid, prepaid)
         parts.append((max(b for _, b in pieces), key, end, rated.exact // US_PER_HOUR))
     out = {key: (end, micro) for _, key, end, micro in parts}
     if parts:
@@ -402,6 +414,7 @@ def settle(
     merged: list[tuple[int, int]],
     amount: int,
     now_us: int,
+    prepaid: Window | None = None,
 ) -> int:
     """Split a course session's (re-rated) ``amount`` between the pool and the student, post the
     pool's part to the pool's ledger, and return the change of the student's part (the caller
@@ -410,7 +423,7 @@ def settle(
     row = get(conn, course)
     settings = Settings.of(row)
     pool_left = max(0, row.balance_micro if row is not None else 0)
-    target = period_amounts(prices, sess, merged, amount, settings)
+    target = period_amounts(prices, sess, merged, amount, settings, prepaid)
     existing = {
         r.period_start_us: r
         for r in conn.execute(select(CourseCharge).where(CourseCharge.session_id == sess.id)).all()

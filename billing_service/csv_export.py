@@ -9,6 +9,13 @@ what the session cost). Prices are per card-hour (per hour in no-GPU mode). A ``
 names the session's ``course`` (empty outside courses) and who paid its amount:
 ``paid_by_course`` (the course's pool) and ``paid_by_personal`` (the user's own balance).
 
+Hybrid billing (``reservations``): a ``reservation`` row per prepaid reservation of the user's own
+(its id in ``reservation``, the cards and type in ``mode``, pricing ``prepaid``, its window in
+``started``/``stopped``, the monthly price per card-hour and the amount charged when it was made);
+a session that ran on a reservation names it in its ``server`` row with its ``prepaid_seconds``
+(charged 0), and its time inside the reservation is a ``rate`` row at price 0 naming it. A tag
+billing did not believe is named in ``note`` (the session was rated normally).
+
 Spreadsheet formulas: kernel and app ids, server names and notes come from users, so any cell
 that a spreadsheet would read as a formula (starting with ``=``, ``+``, ``-``, ``@``, a tab or a
 carriage return) is prefixed with ``'``, which spreadsheets show as text. Cells that are plain
@@ -68,6 +75,8 @@ EXTRA = (
     "course",
     "paid_by_course",
     "paid_by_personal",
+    "reservation",
+    "prepaid_seconds",
 )
 
 
@@ -86,6 +95,8 @@ def statement_rows(usage: dict[str, Any]) -> list[dict[str, Any]]:
         per_card = spot.get("average_price_per_card_hour")
         if per_card is None:
             per_card = s["rates"][0]["price_per_card_hour"] if s["rates"] else ""
+        tag = s.get("reservation")
+        applied = tag is not None and tag["applied"]
         rows.append(
             {
                 **base,
@@ -100,6 +111,9 @@ def statement_rows(usage: dict[str, Any]) -> list[dict[str, Any]]:
                 "course": s.get("course") or "",
                 "paid_by_course": s["paid_by"]["course"]["exact"] if "paid_by" in s else "",
                 "paid_by_personal": s["paid_by"]["personal"]["exact"] if "paid_by" in s else "",
+                "reservation": tag["id"] if applied else "",
+                "prepaid_seconds": s.get("prepaid_seconds", 0) if applied else "",
+                "note": f"reservation tag ignored: {tag['reason']}" if tag and not applied else "",
             }
         )
         for r in s["rates"]:
@@ -113,6 +127,8 @@ def statement_rows(usage: dict[str, Any]) -> list[dict[str, Any]]:
                     "billed_seconds": r["billed_seconds"],
                     "price_in_force": r.get("price_in_force", ""),
                     "capped_seconds": r["billed_seconds"] if r.get("capped") else "",
+                    "reservation": (r.get("reservation") or "") if r.get("prepaid") else "",
+                    "prepaid_seconds": r["billed_seconds"] if r.get("prepaid") else "",
                 }
             )
         for k in s["kernels"]:
@@ -147,6 +163,20 @@ def statement_rows(usage: dict[str, Any]) -> list[dict[str, Any]]:
                     "note": c["note"],
                 }
             )
+    for r in usage.get("reservations", []):
+        rows.append(
+            {
+                "mode": f"{r['gpu_type']} x{r['cards']}",
+                "pricing": "prepaid",
+                "row": "reservation",
+                "started": r["from"],
+                "stopped": r["to"],
+                "price_per_card_hour": r["price_per_card_hour"],
+                amount: r["amount"]["exact"],
+                "note": f"reservation {r['id']} for {r['account']}, charged {r['charged_at']}",
+                "reservation": r["id"],
+            }
+        )
     return rows
 
 

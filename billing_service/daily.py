@@ -26,6 +26,7 @@ from gpulab.billing_service.models import MICRO
 from gpulab.billing_service.rating import (
     US_PER_HOUR,
     PriceBook,
+    Window,
     bid_of,
     from_micro,
     rated_pricing,
@@ -68,14 +69,20 @@ def cut_at_midnight(intervals: Iterable[tuple[int, int]]) -> dict[int, list[tupl
     return out
 
 
-def session_days(prices: PriceBook, session: Any, merged: list[tuple[int, int]]) -> dict[int, Day]:
+def session_days(
+    prices: PriceBook,
+    session: Any,
+    merged: list[tuple[int, int]],
+    prepaid: Window | None = None,
+) -> dict[int, Day]:
     """A session's billed time and charge per day, from its merged billed intervals (the ones
-    ``metering.rate_session`` rated). The days' amounts add up to ``session.charged_micro``."""
+    ``metering.rate_session`` rated; seconds inside ``prepaid``, its paid reservation, at 0).
+    The days' amounts add up to ``session.charged_micro``."""
     bid = bid_of(session.options)
     out: dict[int, Day] = {}
     for day, pieces in sorted(cut_at_midnight(merged).items()):
         pricing = rated_pricing(session.pricing, session.options)
-        rated = prices.rate(session.gpu_type, session.gpus, pricing, pieces, bid)
+        rated = prices.rate(session.gpu_type, session.gpus, pricing, pieces, bid, prepaid)
         out[day] = Day(rated.billed_us, rated.exact // US_PER_HOUR)
     if out:
         # The rounding remainder goes to the last day; it also absorbs any difference between

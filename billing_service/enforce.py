@@ -12,6 +12,9 @@
   rules above apply to that sum; with ``overflow = "refuse"`` it is stopped as soon as what the
   pool can still pay cannot pay ``switch_margin`` more seconds of it (cap used up, pool empty, or
   outside the term), so the pool never pays beyond the cap.
+- A server inside the paid reservation it runs on (``reservations``) costs nothing then: no
+  money check applies to it until the reservation ends (idle and silent servers are still
+  stopped).
 
 Each decision is taken from the database only; the action goes through the hub's API.
 """
@@ -26,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import func, select
 
-from gpulab.billing_service import courses
+from gpulab.billing_service import courses, reservations
 from gpulab.billing_service.models import MICRO, Account, ServerSession
 from gpulab.billing_service.rating import bid_of, rated_pricing
 from gpulab.billing_service.statements import session_options
@@ -81,11 +84,15 @@ class Enforcer:
                 for s in rows
                 if s.course is not None
             }
+            tags = reservations.checks(conn, rows)
         for sess in rows:
             balance = sess.balance_micro
             busy = sess.last_busy_us is not None and sess.last_busy_us >= now - fresh
+            window = tags[sess.id].window if sess.id in tags else None
+            # Inside its paid reservation the server costs nothing: no money check then.
+            charged = busy and not (window is not None and window[0] <= now < window[1])
             st = status.get((sess.course, sess.user))
-            if busy and st is not None:
+            if charged and st is not None:
                 rate = app.prices.rate_micro_per_hour(
                     sess.gpu_type,
                     sess.gpus,
@@ -100,7 +107,7 @@ class Enforcer:
                 else:
                     # The pool's share for the student first, then their own balance.
                     balance += st.available_micro
-            if busy:
+            if charged:
                 rate = app.prices.rate_micro_per_hour(
                     sess.gpu_type,
                     sess.gpus,

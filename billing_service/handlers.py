@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from jupyterhub.services.auth import HubOAuthenticated
 from tornado import web
 
-from gpulab.billing_service import compensation, courses, ledger, statements
+from gpulab.billing_service import compensation, courses, ledger, reservations, statements
 from gpulab.billing_service.chart import bar_chart
 from gpulab.billing_service.hub_links import HubLinks
 from gpulab.billing_service.metering import ingest
@@ -405,6 +405,62 @@ class CourseCreditsHandler(BaseHandler):
                 "pool_balance": info["pool_balance"],
             },
             201 if created else 200,
+        )
+
+
+class PaymentRequiredError(web.HTTPError):
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(402, "%s", message)
+        self.field = field
+
+
+class ReservationsHandler(BaseHandler):
+    """``reservations``: the hub (and admins) reserve cards prepaid (POST, once per id); admins,
+    a user (their own ``user:NAME``) and a course's staff (``course:C``) list them (GET)."""
+
+    async def post(self) -> None:
+        self.require_admin()
+        try:
+            req = reservations.parse(self.json_body(), self.billing.prices)
+        except reservations.ReservationError as e:
+            raise FieldError(e.field, str(e).split(": ", 1)[1]) from None
+        try:
+            out = await self.billing.run_db(self.billing.reserve, req, self.model["name"])
+        except reservations.PaymentRequired as e:
+            raise PaymentRequiredError(e.field, e.message) from None
+        except reservations.Conflict as e:
+            raise web.HTTPError(409, "%s", str(e)) from None
+        self.write_json(out, 201 if out["created"] else 200)
+
+    async def get(self) -> None:
+        model = self.require_login()
+        account = self.get_argument("account", None)
+        if account is not None:
+            try:
+                kind, name = reservations.parse_account(account)
+            except reservations.ReservationError as e:
+                raise FieldError(e.field, str(e).split(": ", 1)[1]) from None
+        if not self.is_admin():
+            held = set(model.get("scopes", []))
+            if account is None:
+                raise FieldError("account", "required: 'user:NAME' or 'course:NAME'")
+            if kind == "user":
+                allowed = model.get("kind", "user") == "user" and model["name"] == name
+            else:
+                allowed = any(
+                    f"{scope}!group={name}" in held
+                    for scope in (COURSE_READ_SCOPE, COURSE_MANAGE_SCOPE)
+                )
+            if not allowed:
+                raise web.HTTPError(
+                    403,
+                    "%s",
+                    f"{model['name']} may not see the reservations of {account}"
+                    + (f" (needs {COURSE_READ_SCOPE}!group={name})" if kind == "course" else ""),
+                )
+        items = await self.billing.read(self.billing.list_reservations, account)
+        self.write_json(
+            {"account": account, "currency": self.billing.catalog.currency, "reservations": items}
         )
 
 

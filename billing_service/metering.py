@@ -13,7 +13,8 @@ Everything derived here is a function of the *set* of accepted events, never of 
 - a span belongs to the latest session of its server that started at or before the span;
 - a session ends at the first ``server_stop`` at or after its start, or at the next session's start;
 - a session's billed time is the union of its spans clipped to the session; its amount is rated
-  from that total (see ``rating``), and the ledger gets the difference to what was charged before.
+  from that total (see ``rating``; seconds inside the paid reservation the session runs on, see
+  ``reservations``, at 0), and the ledger gets the difference to what was charged before.
 
 A server killed with SIGKILL sends nothing more, so its kernels' spans end at their last heartbeat.
 """
@@ -26,10 +27,17 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import Connection, Engine, select, tuple_, update
 
-from gpulab.billing_service import courses, ledger
+from gpulab.billing_service import courses, ledger, reservations
 from gpulab.billing_service.bounds import Limits, Rejection, check
 from gpulab.billing_service.models import Event, KernelSpan, ServerSession
-from gpulab.billing_service.rating import PriceBook, bid_of, course_of, merge, rated_pricing
+from gpulab.billing_service.rating import (
+    PriceBook,
+    bid_of,
+    course_of,
+    merge,
+    rated_pricing,
+    reservation_of,
+)
 from gpulab.billing_service.schemas import (
     APP_PREFIX,
     ActivityEvent,
@@ -161,6 +169,7 @@ def _apply(
                     pricing=ev.pricing,
                     options=json.dumps(ev.options),
                     course=course_of(ev.options),
+                    reservation=reservation_of(ev.options),
                     started_us=ev.t_us,
                     billed_us=0,
                     charged_micro=0,
@@ -362,17 +371,20 @@ def rate_session(conn: Connection, sid: int, prices: PriceBook, now_us: int) -> 
     sess = conn.execute(q).one()
     merged = merge(session_intervals(conn, sess))
     billed = sum(b - a for a, b in merged)
+    # Seconds inside the paid reservation the session runs on are rated at 0 (``reservations``).
+    prepaid = reservations.prepaid_window(conn, sess) if sess.reservation else None
     amount = prices.cost_micro(
         sess.gpu_type,
         sess.gpus,
         rated_pricing(sess.pricing, sess.options),
         merged,
         bid_of(sess.options),
+        prepaid,
     )
     delta = amount - sess.charged_micro
     personal = delta
     if sess.course is not None:
-        personal = courses.settle(conn, prices, sess, merged, amount, now_us)
+        personal = courses.settle(conn, prices, sess, merged, amount, now_us, prepaid)
     if personal:
         ledger.post(
             conn, sess.user, "charge", -personal, now_us, session_id=sid, note=f"session {sid}"

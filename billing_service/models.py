@@ -67,6 +67,9 @@ class ServerSession(Base):
     last_heartbeat_us: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     # The course the session runs under (the hub-reported options' ``course``), or None.
     course: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
+    # The reservation the hub says the server's cards came from (options' ``reservation``), or
+    # None; believed only as far as ``reservations.check`` finds it paid and matching.
+    reservation: Mapped[str | None] = mapped_column(String(128), nullable=True, index=True)
 
     __table_args__ = (Index("ix_sessions_user_server_started", "user", "server", "started_us"),)
 
@@ -104,7 +107,8 @@ class LedgerEntry(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     user: Mapped[str] = mapped_column(ForeignKey("accounts.user"))
-    kind: Mapped[str] = mapped_column(String(16))  # trial, topup, adjustment, charge
+    # trial, topup, adjustment, charge, compensation, reservation
+    kind: Mapped[str] = mapped_column(String(16))
     amount_micro: Mapped[int] = mapped_column(BigInteger)
     created_us: Mapped[int] = mapped_column(BigInteger)
     session_id: Mapped[int | None] = mapped_column(ForeignKey("server_sessions.id"), nullable=True)
@@ -145,7 +149,7 @@ class CourseLedgerEntry(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     course: Mapped[str] = mapped_column(ForeignKey("courses.name"))
-    kind: Mapped[str] = mapped_column(String(16))  # topup, adjustment, charge
+    kind: Mapped[str] = mapped_column(String(16))  # topup, adjustment, charge, reservation
     amount_micro: Mapped[int] = mapped_column(BigInteger)
     created_us: Mapped[int] = mapped_column(BigInteger)
     session_id: Mapped[int | None] = mapped_column(ForeignKey("server_sessions.id"), nullable=True)
@@ -179,3 +183,23 @@ class CourseCharge(Base):
     __table_args__ = (
         Index("ix_course_charges_course_user_period", "course", "user", "period_start_us"),
     )
+
+
+class Reservation(Base):
+    """A prepaid reservation of ``cards`` cards of ``gpu_type`` for [start, end): paid at once
+    (``amount_micro``, at ``price_micro`` per card-hour, the catalog's monthly price then) by an
+    account: ``user:NAME`` (the user's balance, ledger kind ``reservation``) or ``course:C`` (the
+    course's pool, its ledger's kind ``reservation``). Never updated, never deleted."""
+
+    __tablename__ = "reservations"
+
+    id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    account: Mapped[str] = mapped_column(String(300), index=True)  # user:NAME, course:C
+    gpu_type: Mapped[str] = mapped_column(String(64))
+    cards: Mapped[int] = mapped_column(Integer)
+    start_us: Mapped[int] = mapped_column(BigInteger)
+    end_us: Mapped[int] = mapped_column(BigInteger)
+    price_micro: Mapped[int] = mapped_column(BigInteger)  # per card-hour
+    amount_micro: Mapped[int] = mapped_column(BigInteger)
+    created_us: Mapped[int] = mapped_column(BigInteger)
+    actor: Mapped[str] = mapped_column(String(255), default="")

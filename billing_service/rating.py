@@ -22,6 +22,10 @@ Course sessions (a ``course`` in the options the hub reported with ``server_star
 pricing are rated at the catalog's education price (``GpuType.education_price``, no-GPU
 ``education_price_per_hour``; the on-demand price where none is set): their rated pricing is
 ``"education"`` (``rated_pricing``). Spot course sessions follow the spot rules unchanged.
+
+Reservations (``reservations``): the seconds of a session that fall inside the [start, end) of
+the paid reservation it runs on (its ``prepaid`` window) are rated at 0 (``Rated.prepaid_us``
+counts them); the rest of its seconds are rated as above, and still rounded once per session.
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ from gpulab.hub_config.catalog import Catalog, GpuType
 from gpulab.hub_config.catalog.price_history import PriceHistory, history_for
 
 US_PER_HOUR = 3600 * MICRO
+# [start, end) in microseconds: a session's paid reservation, whose seconds are rated at 0.
+Window = tuple[int, int]
 
 
 def to_micro(amount: Decimal) -> int:
@@ -114,6 +120,15 @@ def course_of(options: str | dict[str, Any] | None) -> str | None:
     return None
 
 
+def reservation_of(options: str | dict[str, Any] | None) -> str | None:
+    """The reservation the hub says a server's cards came from (its options' ``reservation``),
+    or None; believed only as far as ``reservations.check`` finds it paid and matching."""
+    tag = options_dict(options).get("reservation")
+    if isinstance(tag, str) and 1 <= len(tag) <= 128:
+        return tag
+    return None
+
+
 def rated_pricing(pricing: str, options: str | dict[str, Any] | None) -> str:
     """The pricing a session's seconds are rated at: ``"education"`` for an on-demand session of
     a course, else its own (``"on-demand"``, ``"spot"``)."""
@@ -131,6 +146,7 @@ class Rated:
     price_changes: int  # spot price changes strictly inside the billed intervals
     unpriced_us: int  # spot time before any recorded spot price (rated at on-demand)
     capped_us: int = 0  # spot time whose price in force was above the bid (rated at the bid)
+    prepaid_us: int = 0  # time inside the session's paid reservation (rated at 0)
 
     @property
     def amount_micro(self) -> int:
@@ -223,8 +239,16 @@ class PriceBook:
         return [a for a, _, _ in self.segments(gpu_type, pricing, start_us, end_us)[1:]]
 
     def rate_micro_per_hour(
-        self, gpu_type: str, gpus: int, pricing: str, t_us: int, bid: Decimal | None = None
+        self,
+        gpu_type: str,
+        gpus: int,
+        pricing: str,
+        t_us: int,
+        bid: Decimal | None = None,
+        prepaid: Window | None = None,
     ) -> int:
+        if prepaid is not None and prepaid[0] <= t_us < prepaid[1]:
+            return 0  # inside the session's paid reservation
         price, _ = self.capped(self.price_at(gpu_type, pricing, t_us), pricing, bid)
         return to_micro(price) * (gpus if gpu_type not in ("", "none") else 1)
 
@@ -235,13 +259,19 @@ class PriceBook:
         pricing: str,
         intervals: Iterable[tuple[int, int]],
         bid: Decimal | None = None,
+        prepaid: Window | None = None,
     ) -> Rated:
         """Price these (disjoint) billed intervals exactly, split at every price change; spot
-        seconds at min(price in force, ``bid``)."""
+        seconds at min(price in force, ``bid``); seconds inside ``prepaid`` (the [start, end)
+        of the session's paid reservation) at 0."""
         cards = gpus if gpu_type not in ("", "none") else 1
         history = self._history() if pricing == "spot" else None
-        exact = billed = changes = unpriced = capped_us = 0
-        for start, end in intervals:
+        exact = billed = changes = unpriced = capped_us = prepaid_us = 0
+        inside, outside = split_prepaid(intervals, prepaid)
+        for a, b in inside:
+            prepaid_us += b - a
+            billed += b - a
+        for start, end in outside:
             pieces = self.segments(gpu_type, pricing, start, end, history)
             changes += max(len(pieces) - 1, 0)
             for a, b, price in pieces:
@@ -253,7 +283,7 @@ class PriceBook:
                     capped_us += b - a
                 exact += to_micro(price) * cards * (b - a)
                 billed += b - a
-        return Rated(exact, billed, changes, unpriced, capped_us)
+        return Rated(exact, billed, changes, unpriced, capped_us, prepaid_us)
 
     def cost_micro(
         self,
@@ -262,9 +292,31 @@ class PriceBook:
         pricing: str,
         intervals: Iterable[tuple[int, int]],
         bid: Decimal | None = None,
+        prepaid: Window | None = None,
     ) -> int:
         """The amount for these (disjoint) billed intervals, rounded once (see module doc)."""
-        return self.rate(gpu_type, gpus, pricing, intervals, bid).amount_micro
+        return self.rate(gpu_type, gpus, pricing, intervals, bid, prepaid).amount_micro
+
+
+def split_prepaid(
+    intervals: Iterable[tuple[int, int]], prepaid: Window | None
+) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """(the parts inside ``prepaid`` [start, end), the parts outside it) of these intervals."""
+    if prepaid is None:
+        return [], list(intervals)
+    lo, hi = prepaid
+    inside: list[tuple[int, int]] = []
+    outside: list[tuple[int, int]] = []
+    for a, b in intervals:
+        if b <= a:
+            continue
+        if a < lo:
+            outside.append((a, min(b, lo)))
+        if max(a, lo) < min(b, hi):
+            inside.append((max(a, lo), min(b, hi)))
+        if b > hi:
+            outside.append((max(a, hi), b))
+    return inside, outside
 
 
 def merge(intervals: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:

@@ -9,17 +9,27 @@ from typing import Any
 
 from sqlalchemy import Connection, func, select
 
-from gpulab.billing_service import courses, daily
+from gpulab.billing_service import courses, daily, reservations
 from gpulab.billing_service.metering import NEVER
-from gpulab.billing_service.models import MICRO, Account, KernelSpan, LedgerEntry, ServerSession
+from gpulab.billing_service.models import (
+    MICRO,
+    Account,
+    KernelSpan,
+    LedgerEntry,
+    Reservation,
+    ServerSession,
+)
 from gpulab.billing_service.rating import (
+    US_PER_HOUR,
     PriceBook,
+    Window,
     bid_of,
     format_money,
     from_micro,
     merge,
     rated_pricing,
     round_div,
+    split_prepaid,
 )
 from gpulab.billing_service.schemas import APP_PREFIX, OBSERVED_PREFIX
 
@@ -69,6 +79,9 @@ def usage(
             by_session[span.session_id].append(span)
 
     split = courses.paid_by(conn, [s.id for s in sessions if s.course is not None])
+    # Sessions on a paid reservation: their seconds inside it are prepaid (charged 0).
+    tags = reservations.checks(conn, sessions)
+    total_prepaid_us = 0
     total_course = 0
     servers = []
     per_day: dict[str, dict[str, int]] = defaultdict(lambda: {"billed_us": 0, "charged_micro": 0})
@@ -124,7 +137,11 @@ def usage(
         clipped = [
             (max(k.first_us, s.started_us), min(k.last_us, hi)) for k in by_session.get(s.id, [])
         ]
-        days = daily.session_days(prices, s, merge(clipped))
+        tag = tags.get(s.id)
+        prepaid = tag.window if tag is not None else None
+        prepaid_us = sum(b - a for a, b in split_prepaid(merge(clipped), prepaid)[0])
+        total_prepaid_us += prepaid_us
+        days = daily.session_days(prices, s, merge(clipped), prepaid)
         daily.add_days(spend, days)
         for day, d in days.items():
             if d.billed_us:
@@ -149,22 +166,37 @@ def usage(
                         rated_pricing(s.pricing, s.options),
                         s.started_us,
                         bid_of(s.options),
+                        prepaid,
                     )
                 )
             ),
             "started": iso(s.started_us),
             "stopped": iso(s.stopped_us),
             "billed_seconds": s.billed_us / MICRO,
+            # Of the billed seconds, those inside the session's paid reservation (charged 0).
+            "prepaid_seconds": prepaid_us / MICRO,
             "amount": money(s.charged_micro),
             "course": s.course,
+            # The reservation the hub tagged the session with, and whether billing believed it
+            # (``applied``; else ``reason``, and the session was rated normally).
+            "reservation": None
+            if tag is None
+            else {
+                **tag.to_json(),
+                "from": iso(prepaid[0]) if prepaid else None,
+                "to": iso(prepaid[1]) if prepaid else None,
+                "prepaid_seconds": prepaid_us / MICRO,
+            },
             "paid_by": {"course": money(by_course), "personal": money(by_user)},
             "kernels": kernels,
             "apps": apps,
             "observed": observed,
-            "rates": rate_periods(prices, s, merge(clipped)),
+            "rates": rate_periods(
+                prices, s, merge(clipped), prepaid, tag.id if tag is not None else None
+            ),
         }
         if s.pricing == "spot":
-            row["spot"] = spot_summary(prices, s, merge(clipped))
+            row["spot"] = spot_summary(prices, s, merge(clipped), prepaid)
         servers.append(row)
     # Credits for work a platform reclaim lost, shown with the session they compensate.
     comp_by_session: dict[int, list] = defaultdict(list)
@@ -195,6 +227,16 @@ def usage(
         )
     ).all():
         per_day[iso(created)[:10]]["charged_micro"] += -amount
+    # The user's own prepaid reservations (``user:NAME``): charged when made, each its own line.
+    own = [
+        r
+        for r in conn.execute(
+            select(Reservation)
+            .where(Reservation.account == f"user:{user}")
+            .order_by(Reservation.start_us, Reservation.id)
+        ).all()
+        if (r.start_us < to_us and r.end_us > from_us) or from_us <= r.created_us < to_us
+    ]
     return {
         "user": user,
         "currency": prices.catalog.currency,
@@ -221,6 +263,14 @@ def usage(
             "billed_seconds": total_billed_us / MICRO,
             "amount": money(total_amount),
         },
+        # Hybrid billing: the user's own prepaid reservations (each charged when made, besides
+        # ``total.amount``), their sum, and the billed seconds that fell inside a reservation
+        # the session ran on (charged 0; the rest of ``total.billed_seconds`` is on demand).
+        "reservations": [reservation_json(r, prices.catalog.currency) for r in own],
+        "prepaid": {
+            "reservations": money(sum(r.amount_micro for r in own)),
+            "seconds": total_prepaid_us / MICRO,
+        },
         # Who paid total.amount: course pools (course sessions, ``courses``) and the user.
         "paid_by": {
             "course": money(total_course),
@@ -231,18 +281,41 @@ def usage(
     }
 
 
-def rate_periods(prices: PriceBook, s, merged: list[tuple[int, int]]) -> list[dict[str, Any]]:
+def rate_periods(
+    prices: PriceBook,
+    s,
+    merged: list[tuple[int, int]],
+    prepaid: Window | None = None,
+    reservation: str | None = None,
+) -> list[dict[str, Any]]:
     """The prices a session's billed time was rated at: one entry per run of billed time at one
     price (a spot session gets one per spot price in force while it was billed; an on-demand or
     no-GPU session one per billed interval). ``price_per_card_hour`` is the price charged (per
     hour in no-GPU mode); ``spot_price_recorded`` is False for spot time before any recorded spot
     price (rated at the on-demand price, see ``rating``); a spot run whose price in force was
-    above the bid has ``capped: true`` and that ``price_in_force`` (it was charged the bid)."""
+    above the bid has ``capped: true`` and that ``price_in_force`` (it was charged the bid).
+    Billed time inside ``prepaid`` (the session's paid reservation) is one entry per run with
+    ``prepaid: true``, the ``reservation`` and price 0."""
     bid = bid_of(s.options) if s.pricing == "spot" else None
     rated = rated_pricing(s.pricing, s.options)
     out: list[dict[str, Any]] = []
     billed_us: list[int] = []
-    for start, end in merged:
+    inside, outside = split_prepaid(merged, prepaid)
+    runs = sorted([(a, b, True) for a, b in inside] + [(a, b, False) for a, b in outside])
+    for start, end, is_prepaid in runs:
+        if is_prepaid:
+            out.append(
+                {
+                    "from": iso(start),
+                    "to": iso(end),
+                    "price_per_card_hour": "0",
+                    "billed_seconds": (end - start) / MICRO,
+                    "prepaid": True,
+                    "reservation": reservation,
+                }
+            )
+            billed_us.append(end - start)
+            continue
         for a, b, price in prices.segments(s.gpu_type, rated, start, end):
             recorded = price is not None
             if price is None:
@@ -277,14 +350,16 @@ def _same_spot_price(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return all(a.get(k) == b.get(k) for k in keys)
 
 
-def spot_summary(prices: PriceBook, s, merged: list[tuple[int, int]]) -> dict[str, Any]:
+def spot_summary(
+    prices: PriceBook, s, merged: list[tuple[int, int]], prepaid: Window | None = None
+) -> dict[str, Any]:
     """How a spot session was rated: its average price per card-hour over the billed time, how
     many times the spot price changed while it was billed, time rated at the on-demand price
     because no spot price was recorded yet, its bid, and when and how long a price above the bid
     was capped at the bid (``capped``: one entry per run of such time)."""
     bid = bid_of(s.options)
-    rated = prices.rate(s.gpu_type, s.gpus, s.pricing, merged, bid)
-    card_us = rated.billed_us * max(s.gpus, 1)
+    rated = prices.rate(s.gpu_type, s.gpus, s.pricing, merged, bid, prepaid)
+    card_us = (rated.billed_us - rated.prepaid_us) * max(s.gpus, 1)
     avg = None if card_us == 0 else str(from_micro(round_div(rated.exact, card_us)))
     capped = [
         {
@@ -294,7 +369,7 @@ def spot_summary(prices: PriceBook, s, merged: list[tuple[int, int]]) -> dict[st
             "charged": r["price_per_card_hour"],
             "seconds": r["billed_seconds"],
         }
-        for r in rate_periods(prices, s, merged)
+        for r in rate_periods(prices, s, merged, prepaid)
         if r.get("capped")
     ]
     return {
@@ -326,11 +401,18 @@ def balance_info(
     warn_micro: list[int],
 ) -> dict[str, Any]:
     bal = conn.execute(select(Account.balance_micro).where(Account.user == user)).scalar() or 0
+    burning = burning_sessions(conn, now_us, fresh_us, user)
+    tags = reservations.checks(conn, burning)  # a session inside its reservation burns nothing
     burn = sum(
         prices.rate_micro_per_hour(
-            s.gpu_type, s.gpus, rated_pricing(s.pricing, s.options), now_us, bid_of(s.options)
+            s.gpu_type,
+            s.gpus,
+            rated_pricing(s.pricing, s.options),
+            now_us,
+            bid_of(s.options),
+            tags[s.id].window if s.id in tags else None,
         )
-        for s in burning_sessions(conn, now_us, fresh_us, user)
+        for s in burning
     )
     time_left = None if burn == 0 else max(0.0, bal / burn * 3600)
     cur = prices.catalog.currency
@@ -398,12 +480,23 @@ def admin_overview(conn: Connection, prices: PriceBook, from_us: int, to_us: int
                 "billed_card_hours": int(card_us or 0) / MICRO / 3600,
             }
         )
+    # Prepaid reservations charged in the period (users' and courses'), per GPU type.
+    prepaid: dict[str, int] = defaultdict(int)
+    for gpu_type, amount in conn.execute(
+        select(Reservation.gpu_type, Reservation.amount_micro).where(
+            Reservation.created_us >= from_us, Reservation.created_us < to_us
+        )
+    ).all():
+        prepaid[gpu_type] += amount
+    for t in per_type:
+        t["prepaid_revenue"] = money(prepaid.get(t["gpu_type"], 0))
     return {
         "currency": prices.catalog.currency,
         "from": iso(from_us),
         "to": iso(to_us),
         "users": users,
         "gpu_types": per_type,
+        "prepaid_revenue": money(sum(prepaid.values())),
     }
 
 
@@ -444,6 +537,7 @@ def course_info(conn: Connection, course: str, now_us: int, currency: str) -> di
     row = courses.get(conn, course)
     settings = courses.Settings.of(row)
     period = settings.period_at(now_us)
+    prepaid = reservations.listed(conn, f"course:{course}")
     per_user = courses.period_usage(conn, course, period[0]) if period else {}
     names = sorted(set(courses.students(conn, course)) | set(per_user))
     students = []
@@ -467,4 +561,32 @@ def course_info(conn: Connection, course: str, now_us: int, currency: str) -> di
         "pool_balance": money(row.balance_micro if row is not None else 0),
         **_period_json(period),
         "students": students,
+        # The course's prepaid reservations, each charged to the pool when made.
+        "reservations": [reservation_json(r, currency) for r in prepaid],
+        "reservations_total": money(sum(r.amount_micro for r in prepaid)),
+    }
+
+
+def _seconds(t_us: int) -> int | float:
+    return t_us // MICRO if t_us % MICRO == 0 else t_us / MICRO
+
+
+def reservation_json(row, currency: str) -> dict[str, Any]:
+    """A reservation as the API and statements show it: its terms, window and prepaid charge."""
+    return {
+        "id": row.id,
+        "account": row.account,
+        "paid_by": "course" if row.account.startswith("course:") else "user",
+        "gpu_type": row.gpu_type,
+        "cards": row.cards,
+        "start": _seconds(row.start_us),
+        "end": _seconds(row.end_us),
+        "from": iso(row.start_us),
+        "to": iso(row.end_us),
+        "hours": (row.end_us - row.start_us) / US_PER_HOUR,
+        "currency": currency,
+        "price_per_card_hour": str(from_micro(row.price_micro)),
+        "amount": money(row.amount_micro),
+        "charged_at": iso(row.created_us),
+        "actor": row.actor,
     }

@@ -286,7 +286,12 @@ def test_the_hub_asks_with_the_course_and_refuses(monkeypatch) -> None:
     monkeypatch.setattr(hooks, "_call_when_up", call)
     opts = parse_options({"gpu": "a100-80g", "course": COURSE}, catalog)
     spawner = SimpleNamespace(
-        pool=SimpleNamespace(catalog=catalog), user=SimpleNamespace(name="stud"), owner="stud"
+        # No monthly reservation to run on.
+        pool=SimpleNamespace(
+            catalog=catalog, allocator=SimpleNamespace(usable_hold=lambda *a: None)
+        ),
+        user=SimpleNamespace(name="stud"),
+        owner="stud",
     )
     with pytest.raises(SpawnError) as e:
         asyncio.run(hooks.check_balance(spawner, opts))
