@@ -126,6 +126,16 @@ def course_refusal(
     )
 
 
+def reservation_for(spawner, opts: ServerOptions) -> str | None:
+    """The monthly reservation (its id) a start of ``opts`` will run on, if any: one of the
+    user's or their course's, usable now, with enough unused cards of the type."""
+    if opts.gpu_type is None:
+        return None
+    accounts = accounts_for(spawner.user.name, opts.course)
+    hold = spawner.pool.allocator.usable_hold(accounts, opts.gpu_type, opts.gpus)
+    return hold.hold_id if hold is not None and hold.kind == "reservation" else None
+
+
 class BillingHooks:
     """Spawner hooks bound to one billing service URL and token."""
 
@@ -212,6 +222,8 @@ class BillingHooks:
         billing cannot be asked): the spawner's ``afford_hook``."""
         catalog = spawner.pool.catalog
         name = spawner.user.name
+        if reservation_for(spawner, opts) is not None:
+            return  # prepaid: a server on the account's reservation costs nothing more
         per_hour, price_kind = hourly_price(opts, catalog)
         need = per_hour * Decimal(str(self.min_minutes)) / 60
         path = f"api/v1/users/{name}/balance"
@@ -246,14 +258,12 @@ class BillingHooks:
     async def report_start(self, spawner, opts: ServerOptions) -> None:
         name = spawner.user.name
         options = opts.to_json()
-        if opts.gpu_type is not None:
+        hold_id = reservation_for(spawner, opts)
+        if hold_id is not None:
             # A server of an account with a monthly reservation runs on it (prepaid): billing is
             # told so, and the allocation is then bound to that reservation (gpulab_hold_id).
-            accounts = accounts_for(name, opts.course)
-            hold = spawner.pool.allocator.usable_hold(accounts, opts.gpu_type, opts.gpus)
-            if hold is not None and hold.kind == "reservation":
-                options["reservation"] = hold.hold_id
-                spawner.gpulab_hold_id = hold.hold_id
+            options["reservation"] = hold_id
+            spawner.gpulab_hold_id = hold_id
         event = {
             "id": f"hub-start-{uuid.uuid4()}",
             "kind": "server_start",

@@ -73,7 +73,8 @@ def month_window(month: Any, now: float, ahead: int) -> tuple[float, float]:
         raise ValueError(f"{month} is over")
     if months_ahead > ahead:
         raise ValueError(f"at most {ahead} months ahead may be reserved")
-    return max(first.timestamp(), now), nxt.timestamp()
+    # Whole seconds: billing charges from exactly the second the reservation says.
+    return max(first.timestamp(), float(int(now))), nxt.timestamp()
 
 
 def reservation_json(hold: Hold, used: int, charge: dict[str, Any] | None = None) -> dict:

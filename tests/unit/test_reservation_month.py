@@ -17,6 +17,7 @@ def ts(*args: int) -> float:
 
 def test_a_begun_month_runs_from_now_to_its_end() -> None:
     assert month_window("2026-12", NOW, 11) == (NOW, ts(2027, 1, 1))
+    assert month_window("2026-12", NOW + 0.7, 11) == (NOW, ts(2027, 1, 1))  # whole seconds
 
 
 def test_a_later_month_is_whole_and_december_rolls_over() -> None:
