@@ -7,7 +7,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 ARGS ?=
 
-.PHONY: install run test lint format bench bench-apps bench-swarm clean labext-test
+.PHONY: install run test lint format bench bench-apps bench-swarm bench-class clean labext-test
 
 install: $(VENV)/.installed node_modules/.installed $(VENV)/.labext-installed
 
@@ -76,6 +76,10 @@ bench: install
 
 bench-apps: install
 	$(BIN)/python benchmarks/app_launch.py $(ARGS)
+
+# "Class starts": 40 students' servers for a booked lab session vs 40 stock JupyterHub spawns.
+bench-class: install
+	$(BIN)/python benchmarks/class_start.py $(ARGS)
 
 # gpulab-swarm vs gpulab-docker on a two-node test swarm on this machine (as root).
 bench-swarm: install
