@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 
 from sqlalchemy import func, select
 
@@ -94,3 +95,22 @@ def audit(engine, course: str, users: list[str]) -> None:
             assert sum(r.amount_micro for r in rows) == sess.charged_micro
             assert sum(r.course_micro for r in rows) == pool_charged
             assert sum(r.personal_micro for r in rows) == personal_charged
+
+
+def enforcer_app(engine, **settings):
+    """What billing's :class:`Enforcer` reads of the service: its store, prices and settings
+    (defaults as the service's, ``settings`` overriding them)."""
+    return SimpleNamespace(
+        **{
+            "engine": engine,
+            "prices": PRICES,
+            "heartbeat_interval": 10.0,
+            "switch_margin": 60.0,
+            "zero_balance_action": "no-gpu",
+            "start_minutes": 10.0,
+            "idle_timeout": 900.0,
+            "silent_timeout": 0,
+            "started_us": 0,
+            **settings,
+        }
+    )

@@ -16,10 +16,9 @@ import uuid
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
-from billing.courses import PRICES, TRIAL, audit, course_start, feed, paid
+from billing.courses import PRICES, TRIAL, audit, course_start, enforcer_app, feed, paid
 from billing.fixtures import (  # noqa: F401 (fixtures)
     billing_engine,
     billing_sqlite_engine,
@@ -314,21 +313,6 @@ def test_bad_settings_name_the_field(body, field) -> None:
         assert "allowed" in str(e.value)
 
 
-def fake_app(engine, **kw):
-    return SimpleNamespace(
-        engine=engine,
-        prices=PRICES,
-        heartbeat_interval=10.0,
-        switch_margin=60.0,
-        zero_balance_action="no-gpu",
-        start_minutes=10.0,
-        idle_timeout=900.0,
-        silent_timeout=0,
-        started_us=0,
-        **kw,
-    )
-
-
 @pytest.mark.parametrize("overflow", ["refuse", "personal"])
 def test_the_enforcer_stops_refusing_courses_at_the_cap(engine, overflow) -> None:
     user, course = name(), course_name()
@@ -340,7 +324,7 @@ def test_the_enforcer_stops_refusing_courses_at_the_cap(engine, overflow) -> Non
     events.append(heartbeat(user, now - 1, [kid]))
     feed(engine, events)
     assert paid(engine, user)[0] == 500_000
-    decisions = Enforcer(fake_app(engine)).decide()
+    decisions = Enforcer(enforcer_app(engine)).decide()
     mine = [(a, r) for a, s, r in decisions if s.user == user]
     if overflow == "refuse":
         assert mine == [("stop", f"course {course}: the cap per student is used up")]

@@ -6,23 +6,16 @@ course, bad input answered 400 naming the field with nothing changed, the balanc
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
 from types import SimpleNamespace
 
 import pytest
-from billing.courses import PRICES, TRIAL, course_start, feed
+from billing.courses import TRIAL, course_start, feed
 from billing.scenario import heartbeat, kernel
-from harness import free_port
-from tornado.httpclient import AsyncHTTPClient, HTTPRequest
-from tornado.httpserver import HTTPServer
+from billing.service import Client, make_service, serve
 
-from gpulab.billing_service import handlers
-from gpulab.billing_service.app import BillingService
-from gpulab.billing_service.db import make_engine, upgrade
 from gpulab.billing_service.models import MICRO
 from gpulab.hub_config.billing_hooks import BillingHooks, course_refusal
 from gpulab.hub_config.catalog import load_catalog
@@ -50,53 +43,10 @@ TOKENS = {
 @pytest.fixture
 def service(tmp_path, monkeypatch):
     """The billing app on a free port, its store a fresh SQLite file."""
-
-    def current_user(self):
-        token = self.request.headers.get("Authorization", "").removeprefix("token ")
-        return TOKENS.get(token)
-
-    monkeypatch.setattr(handlers.BaseHandler, "get_current_user", current_user)
-    app = BillingService()
-    app.catalog = load_catalog()
-    app.prices = PRICES
-    app.trial_micro = TRIAL
-    app.warn_micro = [2 * MICRO]
-    app.engine = make_engine(f"sqlite:///{tmp_path / 'billing.sqlite'}")
-    upgrade(app.engine)
-    app.executor = ThreadPoolExecutor(max_workers=1)
-    app.prefix = "/services/billing/"
+    app = make_service(tmp_path, monkeypatch, TOKENS)
     yield app
     app.executor.shutdown()
     app.engine.dispose()
-
-
-class Client:
-    def __init__(self, port: int) -> None:
-        self.base = f"http://127.0.0.1:{port}/services/billing/api/v1/"
-
-    async def call(self, method: str, path: str, token: str, body=None) -> tuple[int, dict]:
-        req = HTTPRequest(
-            self.base + path,
-            method=method,
-            headers={"Authorization": f"token {token}"},
-            body=None if body is None else json.dumps(body),
-            allow_nonstandard_methods=True,
-        )
-        resp = await AsyncHTTPClient().fetch(req, raise_error=False)
-        return resp.code, json.loads(resp.body or b"null")
-
-
-def serve(service, scenario) -> None:
-    async def main():
-        port = free_port()
-        server = HTTPServer(service.make_app())
-        server.listen(port, "127.0.0.1")
-        try:
-            await scenario(Client(port))
-        finally:
-            server.stop()
-
-    asyncio.run(main())
 
 
 def test_who_may_read_change_and_top_up_a_course(service) -> None:

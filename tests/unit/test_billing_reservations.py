@@ -20,19 +20,19 @@ import uuid
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 from alembic import command
-from billing.courses import PRICES, TRIAL, audit, feed, paid
+from billing.courses import PRICES, TRIAL, audit, enforcer_app, feed, paid
 from billing.fixtures import (  # noqa: F401 (fixtures)
     billing_engine,
     billing_sqlite_engine,
     pg_cluster,
     pg_url,
 )
-from billing.reservations import make_service, reserve, serve, tagged_start
+from billing.reservations import reserve, tagged_start
 from billing.scenario import heartbeat, kernel, server_stop
+from billing.service import make_service, serve
 from sqlalchemy import func, select
 from tornado.escape import url_escape
 from tornado.template import Loader
@@ -469,17 +469,7 @@ def test_inside_its_reservation_a_server_is_not_stopped_for_money(engine) -> Non
         heartbeat(user, now - 1, ["k"]),
     ]
     feed(engine, events)
-    app = SimpleNamespace(
-        engine=engine,
-        prices=PRICES,
-        heartbeat_interval=10.0,
-        switch_margin=60.0,
-        zero_balance_action="stop",
-        start_minutes=10.0,
-        idle_timeout=900.0,
-        silent_timeout=0,
-        started_us=0,
-    )
+    app = enforcer_app(engine, zero_balance_action="stop")
     decisions = {s.server: a for a, s, _ in Enforcer(app).decide() if s.user == user}
     assert decisions == {"plain": "stop"}  # the on-demand server only
     with engine.connect() as conn:
