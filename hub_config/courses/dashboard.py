@@ -55,6 +55,11 @@ STATE_LABELS = {
     "stopped": ("stopped", "text-bg-light border"),
 }
 BILLING_OFF = "not available (billing off)"
+# Billing's ``overflow`` rule, in words.
+OVERFLOW_TEXT = {
+    "personal": "beyond the cap, students pay from their own balance",
+    "refuse": "beyond the cap, students' servers are refused",
+}
 BILLING_FAILED = "not available (billing did not answer)"
 NO_VALUE = "—"
 
@@ -126,28 +131,29 @@ def money_text(value: Any) -> str:
 
 
 def credit_view(record: Mapping[str, Any] | None, reason: str = BILLING_OFF) -> dict[str, Any]:
-    """Billing's course record as the page shows it: texts only, every field optional."""
+    """Billing's course record (``GET /api/v1/courses/C``: ``pool_balance``, ``cap``,
+    ``period``, ``period_start``/``period_end``, ``overflow``, ``students`` as a list of
+    ``{user, used, left, personal}``) as the page shows it: texts only, every field optional."""
     if record is None:
         return {"available": False, "reason": reason or BILLING_OFF, "students": {}}
-    pool = record.get("pool") if isinstance(record.get("pool"), Mapping) else {}
     overflow = record.get("overflow")
-    students = record.get("students") if isinstance(record.get("students"), Mapping) else {}
+    students = record.get("students") if isinstance(record.get("students"), list) else []
     return {
         "available": True,
         "reason": "",
-        "balance": money_text(pool.get("balance")),
+        "balance": money_text(record.get("pool_balance")),
         "cap": money_text(record["cap"]) if record.get("cap") is not None else "no cap",
         "period": str(record.get("period") or ""),
         "period_start": str(record.get("period_start") or ""),
         "period_end": str(record.get("period_end") or ""),
-        "overflow": "" if overflow is None else money_text(overflow),
+        "overflow": OVERFLOW_TEXT.get(str(overflow), str(overflow or "")),
         "students": {
-            str(name): {
+            str(v["user"]): {
                 "used": money_text(v.get("used")),
                 "left": money_text(v.get("left")),
             }
-            for name, v in students.items()
-            if isinstance(v, Mapping)
+            for v in students
+            if isinstance(v, Mapping) and v.get("user")
         },
     }
 

@@ -152,16 +152,20 @@ def test_teacher_dashboard(chub: Hub, browser, tmp_path: Path) -> None:
 
         # Billing answers (the hook's file): the pool, the period, each student's credit.
         record = {
-            "pool": {"balance": money("EUR 412.50", 412_500_000)},
+            "pool_balance": money("EUR 412.50", 412_500_000),
             "cap": money("EUR 20.00", 20_000_000),
             "period": "week",
             "period_start": "2026-11-30",
             "period_end": "2026-12-07",
-            "overflow": "block",
-            "students": {
-                s1: {"used": money("EUR 3.10", 3_100_000), "left": money("EUR 16.90", 16_900_000)},
-                s2: {"used": money("EUR 0.00", 0), "left": money("EUR 20.00", 20_000_000)},
-            },
+            "overflow": "refuse",
+            "students": [
+                {
+                    "user": s1,
+                    "used": money("EUR 3.10", 3_100_000),
+                    "left": money("EUR 16.90", 16_900_000),
+                },
+                {"user": s2, "used": money("EUR 0.00", 0), "left": money("EUR 20.00", 20_000_000)},
+            ],
         }
         (chub.data_dir / f"money-{ml}.json").write_text(json.dumps(record))
         page.reload()

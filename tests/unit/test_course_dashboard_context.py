@@ -9,6 +9,7 @@ another name: pytest imports test modules by their base name, which must not rep
 from __future__ import annotations
 
 import asyncio
+import time
 from html.parser import HTMLParser
 
 from jinja2 import DictLoader, Environment
@@ -19,6 +20,7 @@ from gpulab.hub_config.courses.dashboard import (
     BILLING_OFF,
     DASHBOARD_TEMPLATE,
     LIST_TEMPLATE,
+    NO_VALUE,
     CourseDashboard,
     credit_view,
     page_context,
@@ -38,17 +40,18 @@ def money(display: str, micro: int = 0) -> dict:
     return {"micro": micro, "exact": str(micro / 1e6), "display": display}
 
 
+# The shape of billing's GET /api/v1/courses/C (checked against billing itself below).
 RECORD = {
-    "pool": {"balance": money("EUR 412.50", 412_500_000)},
+    "pool_balance": money("EUR 412.50", 412_500_000),
     "cap": money("EUR 20.00", 20_000_000),
     "period": "week",
     "period_start": "2026-11-30",
     "period_end": "2026-12-07",
-    "overflow": "block",
-    "students": {
-        "ana": {"used": money("EUR 3.10"), "left": money("EUR 16.90")},
-        "bo": {"used": money("EUR 0.00"), "left": money("EUR 20.00")},
-    },
+    "overflow": "refuse",
+    "students": [
+        {"user": "ana", "used": money("EUR 3.10"), "left": money("EUR 16.90")},
+        {"user": "bo", "used": money("EUR 0.00"), "left": money("EUR 20.00")},
+    ],
 }
 
 COURSE = Course(
@@ -151,7 +154,7 @@ def test_billing_record_is_shown_per_student_and_for_the_pool() -> None:
     assert page.text("gpulab-pool-balance") == "EUR 412.50"
     assert page.text("gpulab-cap") == "EUR 20.00"
     assert page.text("gpulab-period") == "week (2026-11-30 \u2013 2026-12-07)"
-    assert page.text("gpulab-overflow") == "block"
+    assert page.text("gpulab-overflow") == "beyond the cap, students' servers are refused"
     table = page.text("gpulab-students")
     assert "ana running RTX-4090 x1 (simulated) rtx-4090 \u00d7 1 ml101 EUR 3.10 EUR 16.90" in table
     assert "bo stopped" in table and "EUR 20.00" in table
@@ -161,7 +164,7 @@ def test_billing_record_is_shown_per_student_and_for_the_pool() -> None:
 
 
 def test_no_cap_and_missing_fields() -> None:
-    view = credit_view({"pool": {"balance": {"micro": 5, "exact": "0.000005"}}, "cap": None})
+    view = credit_view({"pool_balance": {"micro": 5, "exact": "0.000005"}, "cap": None})
     assert view["balance"] == "0.000005" and view["cap"] == "no cap"
     assert view["students"] == {} and view["period"] == ""
 
@@ -228,3 +231,39 @@ def test_money_hook_sync_async_failing_and_off() -> None:
     check(broken, BILLING_FAILED, False)
     check(lambda course: ["not", "a", "dict"], BILLING_FAILED, False)
     assert credit_view(None, BILLING_FAILED)["reason"] == "not available (billing did not answer)"
+
+
+def test_the_page_reads_billings_own_answer(tmp_path) -> None:
+    """The record from billing's real course report (a store with a course, a pool, a cap and a
+    student's usage), not a hand-made one: the page shows its figures."""
+    from billing.courses import course_start, feed
+    from billing.scenario import heartbeat, kernel
+
+    from gpulab.billing_service import courses, statements
+    from gpulab.billing_service.db import make_engine, upgrade
+    from gpulab.billing_service.models import MICRO
+
+    engine = make_engine(f"sqlite:///{tmp_path / 'billing.sqlite'}")
+    upgrade(engine)
+    with engine.begin() as conn:
+        settings = courses.parse_settings({"cap": "2.00"}, courses.Settings())
+        courses.put_settings(conn, "ml101", settings, 0, "teacher")
+        courses.credit(conn, "ml101", "topup", 50 * MICRO, "k1", 0, actor="admin")
+    now = time.time()
+    feed(
+        engine,
+        [
+            course_start("ana", now - 600, "ml101"),
+            kernel("kernel_start", "ana", "k", now - 600),
+            heartbeat("ana", now - 1, ["k"]),
+        ],
+    )
+    with engine.connect() as conn:
+        record = statements.course_info(conn, "ml101", time.time_ns() // 1000, "CNY")
+    engine.dispose()
+    view = credit_view(record)
+    assert view["available"] and view["cap"].endswith("2.00") and view["period"] == "week"
+    used = view["students"]["ana"]
+    assert used["used"] not in ("", NO_VALUE) and used["left"] not in ("", NO_VALUE)
+    assert view["balance"] not in ("", NO_VALUE)
+    assert view["overflow"] == "beyond the cap, students pay from their own balance"
