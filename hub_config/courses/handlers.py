@@ -264,12 +264,18 @@ class RosterAPIHandler(CourseAPIHandler):
         before = set(groups.students(group)) | set(course.teachers) | set(course.tas)
         # A student row naming someone the hub already has (and who is not in this course yet)
         # is an invitation they accept: the course's staff would otherwise reach their server
-        # and files without their say. Admins add them directly.
+        # and files without their say. Admins add them directly, and so does a teacher who
+        # already teaches them in another course (no new reach).
+        reach = set()
+        if not self.has_scope("admin:groups"):
+            for g, _, _ in groups.staff_courses(self.db, self.current_user.name):
+                reach.update(groups.students(g))
         invite = [
             r.username
             for r in rows
             if r.role == "student"
             and r.username not in before
+            and r.username not in reach
             and not self.has_scope("admin:groups")
             and orm.User.find(self.db, r.username) is not None
         ]

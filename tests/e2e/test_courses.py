@@ -128,6 +128,11 @@ def test_roster_limits_and_staff_scopes(hub: Hub) -> None:
         assert r.status_code in (202, 204), r.text
         wait_for(lambda: hub.server(s2) is None, 60, what="the TA's stop")
 
+    # A teacher who already teaches someone in another course enrols them directly.
+    make_course(hub, f"x{ml}", [teacher])
+    r = roster(hub, f"x{ml}", f"{s1},student\n", t_token)
+    assert r.status_code == 200 and r.json()["added"] == [s1] and r.json()["invited"] == []
+
 
 def test_course_input_errors_name_the_field(hub: Hub) -> None:
     tag = uuid.uuid4().hex[:5]
