@@ -114,3 +114,15 @@ def enforcer_app(engine, **settings):
             **settings,
         }
     )
+
+
+def pool(engine, course: str) -> int:
+    """A course's pool balance (micro)."""
+    with engine.connect() as conn:
+        return courses.balance(conn, course)
+
+
+def balance(engine, user: str) -> int:
+    """A user's balance (micro)."""
+    with engine.connect() as conn:
+        return ledger.balance(conn, user)

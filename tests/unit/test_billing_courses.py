@@ -18,7 +18,17 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
-from billing.courses import PRICES, TRIAL, audit, course_start, enforcer_app, feed, paid
+from billing.courses import (
+    PRICES,
+    TRIAL,
+    audit,
+    balance,
+    course_start,
+    enforcer_app,
+    feed,
+    paid,
+    pool,
+)
 from billing.fixtures import (  # noqa: F401 (fixtures)
     billing_engine,
     billing_sqlite_engine,
@@ -81,16 +91,6 @@ def run_kernel(user: str, course: str | None, t0: float, seconds: float, **kw) -
     out.append(kernel("kernel_stop", user, kid, t0 + seconds, server))
     out.append(server_stop(user, t0 + seconds, server))
     return out
-
-
-def pool(engine, course: str) -> int:
-    with engine.connect() as conn:
-        return courses.balance(conn, course)
-
-
-def balance(engine, user: str) -> int:
-    with engine.connect() as conn:
-        return ledger.balance(conn, user)
 
 
 def test_week_starts_on_monday_utc() -> None:

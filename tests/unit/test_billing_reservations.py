@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 from alembic import command
-from billing.courses import PRICES, TRIAL, audit, enforcer_app, feed, paid
+from billing.courses import PRICES, TRIAL, audit, balance, enforcer_app, feed, paid, pool
 from billing.fixtures import (  # noqa: F401 (fixtures)
     billing_engine,
     billing_sqlite_engine,
@@ -102,16 +102,6 @@ def pool_topup(engine, course: str, amount: str, cap: str = "0") -> None:
         settings = courses.parse_settings({"cap": cap}, current)
         courses.put_settings(conn, course, settings, 0, "teacher")
         courses.credit(conn, course, "topup", int(Decimal(amount) * MICRO), uuid.uuid4().hex, 0)
-
-
-def balance(engine, user: str) -> int:
-    with engine.connect() as conn:
-        return ledger.balance(conn, user)
-
-
-def pool(engine, course: str) -> int:
-    with engine.connect() as conn:
-        return courses.balance(conn, course)
 
 
 def reservation_entries(engine, res_id: str) -> list:
