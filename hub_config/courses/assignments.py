@@ -10,19 +10,23 @@ from __future__ import annotations
 
 from typing import Any
 
+from jupyterhub import orm
+
 from gpulab.hub_config.courses.groups import all_courses, students
 from gpulab.spawners.mixin import CourseSeat
 
 
 def course_seats(db: Any, name: str) -> list[CourseSeat]:
     """Every course ``name`` studies, teaches or assists, with the course's people, by course
-    name. Staff of a course are never its students there (one role per course)."""
+    name. Staff of a course are never its students there (one role per course).
+
+    On every spawn: a course's members are read only for the courses ``name`` is in (their
+    membership comes from the user's own groups), not for every course of the hub."""
+    user = orm.User.find(db, name)
+    studies = {g.name for g in user.groups} if user is not None else set()
     seats = []
     for group, course in all_courses(db):
-        role = course.staff_role(name)
-        members = students(group)
-        if role is None and name in members:
-            role = "student"
+        role = course.staff_role(name) or ("student" if course.name in studies else None)
         if role is None:
             continue
         staff = tuple(dict.fromkeys([*course.teachers, *course.tas]))
@@ -30,7 +34,7 @@ def course_seats(db: Any, name: str) -> list[CourseSeat]:
             CourseSeat(
                 course=course.name,
                 role=role,
-                students=tuple(m for m in members if m not in staff),
+                students=tuple(m for m in students(group) if m not in staff),
                 staff=staff,
             )
         )
