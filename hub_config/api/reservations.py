@@ -95,7 +95,7 @@ def reservation_json(hold: Hold, used: int, charge: dict[str, Any] | None = None
 
 class ReservationsAPIHandler(GpulabAPIHandler):
     @property
-    def settings_(self) -> ReservationsConfig:
+    def reservations_config(self) -> ReservationsConfig:
         return ReservationsConfig.instance(config=self.settings["config"])
 
     def fail(self, status: int, field: str, message: str) -> None:
@@ -156,7 +156,9 @@ class ReservationsAPIHandler(GpulabAPIHandler):
             return self.fail(400, "idempotency_key", "a string of 8 to 200 characters is required")
         now = time.time()
         try:
-            start, end = month_window(body.get("month"), now, self.settings_.max_months_ahead)
+            start, end = month_window(
+                body.get("month"), now, self.reservations_config.max_months_ahead
+            )
         except ValueError as e:
             return self.fail(400, "month", str(e))
         hold_id = "res-" + hashlib.sha256(f"{account}\n{key}".encode()).hexdigest()[:16]
@@ -184,7 +186,7 @@ class ReservationsAPIHandler(GpulabAPIHandler):
             except NoCapacity as e:
                 return self.fail(409, "cards", str(e))
         charge = None
-        hook = self.settings_.prepay_hook
+        hook = self.reservations_config.prepay_hook
         if hook is not None:
             status, charge = await hook(prepay_body(hold))
             if status >= 300:
