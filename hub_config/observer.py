@@ -1,17 +1,22 @@
 """The hub watches every server itself: observed activity for billing, JupyterHub's activity
 record, and GPUs that nobody uses going back to the pool.
 
-Every ``interval`` seconds (jittered) each running gpulab server is asked for its processes
-other than the single-user server itself (``GpuSpawnerMixin.observe_activity``: its cgroup, its
-container, NVML's processes on its cards). From those samples:
+Every ``interval`` seconds (jittered) each running gpulab server is sampled where the user
+cannot hide anything (``GpuSpawnerMixin.observe_activity``: its cgroup, its container, NVML's
+processes on its cards): its processes other than the single-user server itself, and the CPU
+time everything in it consumed, the server's own process included. From those samples
+(:mod:`gpulab.spawners.activity`):
 
-- **billing** gets ``activity`` spans (a hub-only event kind), so a server is billed for what it
-  was seen doing whatever its own reporter says or doesn't say;
-- **JupyterHub's ``last_activity``** moves while a server is active (through the REST API, at
-  most every ``activity_update_interval``), so jupyterhub-idle-culler and the admin page see the
-  truth: a kernel busy in a silent loop is activity, a forged heartbeat is not;
-- **idle GPUs go back**: a GPU server with no observed activity for ``gpu_idle_timeout`` is moved
-  to no-GPU mode through the switch endpoint (same home), and a no-GPU server idle for
+- **billing** gets ``activity`` spans (a hub-only event kind) while the server has a process
+  besides itself or does work, so a server is billed for what it was seen doing whatever its own
+  reporter says or doesn't say; billing also enforces money from these spans, so a server whose
+  reports stopped is still checked against its balance;
+- **JupyterHub's ``last_activity``** moves only while a server *works* (CPU at ``cpu_threshold``
+  or more, or a GPU process), through the REST API at most every ``activity_update_interval``,
+  so jupyterhub-idle-culler and the admin page see the truth: a kernel busy in a silent loop is
+  activity; an open notebook whose kernel sits idle is not, nor is a forged heartbeat;
+- **idle GPUs go back**: a GPU server that did no work for ``gpu_idle_timeout`` is moved to
+  no-GPU mode through the switch endpoint (same home), and a no-GPU server idle for
   ``idle_timeout`` is stopped. The user is told why (:mod:`.notices`).
 """
 
@@ -26,7 +31,7 @@ from typing import Any
 from urllib.parse import quote
 
 from traitlets import Any as AnyTrait
-from traitlets import Bool, Float, Integer
+from traitlets import Bool, Float, Integer, TraitError, validate
 from traitlets.config import SingletonConfigurable
 
 from gpulab.hub_config.notices import Notices
@@ -58,17 +63,32 @@ class ActivityObserver(SingletonConfigurable):
     gpu_idle_timeout = Float(
         600.0,
         config=True,
-        help="""A GPU server with no observed activity (no process besides the server itself,
-        no GPU process) for this many seconds is moved to no-GPU mode, giving its cards back.
-        0 turns this off.""",
+        help="""A GPU server that did no work (CPU below `cpu_threshold`, no GPU process) for
+        this many seconds is moved to no-GPU mode, giving its cards back; an open notebook whose
+        kernel sits idle does no work. 0 turns this off.""",
     )
 
     idle_timeout = Float(
         900.0,
         config=True,
-        help="""A no-GPU server with no observed activity for this many seconds is stopped.
+        help="""A no-GPU server that did no work for this many seconds is stopped.
         0 turns this off.""",
     )
+
+    cpu_threshold = Float(
+        0.05,
+        config=True,
+        help="""CPU seconds per second (0.05: 5% of one core), summed over everything a server
+        runs (the single-user server itself included), from which a sample counts as work. An
+        idle Jupyter server with an open, idle kernel uses well under 1%; a busy loop uses 100%.
+        Measured by the hub (per cgroup, container or process), never reported by the server.""",
+    )
+
+    @validate("cpu_threshold")
+    def _check_cpu_threshold(self, proposal: dict) -> float:
+        if not 0 < proposal["value"] <= 1:
+            raise TraitError(f"cpu_threshold: {proposal['value']}; allowed: more than 0, up to 1")
+        return proposal["value"]
 
     report_interval = Float(
         15.0,
@@ -171,7 +191,9 @@ class ActivityObserver(SingletonConfigurable):
         if tracker is None or tracker.session != alloc.alloc_id:
             ended = self._end(owner) if tracker is not None else []
             tracker = self.trackers[owner] = ActivityTracker(
-                session=alloc.alloc_id, session_start=_started(spawner)
+                session=alloc.alloc_id,
+                session_start=_started(spawner),
+                cpu_threshold=self.cpu_threshold,
             )
         else:
             ended = []
@@ -183,7 +205,7 @@ class ActivityObserver(SingletonConfigurable):
         events = list(ended)
         if span is not None and self._due(span, obs.t):
             events.append(span.to_event(user, server))
-        if obs.active:
+        if tracker.working:
             await self._note_activity(owner, obs.t)
         elif owner not in self._acting:
             await self._maybe_reclaim(spawner, tracker, obs.t)

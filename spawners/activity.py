@@ -1,10 +1,20 @@
-"""What a server is doing, as the hub sees it: observed activity spans.
+"""What a server is doing, as the hub sees it: observed activity spans, and whether it works.
 
-Billing must not rest on what a user's server says about itself. So the hub looks for itself:
-a server is *active* while it has any process besides the single-user server itself (a kernel, a
-terminal, a proxied app, anything they started, however detached), found where the user cannot
-hide it (the server's cgroup or container). Each spawner class lists those processes
-(``GpuSpawnerMixin.observe_activity``); this module turns the samples into spans.
+Billing must not rest on what a user's server says about itself. So the hub looks for itself,
+where the user cannot hide anything (the server's cgroup or container; each spawner class
+samples it in ``GpuSpawnerMixin.observe_activity``), and this module turns the samples into two
+verdicts:
+
+- **present** (billed): the server has a process besides the single-user server itself (a
+  kernel, a terminal, a proxied app, anything they started, however detached), or did work in
+  the last interval (CPU consumed by anything in it, the single-user server's own process and
+  its extensions included), or has a GPU process on its cards;
+- **working** (not idle): the server consumed CPU at ``cpu_threshold`` or more since the last
+  sample, as the hub measures it (the kernel's own CPU accounting per process or per cgroup), or
+  has a GPU process on its cards (NVML). A kernel open but idle uses no CPU, so it is idle
+  whatever its execution state claims; a busy loop that prints nothing works. Nothing the server
+  says about itself enters this verdict: it drives JupyterHub's ``last_activity`` (so
+  jupyterhub-idle-culler culls idle servers) and the observer's ``gpu_idle_timeout``.
 
 A span never claims more than was seen: it starts at the earliest start time of the processes
 that opened it (read from the kernel, so a sample that comes late, or a hub restart in the middle,
@@ -32,10 +42,27 @@ class Observation:
     procs: tuple[Proc, ...]
     # GPU compute processes NVML sees on the server's cards (pids in the host's namespace).
     gpu_pids: tuple[int, ...] = ()
+    # Cumulative CPU seconds per counter, for everything the server runs, the single-user server
+    # itself included: one counter per process (keyed by pid and start time, so a reused pid is
+    # a new counter) or one for the whole cgroup/container. None: the spawner cannot measure CPU;
+    # then any process counts as work (the verdict before CPU was measured).
+    cpu: tuple[tuple[str, float], ...] | None = None
 
     @property
     def active(self) -> bool:
+        """Processes present or GPU in use (what this sample alone shows)."""
         return bool(self.procs or self.gpu_pids)
+
+
+def cpu_used(before: dict[str, float] | None, now: dict[str, float]) -> float:
+    """CPU seconds consumed between two samples of counters. A counter not in ``before`` is
+    new since then (a process that started in between) and counts whole; a counter that went
+    away (a process that exited) counts nothing more; a counter never goes backwards."""
+    used = 0.0
+    for key, value in now.items():
+        prev = (before or {}).get(key)
+        used += value if prev is None else max(0.0, value - prev)
+    return used
 
 
 @dataclass
@@ -65,20 +92,46 @@ class ActivityTracker:
 
     session: str  # the server session's id: span ids are unique per session
     session_start: float
+    # CPU seconds per second of wall time (0.05: 5% of one core) from which a server works.
+    cpu_threshold: float = 0.05
     spans: list[Span] = field(default_factory=list)
-    last_active: float | None = None
+    last_active: float | None = None  # the last sample in which the server worked
+    working: bool = False  # the verdict of the last sample
+    _prev: tuple[float, dict[str, float]] | None = None  # (t, CPU counters) of the last sample
 
     @property
     def open(self) -> Span | None:
         return self.spans[-1] if self.spans and not self.spans[-1].closed else None
 
+    def _cpu_work(self, obs: Observation) -> float | None:
+        """When CPU work was seen in this sample: the previous sample's time (the work happened
+        since then), else None. The first sample of a session has nothing to compare with: its
+        processes' whole past CPU is not this interval's work."""
+        if obs.cpu is None:
+            return None
+        counters = dict(obs.cpu)
+        prev, self._prev = self._prev, (obs.t, counters)
+        if prev is None or obs.t <= prev[0]:
+            return None
+        used = cpu_used(prev[1], counters)
+        return prev[0] if used >= self.cpu_threshold * (obs.t - prev[0]) else None
+
     def update(self, obs: Observation) -> Span | None:
         """Take one sample; return the span it opened, extended or closed (else None)."""
         span = self.open
-        if obs.active:
+        cpu_since = self._cpu_work(obs)
+        if obs.cpu is None:
+            self.working = obs.active
+        else:
+            self.working = bool(obs.gpu_pids) or cpu_since is not None
+        if self.working:
             self.last_active = obs.t
+        if obs.active or self.working:
             if span is None:
                 started = min((p.started for p in obs.procs), default=obs.t)
+                if cpu_since is not None:
+                    # Work with no process besides the server itself: since the last sample.
+                    started = min(started, cpu_since)
                 first = min(max(started, self.session_start), obs.t)
                 if self.spans:
                     # Never reach back into a span already closed (the process was not there).
@@ -104,5 +157,5 @@ class ActivityTracker:
         return sum(s.last - s.first for s in self.spans)
 
     def idle_for(self, now: float) -> float:
-        """Seconds since the server was last seen active (since its start if never)."""
+        """Seconds since the server was last seen working (since its start if never)."""
         return now - (self.last_active if self.last_active is not None else self.session_start)

@@ -129,9 +129,25 @@ class ContainerAgentMixin:
                 for pid, _, started, comm in rows
                 if pid not in (init, server)
             )
-            return Observation(t=t, procs=procs, gpu_pids=tuple(nvml_compute_pids(uuids)))
+            return Observation(
+                t=t,
+                procs=procs,
+                gpu_pids=tuple(nvml_compute_pids(uuids)),
+                cpu=self._container_cpu(client, container),
+            )
 
         return await asyncio.to_thread(look)
+
+    @staticmethod
+    def _container_cpu(client: Any, container: str) -> tuple[tuple[str, float], ...] | None:
+        """The CPU seconds the whole container consumed (the engine's cgroup counter, the
+        server's own process included), or None if the engine does not say."""
+        try:
+            stats = client.stats(container, stream=False, one_shot=True)
+            total = stats["cpu_stats"]["cpu_usage"]["total_usage"]
+        except (docker.errors.APIError, requests.exceptions.RequestException, KeyError, TypeError):
+            return None
+        return (("container", int(total) / 1e9),)
 
     def _simulated_uuid(self, uuid: str) -> bool:
         device = self.pool.inventory.by_uuid(uuid)

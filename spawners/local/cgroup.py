@@ -134,6 +134,21 @@ class ServerCgroup:
     def exists(self) -> bool:
         return next(iter(self.paths.values())).is_dir()
 
+    def cpu_seconds(self) -> float | None:
+        """CPU seconds everything in this group ever consumed (cgroup v2's ``cpu.stat``, kept
+        by the kernel across processes that exited); None where the tree does not count it."""
+        if self.version != 2:
+            return None
+        try:
+            text = (self._one() / "cpu.stat").read_text()
+        except OSError:
+            return None
+        for line in text.splitlines():
+            key, _, value = line.partition(" ")
+            if key == "usage_usec":
+                return int(value) / 1e6
+        return None
+
     def kill_all(self, timeout: float = 10.0) -> int:
         """End every process in the group, however it detached; returns how many there were.
         Raises CgroupError if the group is not empty after ``timeout`` seconds."""

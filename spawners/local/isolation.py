@@ -20,6 +20,7 @@ from gpulab.spawners.local import accounts
 from gpulab.spawners.local.cgroup import CgroupError, Cgroups, Limits, parse_memory
 from gpulab.spawners.local.sandbox import Sandbox
 from gpulab.spawners.mixin import SpawnError
+from gpulab.spawners.node import procs as node_procs
 from gpulab.spawners.node.inventory import nvml_compute_pids
 from gpulab.spawners.node.pool import GpuPool
 
@@ -154,7 +155,15 @@ class LocalIsolationMixin(HasTraits):
         def look() -> Observation:
             t = time.time()
             procs = tuple(sandbox.others(self.pid))
-            return Observation(t=t, procs=procs, gpu_pids=tuple(nvml_compute_pids(uuids)))
+            # The CPU everything of the server consumed, itself included: its cgroup's counter
+            # where the kernel keeps one, else each live process's own (pids from the sandbox).
+            total = sandbox.cgroup.cpu_seconds() if sandbox.cgroup is not None else None
+            if total is not None:
+                cpu = (("cgroup", total),)
+            else:
+                found = (node_procs.cpu_counter(p) for p in sandbox.pids(self.pid))
+                cpu = tuple(c for c in found if c is not None)
+            return Observation(t=t, procs=procs, gpu_pids=tuple(nvml_compute_pids(uuids)), cpu=cpu)
 
         return await asyncio.to_thread(look)
 

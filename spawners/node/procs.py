@@ -1,6 +1,7 @@
 """This node's processes, read from /proc: which belong to a server, and killing them safely.
 
-Used by the allocator (orphan sweeps) and by the local spawner (a preemption warning's signals).
+Used by the allocator (orphan sweeps) and by the local spawner (a preemption warning's signals,
+and the CPU time its observer measures).
 A server's processes are found by the allocation id in their environment (``ENV_ALLOC``), and
 a recorded pid is trusted only together with its start time, since pids are reused.
 """
@@ -67,6 +68,22 @@ def started_at(pid: int) -> float | None:
     if fields[0] in ("Z", "X"):
         return None
     return _BOOT + int(fields[19]) / _HZ
+
+
+def cpu_counter(pid: int) -> tuple[str, float] | None:
+    """(a key naming this process for good: pid and start time, its CPU seconds so far) for
+    ``pid``, or None once it is gone. The CPU is the kernel's own accounting (user + system, its
+    reaped children's included), so nothing in the process can make it say less or more."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rpartition(")")[2].split()
+    if fields[0] in ("Z", "X"):
+        return None
+    # Fields 14-17 (utime, stime, cutime, cstime) and 22 (starttime), counted from 1.
+    ticks = sum(int(x) for x in fields[11:15])
+    return f"{pid}:{fields[19]}", ticks / _HZ
 
 
 def uid_of(pid: int) -> int | None:

@@ -56,3 +56,57 @@ def test_the_billing_event_is_idempotent_per_extension() -> None:
     assert a["span"] == b["span"] == "s-1"
     assert a["id"] != b["id"] and b["t"] == 1010.0 and b["first"] == 1001.0
     assert b["kind"] == "activity"
+
+
+def cpu_obs(t: float, cpu: dict[str, float], *starts: float) -> Observation:
+    return Observation(
+        t=t,
+        procs=tuple(Proc(pid=100 + i, started=s) for i, s in enumerate(starts)),
+        cpu=tuple(cpu.items()),
+    )
+
+
+def test_an_open_kernel_using_no_cpu_is_idle_though_its_process_is_billed() -> None:
+    tr = ActivityTracker(session="s", session_start=1000.0, cpu_threshold=0.05)
+    tr.update(cpu_obs(1002.0, {"1:1": 3.0, "2:5": 1.0}, 1001.0))
+    for t in range(1004, 1100, 2):
+        span = tr.update(cpu_obs(float(t), {"1:1": 3.0 + (t - 1002) * 0.002, "2:5": 1.0}, 1001.0))
+        assert not tr.working
+    # Present (a kernel process) is still billed; idle (no work) since the session started.
+    assert span is not None and (span.first, span.last) == (1001.0, 1098.0)
+    assert tr.idle_for(1100.0) == 100.0
+
+
+def test_a_busy_silent_loop_is_work_and_a_counter_never_goes_backwards() -> None:
+    tr = ActivityTracker(session="s", session_start=1000.0, cpu_threshold=0.05)
+    tr.update(cpu_obs(1002.0, {"1:1": 3.0, "2:5": 1.0}, 1001.0))
+    tr.update(cpu_obs(1004.0, {"1:1": 3.0, "2:5": 3.0}, 1001.0))
+    assert tr.working and tr.idle_for(1010.0) == 6.0
+    # The busy process exits: what it had consumed is not counted again, nor negatively.
+    tr.update(cpu_obs(1006.0, {"1:1": 3.0}))
+    assert not tr.working
+
+
+def test_work_inside_the_server_process_alone_is_observed_and_billed() -> None:
+    """No process besides the server itself: its own CPU (an extension burning it) is work,
+    billed from the sample before the one that saw it."""
+    tr = ActivityTracker(session="s", session_start=1000.0, cpu_threshold=0.05)
+    assert tr.update(cpu_obs(1002.0, {"cgroup": 5.0})) is None
+    span = tr.update(cpu_obs(1004.0, {"cgroup": 6.9}))
+    assert tr.working and span is not None and (span.first, span.last) == (1002.0, 1004.0)
+    tr.update(cpu_obs(1006.0, {"cgroup": 8.9}))
+    closed = tr.update(cpu_obs(1008.0, {"cgroup": 8.91}))
+    assert closed.closed and tr.observed_seconds() == 4.0
+
+
+def test_a_process_that_started_since_the_last_sample_counts_whole() -> None:
+    tr = ActivityTracker(session="s", session_start=1000.0, cpu_threshold=0.05)
+    tr.update(cpu_obs(1002.0, {"1:1": 3.0}))
+    tr.update(cpu_obs(1004.0, {"1:1": 3.0, "7:300": 1.5}, 1003.0))
+    assert tr.working
+
+
+def test_without_a_cpu_measure_any_process_is_work_as_before() -> None:
+    tr = ActivityTracker(session="s", session_start=1000.0)
+    tr.update(obs(1002.0, 1001.0))
+    assert tr.working and tr.idle_for(1003.0) == 1.0
