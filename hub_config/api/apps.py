@@ -29,7 +29,7 @@ from gpulab.hub_config.courses.groups import CourseError
 from gpulab.hub_config.courses.staff import check_staff_start
 from gpulab.hub_config.home import GpulabHome
 from gpulab.hub_config.launch_plan import LaunchRefused, plan_launch
-from gpulab.hub_config.overrides.queue import queue_instead_of_spawn
+from gpulab.hub_config.overrides.queue import gate_start
 from gpulab.spawners.courses import allowed_choices, student_courses
 from gpulab.spawners.options import OptionsError, app_gpu_types, parse_options
 
@@ -217,6 +217,8 @@ class LaunchAPIHandler(_UserHandler):
                 + f"; stop it first to launch {app.display_name}",
             )
         try:
+            # Staff rights before anything else is looked at (the gate below checks them again,
+            # with the options the plan made).
             check_staff_start(self, user, body)
         except CourseError as e:
             raise web.HTTPError(e.status, str(e)) from None
@@ -240,7 +242,7 @@ class LaunchAPIHandler(_UserHandler):
         except OptionsError as e:
             raise web.HTTPError(400, f"Invalid launch option {e}") from None
 
-        entry = await queue_instead_of_spawn(spawner, options)
+        entry = await gate_start(self, user, spawner, options)
         if entry is not None:
             self.set_status(202)
             self.write(

@@ -3,7 +3,8 @@
 - ``GET /hub/api/gpulab/pool``: per GPU type free/total and prices; each card with its state.
 - ``GET /hub/api/gpulab/catalog``: GPU types, images, datasets, no-GPU mode, currency.
 - ``POST /hub/api/gpulab/users/NAME/switch``: restart NAME's running server with changed options
-  (the no-GPU toggle, mounting datasets). Needs the ``servers`` scope on that user.
+  (the no-GPU toggle, mounting datasets). Needs the ``servers`` scope on that user; course staff
+  move a student's server only within a course they staff and the student takes.
 
 Both need the custom scope ``custom:gpulab:read-pool`` (every user has it); who holds which card
 is shown only to holders of ``admin:servers``.
@@ -18,6 +19,8 @@ from jupyterhub.scopes import needs_scope
 from tornado import web
 
 from gpulab.hub_config.api.base import GpulabAPIHandler
+from gpulab.hub_config.courses.groups import CourseError
+from gpulab.hub_config.courses.staff import check_staff_start
 from gpulab.hub_config.scopes import READ_POOL_SCOPE
 from gpulab.spawners.node.allocator import RESERVED, NoCapacity, owner_key
 from gpulab.spawners.options import OptionsError, parse_options
@@ -67,6 +70,12 @@ class SwitchAPIHandler(GpulabAPIHandler):
             # Leaving a spot GPU for no-GPU mode (the JupyterLab toggle) leaves the spot market too.
             for key in ("pricing", "max_price", "wait", "windows_only"):
                 merged.pop(key, None)
+        try:
+            # The staff rule (courses/staff.py): someone else's server moves only within a course
+            # they staff and its owner takes (the running server's course when the body names none).
+            check_staff_start(self, user, merged)
+        except CourseError as e:
+            raise web.HTTPError(e.status, str(e)) from None
         try:
             options = parse_options(merged, self.pool.catalog)
         except OptionsError as e:

@@ -27,6 +27,7 @@ from tornado import web
 from gpulab.hub_config.courses import groups
 from gpulab.hub_config.courses.groups import CourseError
 from gpulab.hub_config.courses.roster import USERNAME_RE, parse_roster
+from gpulab.hub_config.courses.staff import enrols_directly, taught_students
 from gpulab.hub_config.scopes import COURSE_MANAGE_SCOPE, COURSE_READ_SCOPE
 from gpulab.spawners.courses import Course, CourseLimits, student_courses
 from gpulab.spawners.node.pool import GpuPool
@@ -58,6 +59,10 @@ def _first_error(e: ValidationError, allowed: list[str]) -> CourseError:
     if err["type"] == "extra_forbidden":
         return CourseError(400, field, f"unknown field; allowed: {', '.join(allowed)}")
     return CourseError(400, field, err["msg"].removeprefix("Value error, "))
+
+
+def me_name(handler: Any) -> str:
+    return getattr(handler.current_user, "name", "")
 
 
 def student_server(users: Any, name: str) -> dict[str, Any]:
@@ -264,19 +269,15 @@ class RosterAPIHandler(CourseAPIHandler):
         before = set(groups.students(group)) | set(course.teachers) | set(course.tas)
         # A student row naming someone the hub already has (and who is not in this course yet)
         # is an invitation they accept: the course's staff would otherwise reach their server
-        # and files without their say. Admins add them directly, and so does a teacher who
-        # already teaches them in another course (no new reach).
-        reach = set()
-        if not self.has_scope("admin:groups"):
-            for g, _, _ in groups.staff_courses(self.db, self.current_user.name):
-                reach.update(groups.students(g))
+        # and files without their say. The enrol rule (courses/staff.py) says who adds them
+        # directly instead: an admin, or a teacher who already TEACHES them elsewhere.
+        taught = None if self.has_scope("admin:groups") else taught_students(self.db, me_name(self))
         invite = [
             r.username
             for r in rows
             if r.role == "student"
             and r.username not in before
-            and r.username not in reach
-            and not self.has_scope("admin:groups")
+            and not enrols_directly(self, r.username, taught)
             and orm.User.find(self.db, r.username) is not None
         ]
         rows_now = [(r.username, r.role) for r in rows if r.username not in invite]

@@ -1,38 +1,102 @@
-"""Course staff starting a student's server: only under a course they teach and the student takes.
+"""Course staff's rights over students: decided here, and only here.
 
 A TA or teacher holds ``servers!group=C``, which JupyterHub reads as "start any server of any
-member of C, with any options". Unchecked, a teacher of one course could start a student's server
-under the student's other course (that course's pool pays) or with options the course does not
-allow. So a start requested by someone other than the owner (and not by an admin or a service)
-must name a course the requester staffs and the owner studies; the spawner then holds the server
-to that course's limits and billing charges that course's pool.
+member of C, with any options". Unchecked, a TA of one course could start or switch a student's
+server under the student's other course (that course's pool pays) or with options the course does
+not allow, and a teacher could pull any student of a course they only assist into their own course.
+So every path that starts, switches or launches someone else's server (REST start, the spawn form
+GET and POST, the switch API, app launch, and through them the spot queue) and every path that
+enrols people (the roster) asks this module, and each refusal names the rule:
+
+- **start rule**: someone other than the owner (and not an admin or a service) may start, switch
+  or launch the owner's server only under a course they teach or assist AND the owner takes; the
+  spawner then holds the server to that course's limits and billing charges that course's pool.
+- **enrol rule**: a teacher adds an existing user to their course directly (no invitation) only
+  when they already TEACH that user (as teacher, not as TA) in another course; admins always may.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from gpulab.hub_config.courses.groups import CourseError, staff_courses
+from gpulab.hub_config.courses.groups import CourseError, staff_courses, students
 from gpulab.spawners.courses import student_courses
 
 
-def check_staff_start(handler: Any, owner: Any, raw_options: Any) -> None:
-    """Raise :class:`CourseError` (403) unless ``handler``'s caller may start ``owner``'s server
-    with ``raw_options`` (the JSON options or the form's converted options)."""
+def _acting_staff(handler: Any, owner_name: str) -> Any:
+    """The user acting on ``owner_name``'s server when the start rule applies to them, else None
+    (the owner themselves, an admin of servers, a service or a token without a user)."""
     me = handler.current_user
-    if me is None or getattr(me, "kind", "user") != "user" or me.name == owner.name:
-        return
+    if me is None or getattr(me, "kind", "user") != "user" or me.name == owner_name:
+        return None
     if handler.has_scope("admin:servers"):
+        return None
+    return me
+
+
+def shared_courses(db: Any, actor: str, owner_orm_user: Any) -> list[str]:
+    """The courses ``actor`` teaches or assists that ``owner`` takes as a student, by name."""
+    staffed = {c.name for _, c, _ in staff_courses(db, actor)}
+    return sorted(staffed & {c.name for c in student_courses(owner_orm_user)})
+
+
+def start_problem(db: Any, actor: str, owner_orm_user: Any, course: Any) -> str | None:
+    """Why ``actor`` may not start/switch/launch ``owner``'s server under ``course`` (None: they
+    may). ``course`` is what the options name (None: none named)."""
+    common = shared_courses(db, actor, owner_orm_user)
+    if course in common:
+        return None
+    where = ", ".join(common) or "none"
+    named = f"course {course!r}" if course else "no course"
+    return (
+        f"you may start {owner_orm_user.name}'s server only under a course you teach or assist "
+        f"and they take (set course to one of: {where}; the request names {named})"
+    )
+
+
+def check_staff_start(handler: Any, owner: Any, raw_options: Any) -> None:
+    """Raise :class:`CourseError` (403, field ``course``) unless ``handler``'s caller may start
+    ``owner``'s server with ``raw_options`` (JSON options, the form's converted options, or a
+    running server's options merged with a switch's changes)."""
+    me = _acting_staff(handler, owner.name)
+    if me is None:
         return
-    staffed = {c.name for _, c, _ in staff_courses(handler.db, me.name)}
-    theirs = {c.name for c in student_courses(owner.orm_user)}
-    common = sorted(staffed & theirs)
     course = raw_options.get("course") if isinstance(raw_options, dict) else None
-    if course not in common:
-        where = ", ".join(common) or "none"
-        raise CourseError(
-            403,
-            "course",
-            f"you may start {owner.name}'s server only under a course you teach or assist and "
-            f"they take (set course to one of: {where})",
-        )
+    problem = start_problem(handler.db, me.name, owner.orm_user, course)
+    if problem is not None:
+        raise CourseError(403, "course", problem)
+
+
+def check_staff_view(handler: Any, owner: Any, course: Any = None) -> None:
+    """The spawn form for someone else's server: the caller must staff a course the owner takes
+    (and, when the link names a course, that one). Raise :class:`CourseError` (403) otherwise."""
+    me = _acting_staff(handler, owner.name)
+    if me is None:
+        return
+    common = shared_courses(handler.db, me.name, owner.orm_user)
+    if (course is None and common) or course in common:
+        return
+    raise CourseError(403, "course", start_problem(handler.db, me.name, owner.orm_user, course))
+
+
+def taught_students(db: Any, teacher: str) -> set[str]:
+    """Everyone ``teacher`` teaches as a teacher (not as a TA), in any course."""
+    out: set[str] = set()
+    for group, _, role in staff_courses(db, teacher):
+        if role == "teacher":
+            out.update(students(group))
+    return out
+
+
+def enrols_directly(handler: Any, username: str, taught: set[str] | None = None) -> bool:
+    """The enrol rule: may ``handler``'s caller add the existing user ``username`` to a course
+    without an invitation? Admins (``admin:groups``) may; a teacher may when they already teach
+    that user as a teacher in another course. ``taught`` caches :func:`taught_students`."""
+    if handler.has_scope("admin:groups"):
+        return True
+    me = handler.current_user
+    if me is None:
+        return False
+    if taught is None:
+        taught = taught_students(handler.db, me.name)
+    return username in taught

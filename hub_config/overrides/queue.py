@@ -1,16 +1,36 @@
-"""Queued requests are not spawns: the market is asked before JupyterHub's spawn begins.
+"""The gate every start passes: staff rights first, then the market, before JupyterHub's spawn.
 
-Shared by the two overrides that start servers (the spawn form and the REST API).
+Shared by every path that starts a server (the spawn form's POST, the REST API, app launch):
+:func:`gate_start` checks the caller's right to start this server under the course its options
+name (``courses/staff.py``, 403 naming the rule) and then asks the market, so queued requests
+are not spawns and a request the caller may not make is neither spawned nor queued.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from tornado import web
+
+from gpulab.hub_config.courses.groups import CourseError
+from gpulab.hub_config.courses.staff import check_staff_start
 from gpulab.spawners.courses import CourseRuleError, apply_course_rules, student_courses
 from gpulab.spawners.market.admission import Admission, MarketAnswer
 from gpulab.spawners.market.hub import SpotMarket
 from gpulab.spawners.options import OptionsError, parse_options
+
+
+async def gate_start(
+    handler: Any, user: Any, spawner: Any, raw_options: Any
+) -> dict[str, Any] | None:
+    """Refuse (403, the staff rule) a start ``handler``'s caller may not make on ``user``'s
+    server; else ask the market (:func:`queue_instead_of_spawn`): the queue entry, or None when
+    the spawn goes ahead."""
+    try:
+        check_staff_start(handler, user, raw_options if isinstance(raw_options, dict) else {})
+    except CourseError as e:
+        raise web.HTTPError(e.status, str(e)) from None
+    return await queue_instead_of_spawn(spawner, raw_options)
 
 
 async def queue_instead_of_spawn(spawner: Any, raw_options: Any) -> dict[str, Any] | None:

@@ -9,11 +9,8 @@ import json
 
 from jupyterhub.apihandlers.users import UserServerAPIHandler
 from jupyterhub.scopes import needs_scope
-from tornado import web
 
-from gpulab.hub_config.courses.groups import CourseError
-from gpulab.hub_config.courses.staff import check_staff_start
-from gpulab.hub_config.overrides.queue import idle_spawner, queue_instead_of_spawn
+from gpulab.hub_config.overrides.queue import gate_start, idle_spawner
 
 
 class ServerAPIHandler(UserServerAPIHandler):
@@ -23,11 +20,7 @@ class ServerAPIHandler(UserServerAPIHandler):
         spawner = idle_spawner(user, server_name)
         if spawner is not None:
             body = self.get_server_json_body() or {}
-            try:
-                check_staff_start(self, user, body.get("user_options") or {})
-            except CourseError as e:
-                raise web.HTTPError(e.status, str(e)) from None
-            entry = await queue_instead_of_spawn(spawner, body.get("user_options"))
+            entry = await gate_start(self, user, spawner, body.get("user_options") or {})
             if entry is not None:
                 self.set_status(202)
                 self.finish(

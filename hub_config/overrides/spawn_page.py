@@ -12,7 +12,15 @@ waits up to the spawner's ``ready_redirect_wait`` and, when the
 server is up, redirects to it (or to ``?next=``) directly; a slower spawn gets the progress page
 as before, and errors are reported exactly as JupyterHub reports them.
 
-2. A form POST that the spot market queues (a spot bid waiting for its price or a card) is not a
+2. Nothing starts on a GET. JupyterHub's ``GET /hub/spawn[/USER[/SERVER]]?opt-...`` starts the
+server straight away with the query's options: any site could link a logged-in user's browser
+into a paid 2-card server without a click. Here the query's options only fill in the form (200,
+the choices preselected, nothing started, nothing held); starting is the form's POST, which
+carries JupyterHub's XSRF token. For someone else's server the form is shown only to staff of a
+course the owner takes (the staff rule, ``courses/staff.py``), and a link naming a course they
+do not share is refused (403).
+
+3. A form POST that the spot market queues (a spot bid waiting for its price or a card) is not a
 spawn: the browser is sent back to the form (303, so a reload does not queue again), which shows
 the request's place in the queue with a Cancel button. JupyterHub would report it as a failed
 spawn.
@@ -28,8 +36,8 @@ from jupyterhub.utils import maybe_future, url_path_join
 from tornado import web
 
 from gpulab.hub_config.courses.groups import CourseError
-from gpulab.hub_config.courses.staff import check_staff_start
-from gpulab.hub_config.overrides.queue import idle_spawner, queue_instead_of_spawn
+from gpulab.hub_config.courses.staff import check_staff_view
+from gpulab.hub_config.overrides.queue import gate_start, idle_spawner
 
 # JupyterHub's own wait, for spawners that do not say.
 DEFAULT_WAIT = 1.0
@@ -42,6 +50,11 @@ class SpawnPageHandler(SpawnHandler):
     async def _wrap_spawn_single_user(
         self, user, server_name, display_name, spawner, pending_url, options=None
     ):
+        if self.request.method != "POST":
+            # JupyterHub spawns from a GET when the spawner has no form: never here (2.).
+            raise web.HTTPError(
+                405, "a server is started with the spawn form's POST (Start), never by a link"
+            )
         wait = float(getattr(spawner, "ready_redirect_wait", DEFAULT_WAIT))
         name = f"{user.name}/{server_name}"
         if spawner._spawn_future is not None and spawner._spawn_future.done():
@@ -69,6 +82,46 @@ class SpawnPageHandler(SpawnHandler):
         return self.redirect(pending_url)
 
     @needs_scope("servers")
+    async def _get(self, user_name: str, server_name: str, display_name: str) -> None:
+        # JupyterHub's _get spawns when the query has options (or when there is no form): here
+        # the options are taken out of the query and kept for the form to show (render_form reads
+        # them through ``spawner.handler``, which JupyterHub sets to this handler before it asks
+        # for the form), and a spawn from a GET is refused below whatever path reaches it.
+        query = {
+            key: [b.decode("utf8", "replace") for b in values]
+            for key, values in self.request.query_arguments.items()
+            if key not in ("next", "display_name")
+        }
+        prefill = self._get_user_options(query) if query else {}
+        owner = self.current_user if user_name == self.current_user.name else None
+        owner = owner or self.find_user(user_name)
+        self.gpulab_prefill: dict = {}
+        if prefill:
+            # Only ``next`` and ``display_name`` stay in the query JupyterHub reads. The form's
+            # POST URL (the page's own) keeps the rest, unread: the POST reads the form's fields.
+            self.request.query_arguments = {
+                k: v
+                for k, v in self.request.query_arguments.items()
+                if k in ("next", "display_name")
+            }
+            if owner is not None:
+                try:
+                    self.gpulab_prefill = dict(
+                        await maybe_future(owner.spawner.options_from_query(prefill))
+                    )
+                except Exception:
+                    self.gpulab_prefill = {}  # a link's bad values: the form shows its defaults
+        if owner is not None:
+            try:
+                check_staff_view(self, owner, self.gpulab_prefill.get("course"))
+            except CourseError as e:
+                raise web.HTTPError(e.status, str(e)) from None
+        try:
+            return await super()._get(user_name, server_name, display_name)
+        finally:
+            self.gpulab_prefill = {}
+
+    @needs_scope("servers")
     async def _post(self, user_name: str, server_name: str, display_name: str) -> None:
         user = self.current_user
         if user_name != user.name:
@@ -83,11 +136,8 @@ class SpawnPageHandler(SpawnHandler):
                 options = await maybe_future(spawner.run_options_from_form(form_options))
             except Exception:
                 options = None  # JupyterHub's own handling reports it
-            try:
-                check_staff_start(self, user, options or {})
-            except CourseError as e:
-                raise web.HTTPError(e.status, str(e)) from None
-            if options is not None and await queue_instead_of_spawn(spawner, options) is not None:
+            entry = await gate_start(self, user, spawner, options or {})
+            if options is not None and entry is not None:
                 # 303 to the form (which shows the queued request): answering the POST with the
                 # page itself made a reload post the form again and queue a second request.
                 self.redirect(self.request.path, status=303)

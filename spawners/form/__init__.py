@@ -6,6 +6,10 @@ price (refreshed) and a Cancel button (``DELETE /hub/api/gpulab/spot/queue/USER`
 The form reads the same pool snapshot as ``GET /hub/api/gpulab/pool`` and refreshes the free
 counts from it every few seconds, so what it shows is what the allocator will hand out.
 
+A link may fill the form in (``/hub/spawn?opt-gpu=...``): the spawn page hands the link's options
+over as ``spawner.handler.gpulab_prefill`` and the form shows them preselected, with a note that
+nothing starts until the user presses Start (a GET never starts a server).
+
 The HTML is ``templates/form.html`` (Jinja2, autoescaped: catalog texts come from an operator's
 file and option values from users, so nothing reaches the page unescaped). Its CSS and JS are
 ``static/form.css`` and ``static/form.js``, inlined into the form: JupyterHub injects the options
@@ -53,6 +57,8 @@ async def render_form(spawner: Any) -> str:
     # A spawner whose images may be missing on this node (Docker) says which are present; the
     # others (local processes) always run the hub's own environment.
     hook = getattr(spawner, "image_availability", None)
+    # JupyterHub sets ``spawner.handler`` to the spawn page's handler before it asks for the form.
+    prefill = getattr(getattr(spawner, "handler", None), "gpulab_prefill", None) or {}
     context = form_context(
         catalog=pool.catalog,
         snapshot=await pool.snapshot(),
@@ -62,6 +68,7 @@ async def render_form(spawner: Any) -> str:
         user_options=spawner.user_options or {},
         available=await hook() if hook is not None else {},
         courses=student_courses(spawner.user),
+        prefill=prefill,
     )
     return render(context)
 
@@ -83,6 +90,7 @@ def form_context(
     user_options: dict[str, Any],
     available: dict[str, ImageStatus],
     courses: list[Course] | None = None,
+    prefill: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """What the template shows, as plain values (the template escapes them). A student sees only
     what their ``courses`` allow (the spawner refuses the rest anyway)."""
@@ -94,7 +102,9 @@ def form_context(
     queued = market.queued_entry(owner_key(user, server))
     # A queued request never became a spawn, so user_options still hold the server before it:
     # the form shows the queued request's choices, else "Start" would quietly submit others.
-    last = {**DEFAULTS, **user_options, **((queued or {}).get("options") or {})}
+    # A link's options (``prefill``) come last: they are what the user is asked to confirm.
+    prefill = {k: v for k, v in (prefill or {}).items() if v is not None}
+    last = {**DEFAULTS, **user_options, **((queued or {}).get("options") or {}), **prefill}
     cur = catalog.currency
 
     if not offered("gpu_types", last["gpu"]):
@@ -187,7 +197,17 @@ def form_context(
         "wait": bool(last.get("wait")),
         "windows_only": bool(last.get("windows_only")),
         "low_price_windows": windows,
+        "prefilled": bool(prefill),
+        # Only a link names the app (the form has no app choice): kept in a hidden field.
+        "app": _app_choice(prefill.get("app"), catalog, offered),
     }
+
+
+def _app_choice(slug: Any, catalog: Catalog, offered: Any) -> dict[str, str] | None:
+    app = catalog.apps.get(slug) if isinstance(slug, str) else None
+    if app is None or not offered("apps", slug):
+        return None
+    return {"slug": slug, "display_name": app.display_name}
 
 
 def _queued_context(

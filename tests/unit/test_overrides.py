@@ -95,3 +95,18 @@ def test_the_hub_restores_spawners_before_it_listens() -> None:
     init = inspect.getsource(JupyterHub.initialize)
     assert "self.init_spawners()" in init
     assert "init_spawners_timeout" in init
+
+
+def test_the_spawn_page_get_gpulab_overrides_still_reads_options_from_the_query() -> None:
+    # SpawnPageHandler._get takes the options out of request.query_arguments (so JupyterHub's
+    # _get renders the form instead of spawning) and hands them to the form via spawner.handler.
+    assert params(inspect.unwrap(SpawnHandler._get)) == [
+        "self",
+        "user_name",
+        "server_name",
+        "display_name",
+    ]
+    source = inspect.getsource(inspect.unwrap(SpawnHandler._get))
+    assert "self.request.query_arguments.items()" in source
+    assert "spawner.handler = self" in source
+    assert "options_from_query" in source
