@@ -173,6 +173,16 @@ class BillingService(Application):
         10.0, config=True, help="Seconds between checks of balances and idle servers (jittered)."
     )
 
+    busy_window = Float(
+        60.0,
+        config=True,
+        help="""A session charged within this many seconds (a kernel or app reported, or activity
+        the hub observed) is checked against the balance by the enforcer, whatever its
+        heartbeats say. Keep it above the hub's ActivityObserver.report_interval + interval
+        (15 + 2 s by default), so a server whose reporter was silenced stays checked while the
+        hub sees it work; 3 heartbeat intervals are used where that is more.""",
+    )
+
     warn_thresholds = List(
         Unicode(),
         ["2.00"],
@@ -419,7 +429,8 @@ class BillingService(Application):
             kind="server_stop",
             user=sess.user,
             server=sess.server,
-            t=max(sess.last_heartbeat_us or 0, sess.started_us) / MICRO,
+            # Its last sign of life: a heartbeat, or a kernel, app or observed span seen.
+            t=max(sess.last_heartbeat_us or 0, sess.last_busy_us or 0, sess.started_us) / MICRO,
         )
         await self.run_db(
             ingest, self.engine, [event], self.prices, self.trial_micro, time.time_ns() // 1000

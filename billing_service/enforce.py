@@ -1,22 +1,43 @@
 """The enforcement loop: servers that cannot be paid, and idle servers, give their GPUs back.
 
+Money is enforced from what billing holds, never from the freshness of a server's own reports:
+every open session (the hub posted its start and no stop) charged within ``busy_window`` is
+checked every ``enforce_interval``, whether or not its reporter still sends heartbeats, because
+a user controls their reporter (they can stop it, or post heartbeats backdated past any
+freshness window with the server's own token) but not the hub's observed ``activity`` spans,
+which charge the balance on their own and mark the session busy as they do (at least every
+``report_interval`` of the hub's observer while it sees the server work). A session charged by
+nothing within the window costs nothing meanwhile.
+
 - A GPU server whose owner's balance cannot pay ``switch_margin`` more seconds of it is moved to
   no-GPU mode (``zero_balance_action = 'no-gpu'``), or stopped (``'stop'``, or when even no-GPU
-  cannot be paid for that long). A no-GPU server is stopped when the balance reaches zero.
-- A server alive (heartbeats arriving) with no live kernel for ``idle_timeout`` is stopped.
+  cannot be paid for ``start_minutes``). A no-GPU server is stopped when the balance reaches zero.
+- A server with no live kernel and no observed activity for ``idle_timeout`` is stopped.
 - A server the hub runs but that sends no heartbeat for ``silent_timeout`` (its reporter was
   killed or is missing) is stopped: unmetered time is not given away.
 - A course session (``courses``) is paid by its course's pool up to the student's cap, then by
   the student: with ``overflow = "personal"`` the money it may still use is what the pool can
   pay for the student now (min(cap left, pool balance)) plus the student's balance, and the
-  rules above apply to that sum; with ``overflow = "refuse"`` it is stopped as soon as what the
-  pool can still pay cannot pay ``switch_margin`` more seconds of it (cap used up, pool empty, or
-  outside the term), so the pool never pays beyond the cap.
+  rules above apply to that sum; with ``overflow = "refuse"`` only the pool pays, so only what
+  it can still pay counts: the server is stopped as soon as that cannot pay ``switch_margin``
+  more seconds of it (cap used up, pool empty, or outside the term), whatever the student's own
+  balance (zero included), so the pool never pays beyond the cap.
 - A server inside the paid reservation it runs on (``reservations``) costs nothing then: no
   money check applies to it until the reservation ends (idle and silent servers are still
   stopped).
 
-Each decision is taken from the database only; the action goes through the hub's API.
+**The bound.** Charges reach a balance as the hub's observed spans (every ``report_interval``
+of the hub's observer) and the reports arrive; the next check is at most 1.2 x
+``enforce_interval`` away; then the hub stops or switches the server, and billing ends at the
+last sample that saw it. So a GPU server's balance goes below zero by at most its price x
+(1.2 x ``enforce_interval`` + the observer's ``report_interval`` + ``interval`` + the time the
+stop or switch takes - ``switch_margin``), nothing with the defaults (10 s, 15 s, 2 s, 60 s)
+unless the stop takes over 30 s; a no-GPU server's (checked at zero) by at most its price x
+(1.2 x ``enforce_interval`` + ``report_interval`` + ``interval`` + the stop's time).
+
+Each decision is taken from the database only; before acting the hub is asked (its REST API,
+billing's only way to the hub) whether it still runs the server: a session it does not run is
+closed instead, at its last sign of life.
 """
 
 from __future__ import annotations
@@ -68,16 +89,17 @@ class Enforcer:
         'silent' (no heartbeat: stop it if the hub still runs it, else close its session)."""
         app = self.app
         now = time.time_ns() // 1000
-        fresh = int(3 * app.heartbeat_interval * MICRO)
+        # Charged lately, by anyone's account: the hub's observed spans mark it as they charge,
+        # at least every report_interval while the hub sees it work (see ``busy_window``).
+        recent = int(max(app.busy_window, 3 * app.heartbeat_interval) * MICRO)
         out = []
         with app.engine.connect() as conn:
+            # Every open session, whatever its reports say: a user can silence their reporter
+            # or backdate its heartbeats, not the hub's observed spans that charge the balance.
             rows = conn.execute(
                 select(ServerSession, Account.balance_micro)
                 .join(Account, Account.user == ServerSession.user)
-                .where(
-                    ServerSession.stopped_us.is_(None),
-                    ServerSession.last_heartbeat_us >= now - fresh,
-                )
+                .where(ServerSession.stopped_us.is_(None))
             ).all()
             status = {
                 (s.course, s.user): courses.student_status(conn, s.course, s.user, now)
@@ -87,7 +109,7 @@ class Enforcer:
             tags = reservations.checks(conn, rows)
         for sess in rows:
             balance = sess.balance_micro
-            busy = sess.last_busy_us is not None and sess.last_busy_us >= now - fresh
+            busy = sess.last_busy_us is not None and sess.last_busy_us >= now - recent
             window = tags[sess.id].window if sess.id in tags else None
             # Inside its paid reservation the server costs nothing: no money check then.
             charged = busy and not (window is not None and window[0] <= now < window[1])
@@ -104,6 +126,9 @@ class Enforcer:
                     if st.available_micro < rate * app.switch_margin / 3600:
                         out.append(("stop", sess, f"course {sess.course}: {refuse_reason(st)}"))
                         continue
+                    # Only the pool pays a refusing course's session: the student's own
+                    # balance (zero, say) is not what it runs on.
+                    charged = False
                 else:
                     # The pool's share for the student first, then their own balance.
                     balance += st.available_micro
@@ -164,17 +189,14 @@ class Enforcer:
         hub = self.app.hub
         try:
             log.warning("%s server of %s/%s: %s", action, sess.user, sess.server, reason)
-            if action == "no-gpu":
+            if not await hub.runs(sess.user, sess.server):
+                # The hub does not run it: gone without the hub's stop report reaching us. Close
+                # the session at its last sign of life, as the hub would have.
+                await self.app.close_session(sess)
+            elif action == "no-gpu":
                 await hub.move_to_no_gpu(sess.user, sess.server, session_options(sess))
-            elif action == "silent":
-                if await hub.server_model(sess.user, sess.server) is not None:
-                    # Running without a reporter (killed or removed): no metering, no server.
-                    await hub.stop_server(sess.user, sess.server)
-                else:
-                    # Gone without the hub's stop report reaching us: close the session at its
-                    # last sign of life, as the hub would have.
-                    await self.app.close_session(sess)
             else:
+                # 'stop', or 'silent': running without a reporter, no metering, no server.
                 await hub.stop_server(sess.user, sess.server)
         except Exception:
             log.exception("could not %s %s/%s", action, sess.user, sess.server)

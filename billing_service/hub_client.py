@@ -1,4 +1,5 @@
-"""What the billing service asks of the hub: stop a server, move it to no-GPU, read the pool."""
+"""What the billing service asks of the hub: stop a server, move it to no-GPU, read the pool,
+and whether the hub runs a server (billing reaches the hub only through its REST API)."""
 
 from __future__ import annotations
 
@@ -65,6 +66,17 @@ class HubClient:
         if code != 200:
             return None
         return (data.get("servers") or {}).get(server)
+
+    async def runs(self, user: str, server: str) -> bool:
+        """Whether the hub runs (or is starting) this server now; raises when the hub cannot
+        say (unreachable, or an answer other than the user's model or 404), so that a hub's
+        hiccup never reads as "not running"."""
+        code, data = await self.request("GET", f"/users/{quote(user, safe='')}")
+        if code == 404:
+            return False
+        if code != 200 or not isinstance(data, dict):
+            raise RuntimeError(f"the hub could not say whether {user}/{server} runs: {code}")
+        return server in (data.get("servers") or {})
 
     async def stop_server(self, user: str, server: str) -> int:
         code, _ = await self.request("DELETE", self.server_path(user, server))
