@@ -7,8 +7,11 @@ thread exists, which is what ``unshare(CLONE_NEWNS)`` needs. Datasets arrive in 
 - ``GPULAB_DATASET_MODE``: ``bind`` (a private mount namespace with read-only bind mounts, so even
   root inside the server gets EROFS) or ``symlink`` (links to read-only directories).
 
-Then, when the hub runs as root, the server enters its sandbox before any of the user's code runs
-(:func:`enter_sandbox`): it joins its cgroup and becomes its user's own account for good.
+When the hub runs as root, the server enters its sandbox before any of the user's code runs
+(:func:`enter_sandbox`): it joins its cgroup and becomes its user's own account for good. Until
+then it is root in a home the user controls, so it does there only what needs root (the bind
+mounts), never through a path the user could have linked elsewhere (:func:`open_beneath`); the
+rest (links, tidying, the apps' config) it does as the user (:func:`start_server_environment`).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import importlib.abc
 import json
 import os
 import signal
+import stat
 import sys
 from pathlib import Path
 
@@ -64,95 +68,280 @@ def _check(ret: int, what: str) -> None:
         raise OSError(err, f"{what}: {os.strerror(err)}")
 
 
-def bind_read_only(mounts: list[tuple[str, str]]) -> None:
-    """Enter a private mount namespace and bind each source read-only onto its target."""
+# ---- paths a user controls ------------------------------------------------------------------
+#
+# Everything below a user's home is theirs: any folder there may be swapped for a symlink (to
+# /etc, say) at any moment, also between a check and a use. Root therefore never acts on a path
+# string below the home: it opens each folder from its parent's descriptor with O_NOFOLLOW (a
+# symlink fails with ELOOP instead of being followed), then acts on names inside that descriptor
+# (``dir_fd=``, ``follow_symlinks=False``), or on the descriptor itself. What root does not have
+# to do (links, tidying) is done after the server has become its user (:func:`arrange_datasets`).
+
+O_PATH = getattr(os, "O_PATH", 0o10000000)
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def open_beneath(
+    base_fd: int, relative: str, *, create: bool = False, owner: tuple[int, int] | None = None
+) -> int:
+    """A descriptor of the directory ``relative`` below ``base_fd``, reached without following
+    any symlink (ELOOP or ENOTDIR when a component is a link or no directory). ``create`` makes
+    missing folders (mode 0755; those made as root are chowned to ``owner`` through their own
+    descriptor) and replaces a link in the way by a real folder (the link is removed by name, in
+    its folder: ``unlink`` never follows it)."""
+    parts = [p for p in relative.split("/") if p not in ("", ".")]
+    if ".." in parts:
+        raise ValueError(f"{relative!r} leaves its base folder")
+    fd = os.dup(base_fd)
+    try:
+        for part in parts:
+            if create:
+                try:
+                    st = os.stat(part, dir_fd=fd, follow_symlinks=False)
+                except FileNotFoundError:
+                    st = None
+                if st is not None and stat.S_ISLNK(st.st_mode):
+                    os.unlink(part, dir_fd=fd)
+                    st = None
+                if st is None:
+                    try:
+                        os.mkdir(part, 0o755, dir_fd=fd)
+                    except FileExistsError:
+                        pass  # made meanwhile: opened (or refused) below like any other
+            nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            if create and owner is not None and owner[0] != 0 and os.fstat(nxt).st_uid == 0:
+                os.fchown(nxt, *owner)  # made by root just now
+            os.close(fd)
+            fd = nxt
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _home_relative(home: str, path: str) -> str:
+    rel = os.path.relpath(path, home)
+    if rel == "." or rel.startswith(".."):
+        raise ValueError(f"{path} is not inside the home {home}")
+    return rel
+
+
+def bind_read_only(
+    mounts: list[tuple[str, str]], home: str, owner: tuple[int, int] | None = None
+) -> None:
+    """Enter a private mount namespace and bind each source read-only onto its target.
+
+    Runs as root in the server process. Each target (``~/datasets/SLUG``) is reached from the
+    home without following a symlink; a link or file the user left at its name is removed (in
+    the user's own folder: ``unlink`` with ``dir_fd``), a missing folder is made for the user.
+    The mount goes onto the folder's descriptor (``/proc/self/fd/N``), never onto a path the
+    user could swap between the check and the mount.
+    """
     c = libc()
     _check(c.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
     # Keep our mounts from propagating back to the host's namespace.
     _check(c.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "make / private")
-    for src, dst in mounts:
-        Path(dst).mkdir(parents=True, exist_ok=True)
-        _check(c.mount(src.encode(), dst.encode(), None, MS_BIND | MS_REC, None), f"bind {src}")
-        flags = MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV
-        _check(c.mount(None, dst.encode(), None, flags, None), f"remount {dst} read-only")
-
-
-def link_read_only(mounts: list[tuple[str, str]]) -> None:
-    for src, dst in mounts:
-        target = Path(dst)
-        if target.is_symlink() or target.is_file():
-            target.unlink()
-        elif target.is_dir():
-            target.rmdir()  # an empty mount point left from bind mode
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.symlink_to(src, target_is_directory=True)
-
-
-def tidy_datasets_dir(datasets_dir: Path, keep: set[str]) -> None:
-    """Remove links and empty mount points of datasets no longer requested."""
-    if not datasets_dir.is_dir():
-        return
-    for entry in datasets_dir.iterdir():
-        if entry.name in keep:
-            continue
-        if entry.is_symlink():
-            entry.unlink()
-        elif entry.is_dir():
+    # Opened after unshare: a descriptor of the old namespace's mounts cannot be mounted on.
+    home_fd = os.open(home, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for src, dst in mounts:
+            folder, name = os.path.split(_home_relative(home, dst))
+            parent = open_beneath(home_fd, folder, create=True, owner=owner)
             try:
-                entry.rmdir()
-            except OSError:
-                pass  # the user put files there; leave them
+                _bind_one(c, src, parent, name, owner)
+            finally:
+                os.close(parent)
+    finally:
+        os.close(home_fd)
+
+
+def _bind_one(c: ctypes.CDLL, src: str, parent: int, name: str, owner) -> None:
+    try:
+        st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+    except FileNotFoundError:
+        st = None
+    if st is not None and not stat.S_ISDIR(st.st_mode):
+        os.unlink(name, dir_fd=parent)  # the user's link or file at the mount point
+        st = None
+    if st is None:
+        try:
+            os.mkdir(name, 0o755, dir_fd=parent)
+        except FileExistsError:
+            pass
+    target = os.open(name, O_PATH | _DIR_FLAGS, dir_fd=parent)
+    try:
+        if owner is not None and owner[0] != 0 and os.fstat(target).st_uid == 0:
+            os.chown(f"/proc/self/fd/{target}", *owner)
+        fd_path = f"/proc/self/fd/{target}".encode()
+        _check(c.mount(src.encode(), fd_path, None, MS_BIND | MS_REC, None), f"bind {src}")
+    finally:
+        os.close(target)
+    # A fresh lookup crosses into the mount just made; remount exactly that one read-only.
+    top = os.open(name, O_PATH | _DIR_FLAGS, dir_fd=parent)
+    try:
+        flags = MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV
+        what = f"remount {name} read-only"
+        _check(c.mount(None, f"/proc/self/fd/{top}".encode(), None, flags, None), what)
+    finally:
+        os.close(top)
+
+
+def _open_mount_dir(home: str, name: str) -> int | None:
+    """The home's folder ``name``, opened without following links (None if there is none)."""
+    try:
+        home_fd = os.open(home, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return open_beneath(home_fd, name)
+    except OSError:
+        return None  # missing, or the user made it a link or a file: nothing of ours there
+    finally:
+        os.close(home_fd)
+
+
+def link_read_only(mounts: list[tuple[str, str]], home: str) -> None:
+    """Link each target (``~/datasets/SLUG``) to its read-only source. Run as the server's user:
+    the folder is theirs; nothing here follows a link they made."""
+    home_fd = os.open(home, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for src, dst in mounts:
+            folder, name = os.path.split(_home_relative(home, dst))
+            parent = open_beneath(home_fd, folder, create=True)
+            try:
+                try:
+                    st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+                except FileNotFoundError:
+                    st = None
+                if st is not None and stat.S_ISDIR(st.st_mode):
+                    os.rmdir(name, dir_fd=parent)  # an empty mount point left from bind mode
+                elif st is not None:
+                    os.unlink(name, dir_fd=parent)
+                os.symlink(src, name, target_is_directory=True, dir_fd=parent)
+            finally:
+                os.close(parent)
+    finally:
+        os.close(home_fd)
+
+
+def tidy_datasets_dir(folder_fd: int, keep: set[str]) -> None:
+    """Remove links and empty mount points of datasets no longer requested, in the folder open
+    at ``folder_fd`` (names only: nothing is followed out of it)."""
+    for name in os.listdir(folder_fd):
+        if name in keep:
+            continue
+        try:
+            st = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
+            if stat.S_ISLNK(st.st_mode):
+                os.unlink(name, dir_fd=folder_fd)
+            elif stat.S_ISDIR(st.st_mode):
+                os.rmdir(name, dir_fd=folder_fd)
+        except OSError:
+            pass  # the user put files there (or it went meanwhile); leave them
 
 
 # Folders of the home that hold read-only mounts (datasets, the model store), kept tidy here.
 MOUNT_DIRS = ("datasets", "models")
 
 
+def _mounts(env: dict[str, str]) -> list[tuple[str, str]]:
+    return [tuple(m) for m in json.loads(env.get("GPULAB_DATASET_MOUNTS") or "[]")]
+
+
+def _home(env: dict[str, str]) -> str:
+    return env.get("HOME") or os.getcwd()
+
+
+def _run_as(env: dict[str, str]) -> tuple[int, int, str] | None:
+    run_as = env.get(ENV_RUN_AS)
+    if not run_as:
+        return None
+    uid_s, gid_s, account = run_as.split(":", 2)
+    return int(uid_s), int(gid_s), account
+
+
 def prepare_datasets(env: dict[str, str]) -> None:
-    mounts = [tuple(m) for m in json.loads(env.get("GPULAB_DATASET_MOUNTS") or "[]")]
-    home = Path(env.get("HOME") or os.getcwd())
-    for name in MOUNT_DIRS:
-        keep = {Path(dst).name for _, dst in mounts if Path(dst).parent.name == name}
-        tidy_datasets_dir(home / name, keep)
-    if not mounts:
+    """Before the sandbox: what needs root. In bind mode, the read-only mounts (on folders made
+    for the user, reached without following links); folders that an older gpulab made as root
+    in the home are handed to the user, so that the user can keep them tidy afterwards."""
+    run_as = _run_as(env)
+    owner = (run_as[0], run_as[1]) if run_as else None
+    if owner is not None and os.geteuid() == 0:
+        for name in MOUNT_DIRS:
+            _hand_over(_home(env), name, owner)
+    mounts = _mounts(env)
+    if mounts and env.get("GPULAB_DATASET_MODE") == "bind":
+        bind_read_only(mounts, _home(env), owner)
+
+
+def _hand_over(home: str, name: str, owner: tuple[int, int]) -> None:
+    fd = _open_mount_dir(home, name)
+    if fd is None:
         return
-    if env.get("GPULAB_DATASET_MODE") == "bind":
-        bind_read_only(mounts)
-    else:
-        link_read_only(mounts)
+    try:
+        if os.fstat(fd).st_uid != 0:
+            return
+        # Root's folder (an older gpulab made it): the user cannot change it while the links
+        # inside are handed over, and gets the folder last.
+        for entry in os.listdir(fd):
+            st = os.stat(entry, dir_fd=fd, follow_symlinks=False)
+            # Only links root made here: one linked in from elsewhere (nlink > 1) stays as is.
+            if stat.S_ISLNK(st.st_mode) and st.st_uid == 0 and st.st_nlink == 1:
+                os.chown(entry, *owner, dir_fd=fd, follow_symlinks=False)
+        os.fchown(fd, *owner)
+    finally:
+        os.close(fd)
+
+
+def arrange_datasets(env: dict[str, str]) -> None:
+    """After the sandbox, as the server's user: links (symlink mode) and tidy mount folders."""
+    mounts = _mounts(env)
+    home = _home(env)
+    if mounts and env.get("GPULAB_DATASET_MODE") != "bind":
+        link_read_only(mounts, home)
+    for name in MOUNT_DIRS:
+        keep = {os.path.basename(dst) for _, dst in mounts if Path(dst).parent.name == name}
+        fd = _open_mount_dir(home, name)
+        if fd is not None:
+            try:
+                tidy_datasets_dir(fd, keep)
+            finally:
+                os.close(fd)
 
 
 def enter_sandbox(env: dict[str, str]) -> None:
     """Join the server's cgroup and drop to its account (when the hub asked for them).
 
     Runs in the server process, as root, after the datasets are mounted and before anything of
-    the user's runs: whatever the server starts later is inside the group and that account.
+    the user's runs: whatever the server starts later is inside the group and that account. It
+    touches no path of the user's (it also runs before a checkpoint command, see
+    :mod:`gpulab.spawners.local.checkpoint`).
     """
     for procs in filter(None, env.get(ENV_CGROUP, "").split(os.pathsep)):
         with open(procs, "w") as f:
             f.write("0")
-    run_as = env.get(ENV_RUN_AS)
-    if not run_as:
+    run_as = _run_as(env)
+    if run_as is None:
         return
-    uid_s, gid_s, name = run_as.split(":", 2)
-    uid, gid = int(uid_s), int(gid_s)
-    for name in MOUNT_DIRS:
-        folder = Path(env.get("HOME") or os.getcwd()) / name
-        if folder.is_dir():
-            # Made by root just now; the links (or mount points) inside stay read-only.
-            os.lchown(folder, uid, gid)
-            for entry in folder.iterdir():
-                if entry.is_symlink():
-                    os.lchown(entry, uid, gid)
+    uid, gid, account = run_as
     os.setgroups([gid])
     os.setgid(gid)
     os.setuid(uid)
     if os.getuid() != uid or os.geteuid() != uid:
-        raise SystemExit(f"gpulab: could not become {name}")
-    os.environ["USER"] = os.environ["LOGNAME"] = name
+        raise SystemExit(f"gpulab: could not become {account}")
+    os.environ["USER"] = os.environ["LOGNAME"] = account
     if env.get(ENV_UMASK):
         # The hub's own umask (077) is for its private files, not the user's.
         os.umask(int(env[ENV_UMASK], 8))
+
+
+def start_server_environment(env: dict[str, str]) -> None:
+    """Everything between the server's fork and JupyterHub's server, in this order: root's part
+    (mounts), the sandbox (cgroup, account), then the user's part (links, app config)."""
+    prepare_datasets(env)
+    enter_sandbox(env)
+    arrange_datasets(env)
+    configure_apps(env)
 
 
 def configure_apps(env: dict[str, str]) -> None:
@@ -185,9 +374,7 @@ def main(argv: list[str] | None = None) -> None:
     # children SIGINT ignored, which would make every stop wait for SIGTERM.
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
-    prepare_datasets(dict(os.environ))
-    enter_sandbox(dict(os.environ))
-    configure_apps(dict(os.environ))
+    start_server_environment(dict(os.environ))
     if os.environ.get("GPULAB_TRIM_IMPORTS", "1") == "1":
         install_import_trimming()
     sys.argv = ["jupyterhub-singleuser", *argv]

@@ -15,6 +15,7 @@ import os
 import pwd
 import re
 import shutil
+import stat
 import subprocess
 import threading
 from dataclasses import dataclass
@@ -116,13 +117,42 @@ def blocked_at(path: str | os.PathLike, account: Account) -> Path | None:
 
 
 def prepare_home(home: Path, account: Account) -> None:
-    """The home exists, belongs to the account and is private (0700)."""
+    """The home exists, belongs to the account and is private (0700).
+
+    The home itself is the hub's path (its parent folder is root's), but everything inside it is
+    the user's, and may be a link anywhere: the hand-over walks it by descriptors
+    (``os.fwalk``, which never follows a link, also one swapped in meanwhile) and changes
+    entries by name inside their folder without following links.
+    """
     home.mkdir(parents=True, exist_ok=True)
-    st = home.stat()
-    if (st.st_uid, st.st_gid) != (account.uid, account.gid):
-        # A home made before isolation (or by a restore) still holds root's files: hand all
-        # of it over once, so the user can keep working on their files.
-        for root, dirs, files in os.walk(home):
-            for entry in [root, *(os.path.join(root, n) for n in dirs + files)]:
-                os.lchown(entry, account.uid, account.gid)
-    home.chmod(0o700)
+    fd = os.open(home, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if (st.st_uid, st.st_gid) != (account.uid, account.gid):
+            # A home made before isolation (or by a restore) still holds root's files: hand all
+            # of it over once, so the user can keep working on their files.
+            _hand_over_tree(fd, account)
+        os.fchmod(fd, 0o700)
+    finally:
+        os.close(fd)
+
+
+def _hand_over_tree(home_fd: int, account: Account) -> None:
+    ids = (account.uid, account.gid)
+    # Bottom-up: each folder is handed over only after its entries, so the entries are changed
+    # while their folder is still root's and nobody else can swap them.
+    walk = os.fwalk(".", dir_fd=home_fd, topdown=False, follow_symlinks=False)
+    for _, dirs, files, dir_fd in walk:
+        if os.fstat(dir_fd).st_uid != 0:
+            continue  # the user's already: whatever is in it may change under us
+        for name in dirs + files:
+            try:
+                st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                # A file with other names elsewhere (a hard link to, say, /etc/shadow) is not
+                # the home's to give away.
+                if not stat.S_ISDIR(st.st_mode) and st.st_nlink > 1:
+                    continue
+                os.chown(name, *ids, dir_fd=dir_fd, follow_symlinks=False)
+            except FileNotFoundError:
+                pass
+    os.fchown(home_fd, *ids)

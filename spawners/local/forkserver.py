@@ -30,11 +30,9 @@ import traceback
 from pathlib import Path
 
 from gpulab.spawners.inside.launcher import (
-    configure_apps,
-    enter_sandbox,
     install_import_trimming,
     libc,
-    prepare_datasets,
+    start_server_environment,
 )
 
 PR_SET_PDEATHSIG = 1
@@ -107,9 +105,7 @@ def _run_child(request: dict, listener: socket.socket, conn: socket.socket) -> N
         os.environ.update(request["env"])
         sys.argv = ["jupyterhub-singleuser", *request["argv"]]
 
-        prepare_datasets(dict(os.environ))
-        enter_sandbox(dict(os.environ))
-        configure_apps(dict(os.environ))
+        start_server_environment(dict(os.environ))
         from jupyterhub.singleuser import main
 
         result = main()
