@@ -389,7 +389,7 @@ class GpuSpawnerMixin(AppServersMixin, HasTraits):
     # ---- the spawn ---------------------------------------------------------------------------
 
     async def gpulab_start(self) -> str | tuple[str, int]:
-        """Allocate, then launch; on any failure give the GPUs back before raising."""
+        """Allocate, then launch; on any failure end what was launched, then give the GPUs back."""
         self._progress_reset()
         # Good for this start only, whatever happens to it.
         admission, self.gpulab_admission = self.gpulab_admission, None
@@ -423,10 +423,33 @@ class GpuSpawnerMixin(AppServersMixin, HasTraits):
             )
             return url
         except BaseException:
-            self._release()
+            await self._end_failed_start()
             raise
         finally:
             self._progress_finish()
+
+    async def _end_failed_start(self) -> None:
+        """A start failed (or JupyterHub cancelled it at ``start_timeout``): end everything its
+        launch started, and only then give the cards back. A card back in the pool while a
+        process of this server still runs could be handed to someone else while that process
+        still uses it; a clean-up that fails keeps the cards (the stop JupyterHub runs after a
+        failed start, or the orphan sweep, ends the processes and then releases them)."""
+        if self.allocation is None:
+            return
+        try:
+            await self.gpulab_end_launch()
+        except BaseException:
+            self.log.exception(
+                "Could not end what the failed start of %s left; its cards stay held until it "
+                "is stopped",
+                self.owner,
+            )
+            return
+        self._release()
+
+    async def gpulab_end_launch(self) -> None:
+        """End every process or container that ``_launch`` started, after a failed start; raise
+        if some may still run. Default: nothing (a launch that leaves nothing running)."""
 
     async def gpulab_course_seats(self) -> tuple[CourseSeat, ...]:
         """The user's courses now, from ``course_seats_hook`` (none without one)."""

@@ -473,6 +473,17 @@ class GpuDockerSpawner(ContainerAgentMixin, RecoveryMixin, GpuSpawnerMixin, Dock
         }
         return f"http://{ip}:{self.port}"
 
+    async def gpulab_end_launch(self) -> None:
+        """After a failed start, before its cards go back: the container is stopped at once
+        (SIGKILL, and Docker answers once it has exited)."""
+        if not self.object_id:
+            return
+        try:
+            await self.docker("stop", self.object_id, timeout=0)
+        except docker.errors.APIError as e:
+            if e.status_code != 404:  # 404: gone already
+                raise
+
     async def _wait_answering(self, ip: str, port: int) -> None:
         deadline = time.monotonic() + self.start_timeout
         next_check = time.monotonic() + self.exit_check_interval

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -134,13 +135,47 @@ class LocalIsolationMixin(HasTraits):
         return Sandbox(alloc_id=alloc_id, account=account, cgroup=cgroup)
 
     async def end_processes(self) -> int:
-        """End every process of this server (its cgroup, its account, or its process tree)."""
+        """End every process of this server (its cgroup, its account, or its process tree),
+        then remove what its processes left in the node's temp folder."""
         if self.allocation is None:
             return 0
-        n = await asyncio.to_thread(self.sandbox.kill_all, self.pid or None)
+        sandbox = self.sandbox
+        n = await asyncio.to_thread(sandbox.kill_all, self.pid or None)
         if n:
             self.log.info("Ended %d process(es) of %s", n, self.owner)
+        await asyncio.to_thread(self._remove_temp_dirs, sandbox)
         return n
+
+    async def gpulab_end_launch(self) -> None:
+        """After a failed start, before its cards go back: the server process (it may not have
+        joined its cgroup yet), then everything in its cgroup, then the cgroup itself."""
+        pid = self.pid or None
+        sandbox = self.sandbox
+
+        def end() -> int:
+            if pid is not None:
+                # The server's own pid, ours until JupyterHub's stop reaps it (as that stop
+                # would signal it too).
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            return sandbox.kill_all(pid)
+
+        n = await asyncio.to_thread(end)
+        if sandbox.cgroup is not None and await asyncio.to_thread(sandbox.cgroup.exists):
+            raise CgroupError(f"the cgroup of {self.owner} is still there")
+        self.log.info("Failed start of %s: ended %d process(es)", self.owner, n)
+        await asyncio.to_thread(self._remove_temp_dirs, sandbox)
+
+    def _remove_temp_dirs(self, sandbox: Sandbox) -> None:
+        try:
+            removed = sandbox.remove_temp_dirs()
+        except OSError as e:
+            self.log.warning("Could not remove the temp folders of %s: %s", self.owner, e)
+            return
+        if removed:
+            self.log.info("Removed %s's temp folders: %s", self.owner, ", ".join(removed))
 
     async def observe_activity(self) -> Observation | None:
         if self.allocation is None or not self.pid:

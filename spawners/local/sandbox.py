@@ -18,7 +18,9 @@ outside.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import stat
 import time
 from dataclasses import dataclass
 
@@ -27,6 +29,12 @@ from gpulab.spawners.inside.launcher import ENV_CGROUP, ENV_RUN_AS, ENV_UMASK
 from gpulab.spawners.local.accounts import Account
 from gpulab.spawners.local.cgroup import CgroupError, ServerCgroup
 from gpulab.spawners.node import procs
+
+# The node's temp folder (where a server's processes make theirs: its environment sets no
+# TMPDIR), and the folders there that belong to one server: jupyter-server-proxy's Unix socket
+# folders (mkdtemp, one per app that listens on {unix_socket}).
+TEMP_DIRS = ("/tmp",)
+TEMP_PREFIXES = ("jupyter-server-proxy-",)
 
 
 @dataclass
@@ -92,6 +100,38 @@ class Sandbox:
                     pass
             time.sleep(0.02)
         return len(killed)
+
+    def remove_temp_dirs(self, temp_dirs: tuple[str, ...] = TEMP_DIRS) -> list[str]:
+        """Remove the folders this server's account left in the node's temp folder (those of
+        ``TEMP_PREFIXES``), once its processes are gone; returns their paths.
+
+        Root acts in a folder every account writes to, so only on names: an entry counts only
+        if it is a real directory (not a link) owned by this account, and it is removed by
+        ``shutil.rmtree`` relative to the temp folder's descriptor (which never follows a link).
+        """
+        if self.account is None or self.account.uid == 0:
+            return []
+        removed = []
+        for temp in temp_dirs:
+            try:
+                fd = os.open(temp, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            except OSError:
+                continue
+            try:
+                for name in os.listdir(fd):
+                    if not name.startswith(TEMP_PREFIXES):
+                        continue
+                    try:
+                        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue
+                    if not stat.S_ISDIR(st.st_mode) or st.st_uid != self.account.uid:
+                        continue
+                    shutil.rmtree(name, dir_fd=fd)
+                    removed.append(os.path.join(temp, name))
+            finally:
+                os.close(fd)
+        return removed
 
 
 __all__ = ["ENV_CGROUP", "ENV_RUN_AS", "CgroupError", "Sandbox"]
