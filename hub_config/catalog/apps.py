@@ -8,6 +8,7 @@ at ``~/models/SLUG`` and handed to the apps that use them.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -35,6 +36,19 @@ def _check_command(value: list[str]) -> list[str]:
                     f"unknown placeholder {{{name}}} in {arg!r}; allowed: "
                     + ", ".join("{" + p + "}" for p in PLACEHOLDERS)
                 )
+    return value
+
+
+def _check_local_command(value: list[str]) -> list[str]:
+    """Under a root hub the node is shared by one Unix account per user: an app that listens on
+    a loopback TCP port could be driven by any of them, without logging in to the hub. Its local
+    command must listen on ``{unix_socket}`` (a folder only its server's account can enter)."""
+    if value and os.geteuid() == 0 and not any("{unix_socket}" in arg for arg in value):
+        raise ValueError(
+            "listens on a TCP port, which every local account on this node could reach without "
+            "logging in (the hub runs as root, with one account per user); make it listen on "
+            "{unix_socket} instead"
+        )
     return value
 
 
@@ -79,6 +93,7 @@ class App(_Model):
     uses_models: bool = Field(False, description="Whether it reads the model store (~/models).")
 
     _cmd = field_validator("command", "local_command")(_check_command)
+    _local = field_validator("local_command")(_check_local_command)
     _paths = field_validator("ready_path", "open_path")(_check_path)
 
     @model_validator(mode="after")
