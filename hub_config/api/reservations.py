@@ -35,7 +35,7 @@ from traitlets.config import SingletonConfigurable
 from gpulab.hub_config.api.base import GpulabAPIHandler
 from gpulab.hub_config.scopes import COURSE_MANAGE_SCOPE, COURSE_READ_SCOPE, READ_POOL_SCOPE
 from gpulab.spawners.node.allocator import NoCapacity
-from gpulab.spawners.node.holds import Hold
+from gpulab.spawners.node.holds import Hold, HoldLimits
 
 FIELDS = ("account", "gpu_type", "cards", "month", "idempotency_key")
 
@@ -50,7 +50,10 @@ class ReservationsConfig(SingletonConfigurable):
         billing): reservations are held without a charge.""",
     )
     max_months_ahead = Int(
-        11, config=True, help="How many months after the current one may be reserved."
+        1,
+        config=True,
+        help="""How many months after the current one may be reserved (1: the current or the
+        next month). A reservation holds its cards only within its month.""",
     )
 
 
@@ -72,7 +75,10 @@ def month_window(month: Any, now: float, ahead: int) -> tuple[float, float]:
     if nxt.timestamp() <= now:
         raise ValueError(f"{month} is over")
     if months_ahead > ahead:
-        raise ValueError(f"at most {ahead} months ahead may be reserved")
+        raise ValueError(
+            f"at most {ahead} months ahead may be reserved (ReservationsConfig.max_months_ahead: "
+            f"the current month and {ahead} after it)"
+        )
     # Whole seconds: billing charges from exactly the second the reservation says.
     return max(first.timestamp(), float(int(now))), nxt.timestamp()
 
@@ -179,6 +185,10 @@ class ReservationsAPIHandler(GpulabAPIHandler):
                 created=now,
                 label=f"{account}'s reservation of {cards} {gpu_type} for {body['month']}",
             )
+            limits = HoldLimits.instance(config=self.settings["config"])
+            problem = limits.problem(alloc.holds, hold, now)
+            if problem is not None:
+                return self.fail(409, "cards", problem)
             try:
                 # Held before it is charged: a hub that dies in between finds the hold at start
                 # and has billing confirm it (the same id is charged once) or drops it.

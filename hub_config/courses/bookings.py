@@ -39,7 +39,7 @@ from gpulab.hub_config.scopes import COURSE_MANAGE_SCOPE, COURSE_READ_SCOPE
 from gpulab.spawners.market.hub import SpotMarket
 from gpulab.spawners.market.hub_client import HubClient
 from gpulab.spawners.node.allocator import NoCapacity
-from gpulab.spawners.node.holds import Hold, account_for_course, new_hold_id
+from gpulab.spawners.node.holds import Hold, HoldLimits, account_for_course, new_hold_id
 from gpulab.spawners.node.pool import GpuPool
 
 STATE_FILE = "bookings-state.json"
@@ -62,7 +62,20 @@ class BookingKeeper(SingletonConfigurable):
     max_minutes = Int(
         12 * 60, config=True, help="The longest lab session a teacher may book, in minutes."
     )
-    max_days_ahead = Int(120, config=True, help="How far ahead (days) a lab session may be booked.")
+    max_days_ahead = Int(
+        30,
+        config=True,
+        help="""How far ahead (days) a lab session may be booked: a booking's start more than this
+        many days from now is refused (400, field start).""",
+    )
+    hold_margin_seconds = Float(
+        600.0,
+        config=True,
+        help="""How long before its servers are started (``prestart_seconds`` before the window)
+        a booking begins to hold its cards: from then on nobody else may start on them and spot
+        servers on them get their warning. Before that the booking holds nothing (only another
+        booking for the same time is refused). At least the spot market's warning plus 5 s.""",
+    )
     interval = Float(
         1.0, config=True, help="Seconds between looks at the bookings (with 10% jitter)."
     )
@@ -294,10 +307,14 @@ class BookingsAPIHandler(CourseAPIHandler):
             )
         if start > now + keeper.max_days_ahead * 86400:
             raise CourseError(
-                400, "start", f"lab sessions are booked at most {keeper.max_days_ahead} days ahead"
+                400,
+                "start",
+                f"lab sessions are booked at most {keeper.max_days_ahead} days ahead "
+                "(BookingKeeper.max_days_ahead)",
             )
         warning = SpotMarket.instance(config=self.settings["config"]).warning_seconds
         use_from = max(now, start - keeper.prestart_seconds)
+        margin = max(keeper.hold_margin_seconds, warning + 5)
         hold = Hold(
             hold_id=new_hold_id("booking"),
             kind="booking",
@@ -307,10 +324,14 @@ class BookingsAPIHandler(CourseAPIHandler):
             start=start,
             end=end,
             use_from=use_from,
-            reclaim_from=max(now, use_from - warning - 5),
+            reclaim_from=max(now, use_from - margin),
             created=now,
             label=f"course {course.name}'s lab session {_iso(start)}-{_iso(end)}",
         )
+        limits = HoldLimits.instance(config=self.settings["config"])
+        problem = limits.problem(self.pool.allocator.holds, hold, now)
+        if problem is not None:
+            raise CourseError(409, "cards", problem)
         try:
             self.pool.allocator.add_hold(hold)
         except NoCapacity as e:

@@ -179,16 +179,17 @@ class GpuAllocator:
         )
 
     def held_out(self, gpu_type: str, now: float, accounts: Iterable[str] = ()) -> int:
-        """Free cards of ``gpu_type`` that a new server without a hold must leave alone: the
-        peak of what the holds (other than ``accounts``' usable ones) will claim from now on.
-        A server has no end time, so it must fit beside every hold still to come."""
+        """Free cards of ``gpu_type`` that a new server without a hold must leave alone: what the
+        holds (other than ``accounts``' usable ones) claim NOW. A hold claims cards only from its
+        ``reclaim_from`` (a booking: the keeper's prestart plus a margin before its window; a
+        reservation: its month's start), so a booking far ahead denies nobody service today."""
         mine = [
             h.hold_id
             for h in self._state.holds.values()
             if h.account in set(accounts) and h.usable(now)
         ]
         claims = self._claims(gpu_type, now, skip=mine)
-        return self._peak(claims, now, max((e for _, e, _ in claims), default=now) + 1)
+        return sum(n for f, e, n in claims if f <= now < e)
 
     def hold_deficit(self, gpu_type: str, now: float) -> int:
         """Cards the holds claiming now need beyond the free ones: what spot servers occupy."""

@@ -1,21 +1,31 @@
 """Cards held for an account: monthly reservations and lab-session bookings.
 
 A hold keeps ``cards`` cards of one GPU type for one account (``user:NAME`` or ``course:NAME``)
-from the moment it is made until its ``end``. Holds count cards, not particular cards: any free
-card of the type will do, which keeps every node's best-fit placement working.
+from its ``reclaim_from`` until its ``end``: a booking from the booking keeper's prestart plus a
+margin before its window, a reservation from its month's start. Before then it holds nothing, so
+a hold made far ahead denies nobody service now (it is only promised: another hold for the same
+time is refused). How far ahead one may book or reserve and how many cards an account may hold
+at once (:class:`HoldLimits`) are operator settings. Holds count cards, not particular cards:
+any free card of the type will do, which keeps every node's best-fit placement working.
 
-- Everyone else sees held cards as taken, on-demand and spot alike (so a booking made now can be
-  honoured later: an on-demand server has no end time, and would still be running at class time).
+- From ``reclaim_from`` everyone else sees held cards as taken, on-demand and spot alike. An
+  on-demand server started before then keeps its card (it has no end time): the hold's servers
+  then get the cards that are free, and the rest as they free up.
 - The account's own servers take the held cards from ``use_from`` (a booking: a few minutes
   before the class, when its servers are started; a reservation: its start).
-- A spot server already running on cards a hold needs gets the market's usual warning: at once
-  for a reservation, ``warning`` seconds before the window for a booking (see ``reclaim_from``).
+- A spot server running on cards a hold needs gets the market's usual warning from
+  ``reclaim_from``: at its month's start for a reservation, the margin before a booking's
+  servers start.
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
+
+from traitlets import Int
+from traitlets.config import SingletonConfigurable
 
 KINDS = ("reservation", "booking")
 
@@ -60,3 +70,48 @@ def accounts_for(user: str, course: str | None) -> list[str]:
     """The accounts whose holds a server of ``user`` (under ``course``) may take cards from: the
     course's first (a lab session's cards are for its students), then the user's own."""
     return [*([account_for_course(course)] if course else []), account_for_user(user)]
+
+
+class HoldLimits(SingletonConfigurable):
+    """How many cards one account may hold at once (reservations and bookings together): an
+    operator's setting, so that one user or one course cannot hold the whole pool."""
+
+    max_cards_per_user = Int(
+        4,
+        config=True,
+        help="""The most cards one user may hold at once through reservations (summed over GPU
+        types, at the busiest moment of the new hold's window). 0: no limit.""",
+    )
+    max_cards_per_course = Int(
+        32,
+        config=True,
+        help="""The most cards one course may hold at once through lab-session bookings and
+        reservations (summed over GPU types, at the busiest moment of the new hold's window).
+        0: no limit.""",
+    )
+
+    def limit_for(self, account: str) -> tuple[int, str]:
+        """(the limit, the setting's name) for ``account``."""
+        if account.startswith("course:"):
+            return self.max_cards_per_course, "HoldLimits.max_cards_per_course"
+        return self.max_cards_per_user, "HoldLimits.max_cards_per_user"
+
+    def problem(self, holds: Iterable[Hold], new: Hold, now: float) -> str | None:
+        """Why ``new`` would take its account past its limit (None: it would not)."""
+        limit, setting = self.limit_for(new.account)
+        if limit <= 0:
+            return None
+        mine = [
+            (max(h.start, now), h.end, h.cards)
+            for h in holds
+            if h.account == new.account and h.active(now) and h.hold_id != new.hold_id
+        ]
+        lo = max(new.start, now)
+        points = {lo, *(f for f, _, _ in mine if lo <= f < new.end)}
+        peak = max((sum(n for f, e, n in mine if f <= t < e) for t in points), default=0)
+        if peak + new.cards <= limit:
+            return None
+        return (
+            f"{new.account} may hold at most {limit} card(s) at once ({setting}); it already "
+            f"holds {peak} during that time, so at most {max(limit - peak, 0)} more"
+        )

@@ -30,6 +30,7 @@ def lab_hub(module_hub_factory) -> Hub:
             f"--SpotMarket.warning_seconds={WARNING}",
             "--SpotMarket.tick_interval=1",
             "--BookingKeeper.prestart_seconds=100",
+            "--HoldLimits.max_cards_per_course=2",
         ],
     )
 
@@ -168,3 +169,47 @@ def test_the_end_of_a_window_stops_its_servers_and_frees_the_cards(lab_hub: Hub)
     wait_for(lambda: hub.free("rtx-4090") == free, 30, 0.5, "the card to be free again")
     listed = hub.api("GET", "/gpulab/courses/cv201/bookings", token=t_token).json()
     assert listed["bookings"] == []
+
+
+def test_a_booking_far_ahead_holds_nothing_now_and_limits_are_named(lab_hub: Hub) -> None:
+    """Issue 20, attack 7: a teacher booked every card 100 days ahead, at no cost, and from that
+    moment nobody could start on them. Now a booking holds its cards only from its horizon (the
+    keeper's prestart plus a margin before the window); how far ahead and how many cards a course
+    may hold at once are operator settings, and a request beyond them names the limit."""
+    hub = lab_hub
+    make_course(hub, "far1", ["farprof"], gpu_types=["none", "rtx-4090"])
+    token = token_for(hub, "farprof")
+    free = hub.free("rtx-4090")
+    assert free >= 2, hub.pool()
+
+    def listed() -> list[dict]:
+        return hub.api("GET", "/gpulab/courses/far1/bookings", token=token).json()["bookings"]
+
+    # Beyond the horizon setting: refused, naming it; nothing held.
+    start = time.time() + 40 * 86400
+    got = book(hub, "far1", token, gpu_type="rtx-4090", cards=1, start=iso(start), minutes=60)
+    assert (got["status"], got["field"]) == (400, "start"), got
+    assert "at most 30 days ahead" in got["message"]
+    assert "BookingKeeper.max_days_ahead" in got["message"]
+    assert listed() == []
+
+    # 20 days ahead: booked (a promise), but the cards stay free for everyone now.
+    start = time.time() + 20 * 86400
+    got = book(hub, "far1", token, gpu_type="rtx-4090", cards=2, start=iso(start), minutes=60)
+    assert got["status"] == 201, got
+    assert hub.free("rtx-4090") == free
+    hub.create_user("nowuser")
+    hub.spawn_ready("nowuser", {"gpu": "rtx-4090"})
+    try:
+        assert hub.free("rtx-4090") == free - 1
+        # More than the course may hold at once (HoldLimits.max_cards_per_course=2): refused,
+        # naming the limit, though a card would be free then.
+        more = book(hub, "far1", token, gpu_type="rtx-4090", cards=1, start=iso(start),
+                    minutes=30)  # fmt: skip
+        assert (more["status"], more["field"]) == (409, "cards"), more
+        assert "HoldLimits.max_cards_per_course" in more["message"]
+        assert [b["id"] for b in listed()] == [got["id"]]
+    finally:
+        hub.stop_server("nowuser")
+        r = hub.api("DELETE", f"/gpulab/courses/far1/bookings/{got['id']}", token=token)
+        assert r.status_code == 204

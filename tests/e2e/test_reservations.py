@@ -34,6 +34,7 @@ def rhub(module_hub_factory) -> Hub:
             f"--SpotMarket.warning_seconds={WARNING}",
             "--SpotMarket.tick_interval=1",
             "--ActivityObserver.bill_observed=False",
+            "--HoldLimits.max_cards_per_user=2",
         ],
     )
     wait_for(Billing(hub).up, 30, 0.2, "the billing service")
@@ -152,3 +153,53 @@ def test_a_reserved_card_is_the_accounts_prepaid_and_overflow_is_billed(rhub: Hu
     listed = hub.api("GET", "/gpulab/reservations", token=alice).json()["reservations"]
     assert [r["id"] for r in listed] == [res["id"]]
     assert time.time() < end
+
+
+def next_month(ahead: int = 1) -> str:
+    today = datetime.now(UTC)
+    index = today.year * 12 + today.month - 1 + ahead
+    return f"{index // 12:04d}-{index % 12 + 1:02d}"
+
+
+def test_a_reservation_ahead_holds_nothing_now_and_limits_are_named(rhub: Hub) -> None:
+    """Issue 20, attack 7: a user reserved cards for a month eleven months ahead, and from that
+    moment nobody could start on them. Now a reservation holds its cards only within its month;
+    how far ahead (the current or next month) and how many cards a user may hold at once are
+    operator settings, and a request beyond them names the limit, holds and charges nothing."""
+    hub, billing = rhub, Billing(rhub)
+    hub.create_user("erin")
+    hub.create_user("frank")
+    billing.credit("erin", "20000")
+    erin = user_token(hub, "erin")
+
+    def erins() -> list[str]:
+        listed = hub.api("GET", "/gpulab/reservations", token=erin).json()["reservations"]
+        return [r["id"] for r in listed]
+
+    before = Decimal(billing.balance("erin")["balance"]["exact"])
+    body = {"account": "user:erin", "gpu_type": "a100-80g"}
+    # Eleven months ahead: beyond the setting, named; nothing held, nothing charged.
+    status, answer = reserve(
+        hub, erin, **body, cards=1, month=next_month(11), idempotency_key="erin-far-away"
+    )
+    assert (status, answer["field"]) == (400, "month"), answer
+    assert "ReservationsConfig.max_months_ahead" in answer["message"]
+    # More cards than a user may hold at once: named; nothing held, nothing charged.
+    status, answer = reserve(
+        hub, erin, **body, cards=3, month=next_month(), idempotency_key="erin-too-many"
+    )
+    assert (status, answer["field"]) == (409, "cards"), answer
+    assert "HoldLimits.max_cards_per_user" in answer["message"]
+    assert erins() == []
+    assert Decimal(billing.balance("erin")["balance"]["exact"]) == before
+
+    # Next month, two cards: reserved and prepaid, but nothing is held this month.
+    free = hub.free("a100-80g")
+    status, res = reserve(
+        hub, erin, **body, cards=2, month=next_month(), idempotency_key="erin-next-month"
+    )
+    assert status == 201, res
+    assert erins() == [res["id"]]
+    assert hub.free("a100-80g") == free
+    hub.spawn_ready("frank", {"gpu": "a100-80g", "gpus": free})
+    hub.stop_server("frank")

@@ -68,11 +68,14 @@ def test_reserved_cards_are_never_given_to_others(tmp_path) -> None:
     assert a.allocate("carol/0", "rtx-4090", 1, accounts=["user:carol"]).hold_id == h.hold_id
 
 
-def test_a_future_booking_is_left_room_by_servers_started_now(tmp_path) -> None:
+def test_a_booking_holds_its_cards_only_from_its_horizon(tmp_path) -> None:
     a = allocator(tmp_path)
     now = time.time()
-    a.add_hold(hold("course:ml101", 2, now + 3600, now + 4200, use_from=now + 3400))
-    # An on-demand server has no end: it may take only what the booking leaves.
+    # Within its horizon (reclaim_from passed): nobody else may take its cards.
+    a.add_hold(
+        hold("course:ml101", 2, now + 3600, now + 4200, use_from=now + 3400, reclaim_from=now)
+    )
+    assert a.counts()["rtx-4090"] == {"total": 4, "free": 2, "held": 2}
     a.allocate("u1/", "rtx-4090", 1)
     a.allocate("u2/", "rtx-4090", 1)
     with pytest.raises(NoCapacity, match="2 held"):
@@ -80,6 +83,46 @@ def test_a_future_booking_is_left_room_by_servers_started_now(tmp_path) -> None:
     # The course's servers cannot take the booking's cards before its use_from.
     with pytest.raises(NoCapacity):
         a.allocate("s1/", "rtx-4090", 1, accounts=["course:ml101"])
+
+
+def test_a_hold_far_ahead_denies_nobody_service_now(tmp_path) -> None:
+    # Issue 20, attack 7: every card booked 100 days ahead (or reserved for a month eleven
+    # months ahead) used to be "held" from the moment it was made.
+    a = allocator(tmp_path)
+    now = time.time()
+    far = now + 100 * 86400
+    booking = hold("course:ml101", 4, far, far + 3600, use_from=far - 180, reclaim_from=far - 780)
+    a.add_hold(booking)
+    a.add_hold(hold("user:carol", 4, far + 86400, far + 40 * 86400, kind="reservation"))
+    assert a.counts()["rtx-4090"] == {"total": 4, "free": 4, "held": 0}
+    for i in range(4):
+        a.allocate(f"u{i}/", "rtx-4090", 1)
+    # Still a promise: another hold for the same time is refused.
+    with pytest.raises(NoCapacity, match="4 already held"):
+        a.add_hold(hold("course:cv201", 1, far, far + 600, reclaim_from=far))
+
+
+def test_an_account_holds_at_most_its_limit_at_once(tmp_path) -> None:
+    from traitlets.config import Config
+
+    from gpulab.spawners.node.holds import HoldLimits
+
+    config = Config()
+    config.HoldLimits.max_cards_per_user = 3
+    config.HoldLimits.max_cards_per_course = 5
+    limits = HoldLimits(config=config)
+    now = time.time()
+    held = [hold("user:carol", 2, now, now + 3600, kind="reservation")]
+    # Overlapping: 2 + 2 > 3, named with its setting; later (no overlap) it fits.
+    problem = limits.problem(held, hold("user:carol", 2, now + 60, now + 600), now)
+    assert problem is not None and "HoldLimits.max_cards_per_user" in problem
+    assert "at most 3 card(s) at once" in problem and "at most 1 more" in problem
+    assert limits.problem(held, hold("user:carol", 3, now + 3600, now + 7200), now) is None
+    assert limits.problem(held, hold("user:dave", 3, now, now + 600), now) is None
+    course = limits.problem([], hold("course:ml101", 6, now, now + 600), now)
+    assert course is not None and "HoldLimits.max_cards_per_course" in course
+    config.HoldLimits.max_cards_per_user = 0  # no limit
+    assert HoldLimits(config=config).problem(held, hold("user:carol", 9, now, now + 9), now) is None
 
 
 def test_bookings_at_different_times_share_cards_and_overlaps_are_refused(tmp_path) -> None:
