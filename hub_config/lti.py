@@ -9,8 +9,12 @@ gpulab is the LTI *tool*, the LMS the *platform*. A launch is OpenID Connect's i
    the browser to the platform's ``authorize_url``;
 2. **launch**: the platform posts a signed ``id_token`` and the state to ``/hub/lti13/launch``.
    The hub checks the state, the signature (against the platform's JWKS), issuer, audience,
-   expiry, age, nonce, deployment and message type, in that order. Anything wrong answers 4xx
-   naming the field, and nothing changes: no user, no course, no membership;
+   expiry, age, nonce, deployment and message type, in that order. Each id_token's nonce is
+   accepted once (a used-nonce table in the hub's database, kept for ``max_age``, so across a
+   restart too): a captured launch posted again is refused. A launch whose roles hold no course
+   role gpulab knows (Learner, Instructor, TeachingAssistant) is refused (403, ``roles``).
+   Anything wrong answers 4xx naming the field, and nothing changes: no user, no course, no
+   membership;
 3. the person is logged in under a readable username (:func:`username_candidates`; the same LMS
    person always gets the same hub user) and added to the course of the launch's context
    (:func:`course_slug`) with the role the LMS gives them (:func:`course_role`), through
@@ -20,7 +24,7 @@ gpulab is the LTI *tool*, the LMS the *platform*. A launch is OpenID Connect's i
 Which LMS person is which hub user, and which LMS context is which course, is kept in two small
 tables of the hub's own database (``gpulab_lti_users``: issuer + ``sub`` -> username,
 ``gpulab_lti_courses``: issuer + context id -> course), created at the first start with LTI
-configured. They survive restarts and work with any hub database (SQLite, PostgreSQL, MySQL);
+configured, beside a third (``gpulab_lti_nonces``: the nonces used within ``max_age``). They survive restarts and work with any hub database (SQLite, PostgreSQL, MySQL);
 ``auth_state`` would need encryption keys, and group properties would not hold users. A name held
 there cannot be signed up for with a password (:meth:`GpulabLTI.name_is_linked`).
 
@@ -52,6 +56,7 @@ from ltiauthenticator.lti13.handlers import (
 )
 from ltiauthenticator.utils import convert_request_to_dict
 from sqlalchemy import Integer, Unicode, UniqueConstraint, inspect
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from tornado import web
 from tornado.httputil import url_concat
@@ -220,6 +225,32 @@ class LTICourse(_Base):
     issuer: Mapped[str] = mapped_column(Unicode(255))
     context_id: Mapped[str] = mapped_column(Unicode(255))
     course: Mapped[str] = mapped_column(Unicode(255), unique=True)
+
+
+class LTINonce(_Base):
+    """A nonce an accepted id_token carried (as a SHA-256), until its token could not be accepted
+    anyway (``expires``: its ``iat`` plus ``max_age`` and the leeway)."""
+
+    __tablename__ = "gpulab_lti_nonces"
+    __table_args__ = (UniqueConstraint("issuer", "nonce"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    issuer: Mapped[str] = mapped_column(Unicode(255))
+    nonce: Mapped[str] = mapped_column(Unicode(64))
+    expires: Mapped[int] = mapped_column(Integer, index=True)
+
+
+def use_nonce(db: Any, issuer: str, nonce: str, expires: float, now: float) -> bool:
+    """Record ``nonce`` as used (committed); False when it was used already. Nonces past their
+    ``expires`` are pruned first (their tokens are refused for age anyway)."""
+    db.query(LTINonce).filter(LTINonce.expires < int(now)).delete(synchronize_session=False)
+    digest = hashlib.sha256(nonce.encode()).hexdigest()
+    db.add(LTINonce(issuer=issuer, nonce=digest, expires=int(expires) + 1))
+    try:
+        db.commit()
+    except IntegrityError:
+        db.rollback()
+        return False
+    return True
 
 
 def create_tables(db: Any) -> None:
@@ -577,12 +608,35 @@ class GpulabLTI(LoggingConfigurable):
         roles = claims.get(ROLES_CLAIM)
         if not isinstance(roles, list):
             raise LTIError(400, "roles", "missing or not a list")
+        role = course_role(roles)
+        if role is None:
+            # Nothing is made for a launch gpulab has no role for: no user, no course.
+            shown = ", ".join(str(r) for r in roles[:5]) or "none"
+            raise LTIError(
+                403,
+                "roles",
+                f"no course role gpulab knows in the launch's roles ({shown}); allowed: Learner "
+                "(student), Instructor (teacher), Instructor#TeachingAssistant (ta). Ask the "
+                "course's teacher to enrol you in the LMS",
+            )
         context = claims.get(CONTEXT_CLAIM)
         if context is None:
             return None
         if not isinstance(context, dict) or not context.get("id"):
             raise LTIError(400, "context", "the context claim has no id")
-        return CoursePlan(context=context, role=course_role(roles))
+        return CoursePlan(context=context, role=role)
+
+    def spend_nonce(self, db: Any, claims: Mapping[str, Any]) -> None:
+        """Accept the id_token's nonce once: raise :class:`LTIError` (401) for a used one."""
+        now = time.time()
+        expires = float(claims["iat"]) + self.max_age + self.leeway
+        if not use_nonce(db, self.issuer, str(claims["nonce"]), expires, now):
+            raise LTIError(
+                401,
+                "nonce",
+                "this id_token was used already (each launch is accepted once): launch again "
+                "from the LMS",
+            )
 
     # ---- what a good launch does -----------------------------------------------------------------
 
@@ -596,12 +650,11 @@ class GpulabLTI(LoggingConfigurable):
     def join_course(self, db: Any, name: str, plan: CoursePlan, make_user: groups.MakeUser) -> None:
         """Add ``name`` to the launch's course with its role (creating the course if new); other
         courses stay as they are."""
-        group, course = course_for(db, self.issuer, plan.context, make_user)
         if plan.role is None:
-            self.log.info(
-                "LTI launch of %s in %s with no course role; not a member", name, course.name
-            )
+            # check_claims refuses these; nothing, not even the course, is made for one.
+            self.log.info("LTI launch of %s with no course role; nothing joined", name)
             return
+        group, course = course_for(db, self.issuer, plan.context, make_user)
         if current_role(group, course, name) != plan.role:
             groups.add_members(db, group, course, [(name, plan.role)], make_user)
             self.log.info("LTI launch: %s is %s of course %s", name, plan.role, course.name)
@@ -737,6 +790,7 @@ class LTILaunchHandler(_LTIBase, LTI13CallbackHandler):
             raise LTIError(400, "id_token", "missing from the launch request")
         claims = await asyncio.to_thread(lti.verify, encoded)
         self.checked_nonce(claims)
+        lti.spend_nonce(self.db, claims)
         plan = lti.check_claims(claims)
         # Everything is checked: from here the launch changes things.
         user = await self.login_user(claims)

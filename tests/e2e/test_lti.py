@@ -490,3 +490,52 @@ def test_password_login_and_signup_stay_and_lms_names_are_reserved(lti_hub, plat
 def test_no_lti_config_mounts_nothing(hub) -> None:
     for path in ("/hub/lti13/login", "/hub/lti13/launch"):
         assert requests.get(f"{hub.url}{path}?iss=x", timeout=30).status_code == 404
+
+
+def test_a_captured_launch_is_accepted_once_even_across_a_restart(lti_hub, platform) -> None:
+    """Issue 20, attack 8: whoever captured a launch (the form the LMS posts, and the browser's
+    state and nonce cookies) could post it again within ``max_age`` and be logged in as that
+    person. Each id_token's nonce is now accepted once, and the hub remembers it across a
+    restart."""
+    hub = lti_hub
+    person = Launch(
+        "lms-user-5005",
+        [LEARNER],
+        {"id": "ctx-replay", "label": "Replay 1", "title": "Replays"},
+        {"preferred_username": "katherine.johnson"},
+    )
+    browser = Browser(hub, platform)
+    action, fields = browser.to_platform(expect(platform, person))
+    captured = dict(browser.http.cookies.items())
+    assert_lands_logged_in(browser, browser.post_launch(action, fields), "katherine.johnson")
+
+    def replay() -> requests.Response:
+        thief = Browser(hub, platform)
+        for name, value in captured.items():
+            thief.http.cookies.set(name, value)
+        r = thief.post_launch(action, fields)
+        assert thief.me().status_code in (401, 403)
+        return r
+
+    assert_refused(replay(), 401, "nonce: this id_token was used already")
+    hub.stop()
+    hub.start()
+    assert_refused(replay(), 401, "nonce: this id_token was used already")
+
+
+def test_a_launch_with_no_course_role_makes_nothing(lti_hub, platform) -> None:
+    """Issue 20, attack 8: a launch with no role gpulab knows (a Mentor, an LMS administrator)
+    created the course's group all the same. Now it is refused naming the claim, and nothing is
+    made: no user, no course."""
+    hub = lti_hub
+    launch = Launch(
+        sub="norole",
+        roles=[f"{MEMBERSHIP}#Mentor"],
+        context={"id": "ctx-norole", "label": "Bad norole", "title": "Bad"},
+        person={"preferred_username": f"{BAD}-norole"},
+    )
+    browser = Browser(hub, platform)
+    r = browser.launch(expect(platform, launch))
+    assert_refused(r, 403, "roles: no course role gpulab knows", "allowed: Learner")
+    assert_nothing_made(hub, "norole")
+    assert browser.me().status_code in (401, 403)

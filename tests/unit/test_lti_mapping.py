@@ -25,6 +25,7 @@ from gpulab.hub_config.lti import (
     course_slug,
     create_tables,
     normalize_username,
+    use_nonce,
     username_candidates,
     username_for,
 )
@@ -197,9 +198,9 @@ def test_joining_is_additive_and_roles_follow_the_last_launch(db) -> None:
     group, course = groups.find(db, "a-1")
     assert course.tas == ("s1",) and groups.students(group) == []
     assert groups.students(groups.find(db, "b-1")[0]) == ["s1"]
-    # No course role: the course exists, the person is not added.
+    # No course role: nothing is made, not even the course (issue 20, attack 8).
     lti.join_course(db, "s1", CoursePlan({"id": "c", "label": "C 1"}, None), mk)
-    assert groups.students(groups.find(db, "c-1")[0]) == []
+    assert groups.find(db, "c-1") is None
 
 
 def valid_claims(**extra) -> dict:
@@ -227,6 +228,9 @@ def test_claims_are_checked_naming_the_claim() -> None:
         (valid_claims(**{MESSAGE_TYPE_CLAIM: "LtiDeepLinkingRequest"}), 400, "message_type"),
         (valid_claims(**{RESOURCE_LINK_CLAIM: {}}), 400, "resource_link"),
         (valid_claims(**{ROLES_CLAIM: "Learner"}), 400, "roles"),
+        # No role gpulab knows: refused, whether or not there is a context.
+        (valid_claims(**{ROLES_CLAIM: [f"{MEMBERSHIP}#Mentor"]}), 403, "roles"),
+        (valid_claims(**{ROLES_CLAIM: [], CONTEXT_CLAIM: None}), 403, "roles"),
         (valid_claims(**{CONTEXT_CLAIM: {"label": "x"}}), 400, "context"),
     ]:
         with pytest.raises(LTIError) as e:
@@ -258,3 +262,31 @@ def test_configuration_from_the_environment_and_half_configs_refused() -> None:
     assert not GpulabLTI().enabled
     with pytest.raises(ValueError, match=r"GpulabLTI\.jwks_endpoint"):
         GpulabLTI(issuer=ISS, client_ids={"a"}, authorize_url="x").check()
+
+
+def test_a_nonce_is_accepted_once_and_kept_across_sessions(tmp_path) -> None:
+    # Issue 20, attack 8: an id_token could be replayed within max_age (no used-nonce store).
+    url = f"sqlite:///{tmp_path / 'hub.sqlite'}"
+    first = orm.new_session_factory(url)()
+    create_tables(first)
+    now = 1_000_000.0
+    assert use_nonce(first, ISS, "n-1", now + 600, now)
+    assert not use_nonce(first, ISS, "n-1", now + 600, now + 1)
+    assert use_nonce(first, "https://other.example", "n-1", now + 600, now)  # per issuer
+    first.close()
+    # A new session on the same database (a restarted hub) still knows it ...
+    second = orm.new_session_factory(url)()
+    assert not use_nonce(second, ISS, "n-1", now + 600, now + 2)
+    # ... until its token would be refused for age anyway: then it is pruned.
+    assert use_nonce(second, ISS, "n-1", now + 1200, now + 602)
+    second.close()
+
+
+def test_spend_nonce_refuses_a_used_nonce_naming_the_field(db) -> None:
+    lti = GpulabLTI(issuer=ISS)
+    claims = {"nonce": "abc", "iat": 1e10}
+    lti.spend_nonce(db, claims)
+    with pytest.raises(LTIError) as e:
+        lti.spend_nonce(db, claims)
+    assert (e.value.status_code, e.value.field) == (401, "nonce")
+    assert "used already" in str(e.value.args[0])
