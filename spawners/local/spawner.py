@@ -223,9 +223,14 @@ class GpuLocalSpawner(LocalIsolationMixin, GpuSpawnerMixin, LocalProcessSpawner)
             shutil.rmtree(tmp, ignore_errors=True)
             shutil.copytree(src, tmp)
             for path in [*tmp.rglob("*"), tmp]:
-                mode_bits = path.stat().st_mode
+                # Read-only, and readable by every user's account (the hub's umask is 077).
+                mode_bits = path.stat().st_mode | stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH
+                if path.is_dir():
+                    mode_bits |= stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH
                 path.chmod(mode_bits & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
             tmp.rename(copy)
+        for folder in (copy.parent.parent, copy.parent):
+            folder.chmod(0o711)  # passable by the users' accounts, not listable
         return str(copy)
 
     # ---- environment -------------------------------------------------------------------------
