@@ -499,7 +499,7 @@ def test_a_captured_launch_is_accepted_once_even_across_a_restart(lti_hub, platf
     restart."""
     hub = lti_hub
     person = Launch(
-        "lms-user-5005",
+        "lms-user-7007",
         [LEARNER],
         {"id": "ctx-replay", "label": "Replay 1", "title": "Replays"},
         {"preferred_username": "katherine.johnson"},
