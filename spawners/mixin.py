@@ -468,8 +468,11 @@ class GpuSpawnerMixin(AppServersMixin, HasTraits):
 
     async def observe_activity(self) -> Observation | None:
         """This server's processes besides the single-user server itself, found where the user
-        cannot hide them (its cgroup, its container), and the GPU processes on its cards; None
-        when the spawner cannot tell (then nothing is observed, nothing billed from it)."""
+        cannot hide them (its cgroup, its container), the GPU processes on its cards, and the CPU
+        time everything in it consumed, the server's own process included (``Observation.cpu``:
+        per cgroup, container or process, as the kernel accounts it; None if not measurable,
+        then any process counts as work); None when the spawner cannot tell (then nothing is
+        observed, nothing billed from it)."""
         return None
 
     # ---- preemption warning (spot), called by the market ----------------------------------------
