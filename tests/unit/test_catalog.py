@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import tomllib
 from decimal import Decimal
 
@@ -133,3 +134,25 @@ def test_public_catalog_hides_host_paths() -> None:
     public = load_catalog().public()
     assert "source" not in public["datasets"]["sklearn-toy"]
     assert public["gpu_types"]["a100-80g"]["on_demand_price"] == "2.10"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the refusal is for root hubs")
+def test_a_root_hub_refuses_a_local_app_on_a_tcp_port() -> None:
+    """A local app on a loopback TCP port could be driven by every account on a root hub's node,
+    without logging in: its ``local_command`` must listen on ``{unix_socket}``."""
+    data = default_data()
+    data["apps"]["tensorboard"]["local_command"] = [
+        "tensorboard",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "{port}",
+    ]
+    with pytest.raises(CatalogError) as e:
+        parse_catalog(data, "catalog.toml")
+    message = str(e.value)
+    assert "apps.tensorboard.local_command: listens on a TCP port" in message
+    assert "{unix_socket}" in message
+    # On a Unix socket it is accepted.
+    data["apps"]["tensorboard"]["local_command"] = ["tb-on-socket", "--socket", "{unix_socket}"]
+    assert parse_catalog(data).apps["tensorboard"].local_command[-1] == "{unix_socket}"
