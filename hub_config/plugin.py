@@ -26,6 +26,7 @@ from tornado.httpclient import AsyncHTTPClient
 from gpulab.hub_config import api, overrides
 from gpulab.hub_config.api import reservations
 from gpulab.hub_config.billing_hooks import configure_billing
+from gpulab.hub_config.courses import autograde as course_autograde
 from gpulab.hub_config.courses import bookings as course_bookings
 from gpulab.hub_config.courses import dashboard as course_dashboard
 from gpulab.hub_config.courses import groups as course_groups
@@ -87,6 +88,7 @@ def routes() -> list[tuple[str, type]]:
         *course_handlers.ROUTES,
         *course_bookings.ROUTES,
         *course_dashboard.ROUTES,
+        *course_autograde.ROUTES,
         *overrides.ROUTES,
     ]
 

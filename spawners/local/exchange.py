@@ -41,6 +41,14 @@ SAFE_COURSE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 EXCHANGE_PARTS = ("outbound", "inbound", "feedback")
 # Where a teacher's course directories live, in their home (nbgrader's CourseDirectory.root).
 COURSE_DIRS = "~/courses"
+# What `nbgrader autograde` (or the Formgrader's autograde button) in a staff server answers.
+AUTOGRADE_REFUSAL = (
+    "gpulab: autograding in your own server would run your students' code as you (it could "
+    "read every submission and your files). Let the hub grade each submission in a sandbox: "
+    "POST /hub/api/gpulab/courses/COURSE/assignments/ASSIGNMENT/autograde with a token of "
+    "yours (after `nbgrader collect`); see docs/nbgrader.md. To run it here anyway, set "
+    "GPULAB_UNSAFE_AUTOGRADE=1."
+)
 
 # POSIX ACLs as Linux keeps them in xattrs (linux/posix_acl_xattr.h).
 ACL_ACCESS = "system.posix_acl_access"
@@ -265,6 +273,22 @@ if GPULAB_COURSE in GPULAB_COURSES:
         c.CourseDirectory.root = _root
     elif GPULAB_STUDENT_ID:
         c.CourseDirectory.student_id = GPULAB_STUDENT_ID
+
+# Autograding here would run every student's code as you: it could read all submissions and
+# your files, reach the hub as you and leave processes billed to you. The hub grades each
+# submission in a sandbox of its own instead (docs/nbgrader.md, "Autograding"). To run it here
+# anyway (your own test notebooks), set GPULAB_UNSAFE_AUTOGRADE=1 in the command's environment.
+if (
+    any(role != "student" for role in GPULAB_COURSES.values())
+    and not _os.environ.get("GPULAB_UNSAFE_AUTOGRADE")
+):
+    from nbgrader.preprocessors import NbGraderPreprocessor as _Preprocessor
+
+    class GpulabSandboxedAutograde(_Preprocessor):
+        def preprocess(self, nb, resources):
+            raise RuntimeError({AUTOGRADE_REFUSAL!r})
+
+    c.Autograde.autograde_preprocessors = [GpulabSandboxedAutograde]
 """
 
 

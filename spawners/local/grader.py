@@ -30,6 +30,7 @@ gpulab.spawners.local.grader OP``: ``export`` and ``import`` as the teacher, ``s
 from __future__ import annotations
 
 import argparse
+import ctypes
 import io
 import json
 import os
@@ -56,6 +57,9 @@ HANDOFF = "gpulab-sandboxed"
 CGROUP_PARENT = "gpulab-grading"
 # Folders anyone may write into, made private (tmpfs) inside the sandbox's mount namespace.
 SHARED_WRITABLE = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
+# Where the submission's folder appears inside the sandbox (bound into its private /tmp).
+SANDBOX_WORK = "/tmp/gpulab-grading"
+MS_NOSUID, MS_NODEV, MS_BIND = 0x2, 0x4, 0x1000
 # An exit code of the sandbox's own: the unpacked submission was refused before running it.
 _ENV_KEEP = ("LANG", "LC_ALL")
 
@@ -223,12 +227,12 @@ def _read_outputs(work: Path, student: str, assignment: str, max_bytes: int) -> 
     return out
 
 
-def _sandbox_config(course: str, work: Path) -> str:
+def _sandbox_config(course: str, work: str = SANDBOX_WORK) -> str:
     return f"""\
 c = get_config()  # noqa: F821
 c.CourseDirectory.course_id = {course!r}
-c.CourseDirectory.root = {str(work)!r}
-c.CourseDirectory.db_url = "sqlite:///" + {str(work / "gradebook.db")!r}
+c.CourseDirectory.root = {work!r}
+c.CourseDirectory.db_url = "sqlite:///" + {work + "/gradebook.db"!r}
 # The hub's wall-clock limit ends the grading; no per-cell limit of nbgrader's cuts in first.
 c.Execute.timeout = None
 c.Execute.interrupt_on_timeout = False
@@ -261,7 +265,7 @@ def run_sandbox(
         stdin=subprocess.DEVNULL,
         stdout=log,
         stderr=subprocess.STDOUT,
-        env=_clean_env(str(work / "home"), "gpulab-grader"),
+        env=_clean_env(SANDBOX_WORK + "/home", "gpulab-grader"),
         cwd="/",
         start_new_session=True,
     )
@@ -331,7 +335,7 @@ def grade_submission(
     try:
         _unpack(exported.stdout, work, settings.max_bytes)
         (work / "home").mkdir(exist_ok=True)
-        (work / "nbgrader_config.py").write_text(_sandbox_config(course, work))
+        (work / "nbgrader_config.py").write_text(_sandbox_config(course))
         _chown_tree(work, settings.uid)
         state, reason, seconds = run_sandbox(
             work, course, assignment, student, cgroups, settings,
@@ -531,27 +535,37 @@ def _op_sandbox(uid: int, work: str, procs: str, assignment: str, student: str) 
     os.execve(unshare, argv, dict(os.environ))
 
 
+def _mount(source: str, target: str, fstype: str | None, flags: int, data: str | None) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    enc = [None if v is None else v.encode() for v in (source, target, fstype, data)]
+    if libc.mount(enc[0], enc[1], enc[2], ctypes.c_ulong(flags), enc[3]) != 0:
+        err = ctypes.get_errno()
+        raise SystemExit(f"gpulab: mount {source} on {target}: {os.strerror(err)}")
+
+
 def _op_inner(uid: int, work: str, assignment: str, student: str) -> None:
-    """As root, pid 1 of the sandbox's namespaces: loopback up, private temp folders, then become
-    the throwaway uid and run nbgrader."""
+    """As root, pid 1 of the sandbox's namespaces: loopback up, private temp folders (the work
+    folder bound at :data:`SANDBOX_WORK` inside them, wherever the data dir is), then become the
+    throwaway uid and run nbgrader."""
     _bring_up_loopback()
+    # Held open: a tmpfs over /tmp may hide the work folder's own path.
+    work_fd = os.open(work, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
     for folder in SHARED_WRITABLE:
         if os.path.isdir(folder) and not os.path.islink(folder):
-            subprocess.run(
-                ["mount", "-t", "tmpfs", "-o", "mode=1777,size=256m,nosuid,nodev", "tmpfs",
-                 folder],
-                check=True,
-            )  # fmt: skip
+            _mount("tmpfs", folder, "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777,size=256m")
+    os.mkdir(SANDBOX_WORK, 0o755)
+    _mount(f"/proc/self/fd/{work_fd}", SANDBOX_WORK, None, MS_BIND, None)
+    os.close(work_fd)
     os.setgroups([])
     os.setgid(uid)
     os.setuid(uid)
     if os.getuid() != uid or os.geteuid() != uid:
         raise SystemExit("gpulab: could not become the grading uid")
     os.umask(0o077)
-    os.chdir(work)
+    os.chdir(SANDBOX_WORK)
     nbgrader = str(Path(_python()).parent / "nbgrader")
-    env = _clean_env(os.path.join(work, "home"), "gpulab-grader")
-    env["JUPYTER_CONFIG_DIR"] = os.path.join(work, "home", ".jupyter")
+    env = _clean_env(os.path.join(SANDBOX_WORK, "home"), "gpulab-grader")
+    env["JUPYTER_CONFIG_DIR"] = os.path.join(SANDBOX_WORK, "home", ".jupyter")
     argv = [nbgrader, "autograde", assignment, "--student", student, "--force"]
     proc = subprocess.Popen(argv, env=env)
     # pid 1 of the namespace: when nbgrader ends, every process left in it ends with us.

@@ -201,3 +201,23 @@ def test_seats_hook_may_be_sync_or_async() -> None:
         spawner = SimpleNamespace(course_seats_hook=hook)
         got = asyncio.run(GpuSpawnerMixin.gpulab_course_seats(spawner))
         assert got == (tuple(seats) if hook else ())
+
+
+def test_config_refuses_autograding_in_a_staff_server(tmp_path, monkeypatch) -> None:
+    """`nbgrader autograde` (and the Formgrader's button) in a teacher's or TA's server would run
+    students' code as them: gpulab's config replaces its executing steps by a refusal that names
+    the hub's sandboxed path. Students' configs are left alone; the teacher may opt out."""
+    monkeypatch.delenv("GPULAB_UNSAFE_AUTOGRADE", raising=False)
+    c, _ = load(tmp_path, monkeypatch, TEACHES_TWO, ["autograde", "ps1", "--course", "alg"])
+    (refusal,) = c.Autograde.autograde_preprocessors
+    with pytest.raises(RuntimeError, match="assignments/ASSIGNMENT/autograde"):
+        refusal().preprocess(None, {})
+    # Naming no course, or another course the user staffs: refused all the same.
+    c, _ = load(tmp_path, monkeypatch, TEACHES_TWO, ["autograde", "ps1"])
+    assert len(c.Autograde.autograde_preprocessors) == 1
+    studies_only = [CourseSeat("chem", "student", students=("tom",), staff=("pat",))]
+    c, _ = load(tmp_path, monkeypatch, studies_only, ["autograde", "ps1"])
+    assert "autograde_preprocessors" not in c.Autograde
+    monkeypatch.setenv("GPULAB_UNSAFE_AUTOGRADE", "1")
+    c, _ = load(tmp_path, monkeypatch, TEACHES_TWO, ["autograde", "ps1", "--course", "alg"])
+    assert "autograde_preprocessors" not in c.Autograde
