@@ -315,3 +315,16 @@ def test_proxy_socket_folders_are_removed_without_following_links(tmp_path: Path
     assert roots.is_dir() and other.is_dir()
     assert (temp / "jupyter-server-proxy-link").is_symlink()
     assert snapshot(sentinel) == before
+
+
+def test_the_apps_config_is_written_as_the_user_never_through_their_link(place) -> None:
+    """The launcher writes jupyter-server-proxy's config into ``~/.gpulab/jupyter-config``; with
+    that folder linked to a root-owned one, the write is the user's own (and is refused there)."""
+    home, _src, sentinel = place
+    before = snapshot(sentinel)
+    as_user(home / ".gpulab", folder=True)
+    as_user(home / ".gpulab" / "jupyter-config", str(sentinel))
+    env = {"HOME": str(home), "GPULAB_RUN_AS": RUN_AS, "GPULAB_APP_SERVERS": '{"x": {}}'}
+    seen = run_child(env)
+    assert seen["error"] is not None and "Permission denied" in seen["error"]
+    assert snapshot(sentinel) == before
