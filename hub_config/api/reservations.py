@@ -186,13 +186,10 @@ class ReservationsAPIHandler(GpulabAPIHandler):
                 label=f"{account}'s reservation of {cards} {gpu_type} for {body['month']}",
             )
             limits = HoldLimits.instance(config=self.settings["config"])
-            problem = limits.problem(alloc.holds, hold, now)
-            if problem is not None:
-                return self.fail(409, "cards", problem)
             try:
                 # Held before it is charged: a hub that dies in between finds the hold at start
                 # and has billing confirm it (the same id is charged once) or drops it.
-                alloc.add_hold(hold)
+                alloc.add_hold(hold, lambda holds, h: limits.problem(holds, h, now))
             except NoCapacity as e:
                 return self.fail(409, "cards", str(e))
         charge = None

@@ -329,11 +329,8 @@ class BookingsAPIHandler(CourseAPIHandler):
             label=f"course {course.name}'s lab session {_iso(start)}-{_iso(end)}",
         )
         limits = HoldLimits.instance(config=self.settings["config"])
-        problem = limits.problem(self.pool.allocator.holds, hold, now)
-        if problem is not None:
-            raise CourseError(409, "cards", problem)
         try:
-            self.pool.allocator.add_hold(hold)
+            self.pool.allocator.add_hold(hold, lambda holds, h: limits.problem(holds, h, now))
         except NoCapacity as e:
             raise CourseError(409, "cards", str(e)) from None
         self.log.info("Booked %s: %d %s for %s", hold.hold_id, cards, gpu_type, hold.label)

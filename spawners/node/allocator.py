@@ -16,7 +16,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -240,12 +240,17 @@ class GpuAllocator:
             f"{peak} already held for other reservations or lab sessions at that time"
         )
 
-    def add_hold(self, hold: Hold) -> None:
+    def add_hold(
+        self, hold: Hold, limit: Callable[[list[Hold], Hold], str | None] | None = None
+    ) -> None:
         """Record ``hold`` (idempotent by id). Raises :class:`NoCapacity`, changing nothing, when
-        it cannot be promised."""
+        it cannot be promised, or (checked next) when ``limit`` (e.g. the account's
+        :class:`~gpulab.spawners.node.holds.HoldLimits`) names a reason against it."""
         if hold.hold_id in self._state.holds:
             return
         problem = self.hold_problem(hold)
+        if problem is None and limit is not None:
+            problem = limit(list(self._state.holds.values()), hold)
         if problem is not None:
             raise NoCapacity(problem, {s: c["free"] for s, c in self.counts().items()})
         self._state.holds[hold.hold_id] = hold
