@@ -1,7 +1,7 @@
 """jupyterhub-idle-culler, the ecosystem's culler, run against gpulab as a hub-managed service
-with its documented scopes: it culls an idle server and spares one whose kernel is busy without
-producing any output (JupyterHub's own last_activity would never move for it; gpulab's observer
-moves it)."""
+with its documented scopes: it culls an idle server, even one with a notebook open whose kernel
+sits idle, and spares one whose kernel is busy without producing any output (JupyterHub's own
+last_activity would never move for it; gpulab's observer moves it while the server uses CPU)."""
 
 from __future__ import annotations
 
@@ -60,6 +60,10 @@ def test_the_culler_stops_an_idle_server_and_spares_a_busy_silent_kernel(chub) -
     idle, busy = chub.create_user(), chub.create_user()
     chub.spawn_ready(idle, {"gpu": "none"})
     chub.spawn_ready(busy, {"gpu": "none"})
+    # The idle one has a notebook open whose kernel sits idle: its process is there, it does
+    # no work, so it is idle all the same (issue 20, "Idle is never idle").
+    forgotten = chub.kernel(idle)
+    assert forgotten.execute("print(6 * 7)").strip() == "42"
     k = chub.kernel(busy)
     try:
         # Busy for longer than the culler's timeout, and silent: no output, no messages.
@@ -73,3 +77,4 @@ def test_the_culler_stops_an_idle_server_and_spares_a_busy_silent_kernel(chub) -
             time.sleep(1)
     finally:
         k.close()
+        forgotten.close()

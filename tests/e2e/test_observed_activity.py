@@ -256,3 +256,44 @@ def test_a_kernel_alive_12_seconds_is_billed_12_seconds_with_both_sources(ohub, 
 
     server = wait_for(settled, 30, 0.5, "the session closed with its observed span")
     assert abs(server["billed_seconds"] - alive) <= 1, (server["billed_seconds"], alive)
+
+
+def test_work_inside_the_single_user_server_itself_is_observed_and_billed(ohub, ouser) -> None:
+    """No kernel, no terminal, no other process: the user makes the single-user server itself
+    work (here through its own contents API, validating a large notebook again and again; an
+    extension or a config file of theirs could do the same). It used to be billed 0 s."""
+    billing = Billing(ohub)
+    ohub.spawn_ready(ouser, {"gpu": "none"})
+    base, headers = server_api(ohub, ouser)
+    cells = [
+        {
+            "cell_type": "code",
+            "metadata": {},
+            "source": "x = 1\n" * 20,
+            "outputs": [],
+            "execution_count": None,
+            "id": f"c{i}",
+        }
+        for i in range(20000)
+    ]
+    nb = {"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    t0 = time.time()
+    r = requests.put(
+        f"{base}/contents/big.ipynb",
+        json={"type": "notebook", "format": "json", "content": nb},
+        headers=headers,
+        timeout=120,
+    )
+    assert r.status_code in (200, 201), r.text
+    while time.time() - t0 < 10:
+        r = requests.get(f"{base}/contents/big.ipynb", headers=headers, timeout=120)
+        assert r.status_code == 200
+    secs = wait_for(
+        lambda: (s := observed_seconds(billing, ouser)) >= 6 and s,
+        30,
+        0.5,
+        "the server's work billed",
+    )
+    assert secs <= time.time() - t0 + 1
+    (server,) = billing.usage(ouser)["servers"]
+    assert server["kernels"] == [] and server["billed_seconds"] >= secs - 0.01
