@@ -54,13 +54,15 @@ def test_a_failed_start_frees_its_cards_only_once_its_container_stopped(
     user = hub.create_user()
     r = hub.spawn(user, {"image": "hanging", "gpu": "a100-80g", "gpus": 2})
     assert r.status_code in (201, 202), r.text
+    wait_for(lambda: hub.free("a100-80g") == 0, what="the cards to be held")
     container = wait_for(
         lambda: (c := _container(docker, hub, user)) is not None and running(c) and c,
         what="the container to run",
     )
-    assert hub.free("a100-80g") == 0
-    # The moment the cards are back, the container must have stopped.
-    wait_for(lambda: hub.free("a100-80g") == 2, timeout=START_TIMEOUT + 60, interval=0.02)
+    # The moment the cards are back, the container must have stopped. (The pool is read without
+    # pause: before the fix the cards were free for only ~40 ms, until the hub's poll saw the
+    # still-running container and claimed them back from its labels, but free they were.)
+    wait_for(lambda: hub.free("a100-80g") == 2, timeout=START_TIMEOUT + 60, interval=0.001)
     assert not running(container), "the cards went back while the failed container still ran"
     wait_for(lambda: hub.server(user) is None, what="the failed server to be gone")
 
