@@ -105,6 +105,7 @@ def enforcer_app(engine, **settings):
             "engine": engine,
             "prices": PRICES,
             "heartbeat_interval": 10.0,
+            "busy_window": 60.0,
             "switch_margin": 60.0,
             "zero_balance_action": "no-gpu",
             "start_minutes": 10.0,
