@@ -35,6 +35,7 @@ import io
 import json
 import os
 import re
+import resource
 import shutil
 import signal
 import sqlite3
@@ -60,7 +61,6 @@ SHARED_WRITABLE = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
 # Where the submission's folder appears inside the sandbox (bound into its private /tmp).
 SANDBOX_WORK = "/tmp/gpulab-grading"
 MS_NOSUID, MS_NODEV, MS_BIND = 0x2, 0x4, 0x1000
-# An exit code of the sandbox's own: the unpacked submission was refused before running it.
 _ENV_KEEP = ("LANG", "LC_ALL")
 
 
@@ -256,6 +256,7 @@ def run_sandbox(
         "--uid", str(settings.uid),
         "--work", str(work),
         "--procs", os.pathsep.join(group.procs_files),
+        "--max-bytes", str(settings.max_bytes),
         assignment, student,
     )  # fmt: skip
     log = open(work.parent / f"{work.name}.log", "wb")
@@ -302,7 +303,9 @@ def run_sandbox(
 
 def _log_tail(work: Path) -> str:
     try:
-        lines = (work.parent / f"{work.name}.log").read_text(errors="replace").splitlines()
+        with open(work.parent / f"{work.name}.log", "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - 65536))
+            lines = f.read().decode(errors="replace").splitlines()
     except OSError:
         return "no log"
     errors = [ln for ln in lines if "[AutogradeApp | ERROR]" in ln or "Error" in ln]
@@ -475,12 +478,21 @@ def _op_import(course_root: str, course: str, assignment: str, student: str) -> 
     handoff = root / HANDOFF / student / assignment
     shutil.rmtree(handoff, ignore_errors=True)
     handoff.mkdir(parents=True)
+    # The submission's other files (its timestamp, nbgrader's submission secret, data files) as
+    # collected; its notebooks as the sandbox executed them. Links are left out.
+    submitted = root / "submitted" / student / assignment
+    for folder, dirs, files in os.walk(submitted, followlinks=False):
+        dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(folder, d))]
+        rel = Path(folder).relative_to(submitted)
+        (handoff / rel).mkdir(parents=True, exist_ok=True)
+        for name in files:
+            path = Path(folder) / name
+            if (rel == Path(".") and name.endswith(".ipynb")) or path.is_symlink():
+                continue
+            shutil.copyfile(path, handoff / rel / name)
     for name, text in notebooks.items():
         if SAFE_NAME.fullmatch(name) and name.endswith(".ipynb"):
             (handoff / name).write_text(text)
-    stamp = root / "submitted" / student / assignment / "timestamp.txt"
-    if stamp.is_file() and not stamp.is_symlink():
-        shutil.copyfile(stamp, handoff / "timestamp.txt")
     os.chdir(root)
     app = AutogradeApp()
     app.initialize([
@@ -519,7 +531,9 @@ def _bring_up_loopback() -> None:
     raise SystemExit("gpulab: no `ip` command to bring the sandbox's loopback up")
 
 
-def _op_sandbox(uid: int, work: str, procs: str, assignment: str, student: str) -> None:
+def _op_sandbox(
+    uid: int, work: str, procs: str, max_bytes: int, assignment: str, student: str
+) -> None:
     """As root: join the cgroup, then run :func:`_op_inner` in fresh namespaces."""
     for path in filter(None, procs.split(os.pathsep)):
         with open(path, "w") as f:
@@ -530,7 +544,10 @@ def _op_sandbox(uid: int, work: str, procs: str, assignment: str, student: str) 
     argv = [
         unshare, "--net", "--mount", "--pid", "--fork", "--mount-proc",
         "--propagation", "private", "--",
-        *_helper("inner", "--uid", str(uid), "--work", work, assignment, student),
+        *_helper(
+            "inner", "--uid", str(uid), "--work", work, "--max-bytes", str(max_bytes),
+            assignment, student,
+        ),
     ]  # fmt: skip
     os.execve(unshare, argv, dict(os.environ))
 
@@ -543,7 +560,7 @@ def _mount(source: str, target: str, fstype: str | None, flags: int, data: str |
         raise SystemExit(f"gpulab: mount {source} on {target}: {os.strerror(err)}")
 
 
-def _op_inner(uid: int, work: str, assignment: str, student: str) -> None:
+def _op_inner(uid: int, work: str, max_bytes: int, assignment: str, student: str) -> None:
     """As root, pid 1 of the sandbox's namespaces: loopback up, private temp folders (the work
     folder bound at :data:`SANDBOX_WORK` inside them, wherever the data dir is), then become the
     throwaway uid and run nbgrader."""
@@ -556,6 +573,8 @@ def _op_inner(uid: int, work: str, assignment: str, student: str) -> None:
     os.mkdir(SANDBOX_WORK, 0o755)
     _mount(f"/proc/self/fd/{work_fd}", SANDBOX_WORK, None, MS_BIND, None)
     os.close(work_fd)
+    # No file the sandbox writes (its log included) grows past the submission limit.
+    resource.setrlimit(resource.RLIMIT_FSIZE, (max_bytes, max_bytes))
     os.setgroups([])
     os.setgid(uid)
     os.setuid(uid)
@@ -578,6 +597,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--uid", type=int, default=0)
     parser.add_argument("--work", default="")
     parser.add_argument("--procs", default="")
+    parser.add_argument("--max-bytes", type=int, default=200 << 20)
     parser.add_argument("args", nargs="*")
     ns = parser.parse_intermixed_args(argv)
     if ns.op == "list":
@@ -589,11 +609,11 @@ def main(argv: list[str] | None = None) -> None:
     elif ns.op == "sandbox":
         if ns.uid <= 0:
             raise SystemExit("gpulab: the sandbox needs a non-root uid")
-        _op_sandbox(ns.uid, ns.work, ns.procs, *ns.args)
+        _op_sandbox(ns.uid, ns.work, ns.procs, ns.max_bytes, *ns.args)
     else:
         if ns.uid <= 0:
             raise SystemExit("gpulab: the sandbox needs a non-root uid")
-        _op_inner(ns.uid, ns.work, *ns.args)
+        _op_inner(ns.uid, ns.work, ns.max_bytes, *ns.args)
 
 
 if __name__ == "__main__":

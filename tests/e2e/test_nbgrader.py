@@ -3,10 +3,11 @@
 One teacher teaches two courses; one student takes both, another only the first. For each course
 the whole round trip runs with nbgrader's own commands in the users' real kernels: the teacher
 writes and releases an assignment, students fetch, answer and submit, the teacher collects,
-autogrades (the score is what each answer deserves), and releases feedback that the students
-fetch. Under a root hub (each user their own Unix account) the attacks fail: the first course's
-student cannot fetch or read anything of the second course, and no student can list or read
-another's submission.
+has the hub autograde (each submission in a sandbox, attacked in test_autograde_sandbox.py; in
+the teacher's own server `nbgrader autograde` refuses), the score is what each answer deserves,
+and the teacher releases feedback that the students fetch. Under a root hub (each user their own
+Unix account) the attacks fail: the first course's student cannot fetch or read anything of the
+second course, and no student can list or read another's submission.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import re
 import uuid
 
 import pytest
-from harness import Hub, Kernel
+from harness import Hub, Kernel, wait_for
 
 ISOLATED = os.geteuid() == 0
 ASSIGNMENT = "ps1"
@@ -71,8 +72,9 @@ with Gradebook(db, course_id="{course}") as gb:
 """
 
 RUN = r"""
-import json, subprocess
-r = subprocess.run({argv!r}, capture_output=True, text=True, timeout=240)
+import json, os, subprocess
+env = dict(os.environ, **{env!r})
+r = subprocess.run({argv!r}, capture_output=True, text=True, timeout=240, env=env)
 print(json.dumps({{"rc": r.returncode, "out": r.stdout + r.stderr}}))
 """
 
@@ -94,14 +96,16 @@ print(json.dumps({{p: probe(p) for p in {paths!r}}}))
 """
 
 
-def nbgrader(kernel: Kernel, *args: str) -> tuple[int, str]:
-    out = kernel.execute(RUN.format(argv=["nbgrader", *args]), timeout=300)
+def nbgrader(kernel: Kernel, *args: str, unsafe: bool = False) -> tuple[int, str]:
+    """``nbgrader ARGS`` in ``kernel``; ``unsafe``: autograding allowed in a staff server."""
+    env = {"GPULAB_UNSAFE_AUTOGRADE": "1"} if unsafe else {}
+    out = kernel.execute(RUN.format(argv=["nbgrader", *args], env=env), timeout=300)
     result = json.loads(out.strip().splitlines()[-1])
     return result["rc"], result["out"]
 
 
-def ok(kernel: Kernel, *args: str) -> str:
-    rc, out = nbgrader(kernel, *args)
+def ok(kernel: Kernel, *args: str, unsafe: bool = False) -> str:
+    rc, out = nbgrader(kernel, *args, unsafe=unsafe)
     assert rc == 0, f"nbgrader {' '.join(args)} as {kernel.user} failed ({rc}):\n{out}"
     return out
 
@@ -115,6 +119,27 @@ def token_for(hub: Hub, name: str) -> str:
     r = hub.api("POST", f"/users/{name}/tokens", json={"expires_in": 3600, "note": "nbgrader"})
     assert r.status_code == 201, r.text
     return r.json()["token"]
+
+
+def autograde_on_hub(
+    hub: Hub, course: str, token: str, students: list[str], kernels: list[Kernel]
+) -> None:
+    """Grade the collected submissions through the hub's sandboxed path; wait until done (using
+    ``kernels`` meanwhile, so that their websockets do not go quiet long enough to be closed)."""
+    r = hub.api("POST", f"/gpulab/courses/{course}/assignments/{ASSIGNMENT}/autograde", token=token)
+    assert r.status_code == 202, r.text
+    path = r.json()["status_url"].split("/hub/api", 1)[1]
+
+    def done() -> dict | None:
+        for kernel in kernels:
+            kernel.execute("0")
+        job = hub.api("GET", path, token=token).json()
+        return job if job["state"] in ("done", "failed") else None
+
+    job = wait_for(done, timeout=600, interval=1, what=f"autograding {course}")
+    assert job["state"] == "done", job
+    assert sorted(job["submissions"]) == sorted(students), job
+    assert {s["state"] for s in job["submissions"].values()} == {"graded"}, job
 
 
 def make_course(hub: Hub, name: str, teacher: str) -> None:
@@ -208,7 +233,15 @@ def test_assignments_round_trip_in_two_courses(hub_factory) -> None:
                     assert f"{course_a} {student_id(name)} {ASSIGNMENT}" in listed, listed
 
             ok(tk, "collect", ASSIGNMENT, "--course", course)
-            ok(tk, "autograde", ASSIGNMENT, "--course", course)
+            if ISOLATED:
+                # Not in the teacher's server (students' code would run as the teacher): there
+                # nbgrader refuses and points at the hub, which grades each in a sandbox.
+                rc, out = nbgrader(tk, "autograde", ASSIGNMENT, "--course", course)
+                assert rc != 0 and "GPULAB_UNSAFE_AUTOGRADE" in out, out
+                ids = [student_id(n) for n in students]
+                autograde_on_hub(hub, course, t_token, ids, list(kernels.values()))
+            else:
+                ok(tk, "autograde", ASSIGNMENT, "--course", course, unsafe=True)
             ids = {student_id(n): score for n, (_, score) in students.items()}
             out = tk.execute(
                 SCORES.format(course=course, assignment=ASSIGNMENT, students=sorted(ids))
