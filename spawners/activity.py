@@ -98,32 +98,37 @@ class ActivityTracker:
     last_active: float | None = None  # the last sample in which the server worked
     working: bool = False  # the verdict of the last sample
     _prev: tuple[float, dict[str, float]] | None = None  # (t, CPU counters) of the last sample
+    _first: float | None = None  # this tracker's first sample
 
     @property
     def open(self) -> Span | None:
         return self.spans[-1] if self.spans and not self.spans[-1].closed else None
 
-    def _cpu_work(self, obs: Observation) -> float | None:
-        """When CPU work was seen in this sample: the previous sample's time (the work happened
-        since then), else None. The first sample of a session has nothing to compare with: its
+    def _cpu_work(self, obs: Observation) -> tuple[bool, float | None]:
+        """(whether CPU could be judged, when the work seen began: the previous sample's time,
+        or None for no work). The first sample of a tracker has nothing to compare with: its
         processes' whole past CPU is not this interval's work."""
         if obs.cpu is None:
-            return None
+            return False, None
         counters = dict(obs.cpu)
         prev, self._prev = self._prev, (obs.t, counters)
         if prev is None or obs.t <= prev[0]:
-            return None
+            return False, None
         used = cpu_used(prev[1], counters)
-        return prev[0] if used >= self.cpu_threshold * (obs.t - prev[0]) else None
+        return True, prev[0] if used >= self.cpu_threshold * (obs.t - prev[0]) else None
 
     def update(self, obs: Observation) -> Span | None:
         """Take one sample; return the span it opened, extended or closed (else None)."""
         span = self.open
-        cpu_since = self._cpu_work(obs)
-        if obs.cpu is None:
-            self.working = obs.active
-        else:
+        if self._first is None:
+            self._first = obs.t
+        judged, cpu_since = self._cpu_work(obs)
+        if judged:
             self.working = bool(obs.gpu_pids) or cpu_since is not None
+        else:
+            # No CPU measure (or no baseline yet, e.g. the first sample after a hub restart):
+            # any process counts as work, so a busy server is never reclaimed for want of one.
+            self.working = obs.active
         if self.working:
             self.last_active = obs.t
         if obs.active or self.working:
@@ -157,5 +162,9 @@ class ActivityTracker:
         return sum(s.last - s.first for s in self.spans)
 
     def idle_for(self, now: float) -> float:
-        """Seconds since the server was last seen working (since its start if never)."""
-        return now - (self.last_active if self.last_active is not None else self.session_start)
+        """Seconds since the server was last seen working; if never, since its start or, for a
+        tracker that began mid-session (a hub restart), since its first sample: what it did
+        before is not known, so it is not counted as idle."""
+        if self.last_active is not None:
+            return now - self.last_active
+        return now - max(self.session_start, self._first or self.session_start)

@@ -72,9 +72,10 @@ def test_an_open_kernel_using_no_cpu_is_idle_though_its_process_is_billed() -> N
     for t in range(1004, 1100, 2):
         span = tr.update(cpu_obs(float(t), {"1:1": 3.0 + (t - 1002) * 0.002, "2:5": 1.0}, 1001.0))
         assert not tr.working
-    # Present (a kernel process) is still billed; idle (no work) since the session started.
+    # Present (a kernel process) is still billed; idle (no work) since the first sample, the
+    # only one without a CPU baseline (where a process counts as work).
     assert span is not None and (span.first, span.last) == (1001.0, 1098.0)
-    assert tr.idle_for(1100.0) == 100.0
+    assert tr.idle_for(1100.0) == 98.0
 
 
 def test_a_busy_silent_loop_is_work_and_a_counter_never_goes_backwards() -> None:
@@ -110,3 +111,13 @@ def test_without_a_cpu_measure_any_process_is_work_as_before() -> None:
     tr = ActivityTracker(session="s", session_start=1000.0)
     tr.update(obs(1002.0, 1001.0))
     assert tr.working and tr.idle_for(1003.0) == 1.0
+
+
+def test_a_hub_restart_never_reclaims_a_server_on_its_first_sample() -> None:
+    """A tracker that begins mid-session has no CPU baseline: whatever ran before it is not
+    counted as idle, and its first sample does not count as idle either."""
+    tr = ActivityTracker(session="s", session_start=1000.0, cpu_threshold=0.05)
+    tr.update(cpu_obs(5000.0, {"cgroup": 900.0}))  # no other process: only the server's own work
+    assert tr.idle_for(5000.0) == 0.0
+    tr.update(cpu_obs(5002.0, {"cgroup": 902.0}))
+    assert tr.working and tr.idle_for(5010.0) == 8.0
