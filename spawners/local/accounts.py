@@ -116,16 +116,45 @@ def blocked_at(path: str | os.PathLike, account: Account) -> Path | None:
     return None
 
 
+def changeable_at(path: str | os.PathLike, account: Account) -> Path | None:
+    """The first folder above ``path`` that ``account`` could change, or None. A home below such
+    a folder could be swapped for a link by its user, and root, which prepares the home, would
+    then act wherever it points.
+
+    Changeable: a folder the account owns or may write to; a link owned by anyone but root (or
+    the hub); below a sticky folder anyone may write to (``/tmp``), an entry not made by root (or
+    the hub). The home's own folder may not be writable by others at all, sticky or not: the
+    home's name could be taken before the hub makes it.
+    """
+    trusted = {0, os.geteuid()}
+    below_shared = False
+    target = Path(path).absolute()
+    for folder in [*reversed(target.parents)]:
+        lst = folder.lstat()
+        if lst.st_uid not in trusted and (below_shared or stat.S_ISLNK(lst.st_mode)):
+            return folder
+        st = folder.stat()
+        if st.st_uid == account.uid:
+            return folder
+        writable = st.st_mode & stat.S_IWOTH or (
+            st.st_gid == account.gid and st.st_mode & stat.S_IWGRP
+        )
+        if writable and (folder == target.parent or not st.st_mode & stat.S_ISVTX):
+            return folder
+        below_shared = bool(writable)
+    return None
+
+
 def prepare_home(home: Path, account: Account) -> None:
     """The home exists, belongs to the account and is private (0700).
 
-    The home itself is the hub's path (its parent folder is root's), but everything inside it is
-    the user's, and may be a link anywhere: the hand-over walks it by descriptors
-    (``os.fwalk``, which never follows a link, also one swapped in meanwhile) and changes
-    entries by name inside their folder without following links.
+    The home itself is the hub's path (no folder above it is the user's: :func:`changeable_at`),
+    but everything inside it is the user's, and may be a link anywhere: the hand-over walks it by
+    descriptors (``os.fwalk``, which never follows a link, also one swapped in meanwhile) and
+    changes entries by name inside their folder without following links.
     """
     home.mkdir(parents=True, exist_ok=True)
-    fd = os.open(home, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    fd = os.open(home, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         st = os.fstat(fd)
         if (st.st_uid, st.st_gid) != (account.uid, account.gid):

@@ -99,6 +99,15 @@ class LocalIsolationMixin(HasTraits):
             # Homes live under the data dir (0711): its users folder must be passable too.
             home.parent.mkdir(parents=True, exist_ok=True)
             home.parent.chmod(0o711)
+            changeable = accounts.changeable_at(home, account)
+            if changeable is not None:
+                raise SpawnError(
+                    500,
+                    f"{account.name}'s home {home} is below {changeable}, which that account "
+                    "can change (it could put a link in the home's place, and the hub acts on "
+                    "the home as root). Homes belong in a folder only root can change "
+                    "(GpuLocalSpawner.home_dir_template).",
+                )
             for needed in (home, Path(sys.executable)):
                 blocked = accounts.blocked_at(needed, account)
                 if blocked is not None:

@@ -328,3 +328,26 @@ def test_the_apps_config_is_written_as_the_user_never_through_their_link(place) 
     seen = run_child(env)
     assert seen["error"] is not None and "Permission denied" in seen["error"]
     assert snapshot(sentinel) == before
+
+
+def test_a_home_below_a_folder_its_user_can_change_is_refused(tmp_path: Path) -> None:
+    """With ``home_dir_template`` putting the home below a folder of the user's (or one anyone
+    may write to), the user could swap the home itself for a link before root prepares it."""
+    passable_for_accounts(tmp_path)
+    theirs = as_user(tmp_path / "theirs", folder=True)
+    assert accounts.changeable_at(theirs / "home", account()) == theirs
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    assert accounts.changeable_at(shared / "deeper" / "home", account()) == shared
+    shared.chmod(0o1777)  # sticky, as /tmp: nobody can swap what they do not own...
+    roots = shared / "roots"
+    roots.mkdir(mode=0o711)
+    assert accounts.changeable_at(roots / "home", account()) is None
+    # ...but anyone can take a name there first.
+    planted = as_user(shared / "planted", folder=True)
+    assert accounts.changeable_at(planted / "home", account()) == planted
+    assert accounts.changeable_at(shared / "home", account()) == shared
+    os.symlink(roots, shared / "link")
+    os.chown(shared / "link", *OWNER, follow_symlinks=False)
+    assert accounts.changeable_at(shared / "link" / "home", account()) == shared / "link"
