@@ -238,6 +238,9 @@ class AutogradeAPIHandler(CourseAPIHandler):
         JOBS[job.id] = job
         for old in sorted(JOBS.values(), key=lambda j: j.started)[:-_KEEP_JOBS]:
             JOBS.pop(old.id, None)
+        swept = await asyncio.to_thread(grader.sweep_orphans, cgroups)
+        if swept:
+            self.log.warning("Removed grading cgroups left by an earlier hub: %s", swept)
         data_dir = Path(GpuPool.instance(config=self.settings["config"]).data_dir)
         scratch = data_dir / "courses" / "grading" / job.id
         await asyncio.to_thread(_make_scratch, scratch)

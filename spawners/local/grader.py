@@ -64,6 +64,10 @@ MS_NOSUID, MS_NODEV, MS_BIND = 0x2, 0x4, 0x1000
 _ENV_KEEP = ("LANG", "LC_ALL")
 
 
+# The cgroups of the gradings running in this process (the others are orphans).
+ACTIVE: set[str] = set()
+
+
 class GradingError(RuntimeError):
     """One submission could not be graded; the message says why (shown to the teacher)."""
 
@@ -247,6 +251,7 @@ def run_sandbox(
     uid) in a fresh cgroup ``name``; returns (state, reason, seconds). The cgroup is emptied and
     removed whatever happens."""
     group = cgroups.group(name)
+    ACTIVE.add(name)
     try:
         group.create(Limits(pids=settings.pids, memory_bytes=settings.memory_bytes))
     except (CgroupError, OSError) as e:
@@ -257,6 +262,7 @@ def run_sandbox(
         "--work", str(work),
         "--procs", os.pathsep.join(group.procs_files),
         "--max-bytes", str(settings.max_bytes),
+        "--time-limit", str(settings.time_limit),
         assignment, student,
     )  # fmt: skip
     log = open(work.parent / f"{work.name}.log", "wb")
@@ -298,7 +304,25 @@ def run_sandbox(
                 group.remove()
             except (CgroupError, OSError):
                 pass
+            ACTIVE.discard(name)
     return state, reason, seconds
+
+
+def sweep_orphans(cgroups: Cgroups) -> list[str]:
+    """Empty and remove the grading cgroups no grading of this process runs in (left by a hub
+    that stopped mid-grading); returns their names."""
+    swept = []
+    for name in cgroups.groups():
+        if name in ACTIVE:
+            continue
+        group = cgroups.group(name)
+        try:
+            group.kill_all()
+            group.remove()
+        except (CgroupError, OSError):
+            continue
+        swept.append(name)
+    return swept
 
 
 def _log_tail(work: Path) -> str:
@@ -532,24 +556,31 @@ def _bring_up_loopback() -> None:
 
 
 def _op_sandbox(
-    uid: int, work: str, procs: str, max_bytes: int, assignment: str, student: str
-) -> None:
-    """As root: join the cgroup, then run :func:`_op_inner` in fresh namespaces."""
+    uid: int, work: str, procs: str, max_bytes: int, time_limit: float, assignment: str,
+    student: str,
+) -> None:  # fmt: skip
+    """As root: join the cgroup, then run :func:`_op_inner` in fresh namespaces.
+
+    The time limit holds without the hub too (a hub that died mid-grading): ``timeout`` (root)
+    kills ``unshare`` (root) a little after the hub would have, ``--kill-child`` then kills the
+    namespace's pid 1, and with it every process of the namespace."""
     for path in filter(None, procs.split(os.pathsep)):
         with open(path, "w") as f:
             f.write("0")
-    unshare = shutil.which("unshare", path="/usr/bin:/bin:/usr/sbin:/sbin")
-    if unshare is None:
-        raise SystemExit("gpulab: no `unshare` command (util-linux) for the grading sandbox")
+    tools = "/usr/bin:/bin:/usr/sbin:/sbin"
+    unshare, timeout = shutil.which("unshare", path=tools), shutil.which("timeout", path=tools)
+    if unshare is None or timeout is None:
+        raise SystemExit("gpulab: the grading sandbox needs `unshare` and `timeout`")
     argv = [
-        unshare, "--net", "--mount", "--pid", "--fork", "--mount-proc",
+        timeout, "--signal=KILL", f"{time_limit + 10:g}",
+        unshare, "--net", "--mount", "--pid", "--kill-child", "--mount-proc",
         "--propagation", "private", "--",
         *_helper(
             "inner", "--uid", str(uid), "--work", work, "--max-bytes", str(max_bytes),
             assignment, student,
         ),
     ]  # fmt: skip
-    os.execve(unshare, argv, dict(os.environ))
+    os.execve(timeout, argv, dict(os.environ))
 
 
 def _mount(source: str, target: str, fstype: str | None, flags: int, data: str | None) -> None:
@@ -598,6 +629,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--work", default="")
     parser.add_argument("--procs", default="")
     parser.add_argument("--max-bytes", type=int, default=200 << 20)
+    parser.add_argument("--time-limit", type=float, default=300.0)
     parser.add_argument("args", nargs="*")
     ns = parser.parse_intermixed_args(argv)
     if ns.op == "list":
@@ -609,7 +641,7 @@ def main(argv: list[str] | None = None) -> None:
     elif ns.op == "sandbox":
         if ns.uid <= 0:
             raise SystemExit("gpulab: the sandbox needs a non-root uid")
-        _op_sandbox(ns.uid, ns.work, ns.procs, ns.max_bytes, *ns.args)
+        _op_sandbox(ns.uid, ns.work, ns.procs, ns.max_bytes, ns.time_limit, *ns.args)
     else:
         if ns.uid <= 0:
             raise SystemExit("gpulab: the sandbox needs a non-root uid")

@@ -172,6 +172,18 @@ def marked_pids(marker: str) -> list[int]:
     return pids
 
 
+def sandbox_uid_pids() -> list[int]:
+    """Processes of the throwaway grading uids (Autograder.sandbox_uid_base and up)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and os.stat(f"/proc/{entry}").st_uid >= 2_100_000_000:
+                pids.append(int(entry))
+        except OSError:
+            pass
+    return pids
+
+
 def grading_cgroups() -> list[Path]:
     """The grading sandboxes' cgroups that still exist, in every hierarchy."""
     found = []
@@ -298,6 +310,7 @@ def test_autograde_runs_each_submission_in_a_sandbox(hub_factory) -> None:
         assert listener.accepted == 0
         assert marked_pids(marker) == [], "a detached process outlived its grading"
         assert grading_cgroups() == []
+        assert sandbox_uid_pids() == [], "a process of a grading uid outlived its grading"
         teacher_uid = pwd.getpwnam(f"jupyter-{teacher}").pw_uid
         for pid in marked_pids("sleep(1000)"):
             assert os.stat(f"/proc/{pid}").st_uid != teacher_uid

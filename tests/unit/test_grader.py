@@ -9,6 +9,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from harness import wait_for
 
 from gpulab.spawners.local import grader
 
@@ -76,3 +77,97 @@ def test_export_leaves_links_out(tmp_path) -> None:
         grader._add_tree(tar, src, "submitted/s/ps1", False)
     names = tarfile.open(fileobj=io.BytesIO(buf.getvalue())).getnames()
     assert sorted(names) == ["submitted/s/ps1", "submitted/s/ps1/ps1.ipynb"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox needs root (namespaces, setuid)")
+def test_sandbox_ends_at_its_time_limit_without_the_hub(tmp_path) -> None:
+    """A hub that dies mid-grading enforces nothing: the sandbox still ends itself (``timeout``
+    as root around ``unshare --kill-child``), every process in it included, and has no network."""
+    import subprocess
+    import time
+
+    uid = 2_100_000_000 + os.getpid() % 1_000_000
+    work = tmp_path / "work"
+    (work / "home").mkdir(parents=True)
+    marker = f"grader-test-{uid}"
+    # nbgrader reads ./nbgrader_config.py first: this one detaches a process and loops.
+    (work / "nbgrader_config.py").write_text(
+        "import socket, subprocess, sys\n"
+        "try:\n"
+        "    socket.create_connection(('1.1.1.1', 53), timeout=2)\n"
+        "    open('net', 'w').write('reached')\n"
+        "except OSError:\n"
+        "    open('net', 'w').write('none')\n"
+        "subprocess.Popen(['setsid', sys.executable, '-c', 'import time; time.sleep(1000)', "
+        f"'{marker}'], start_new_session=True)\n"
+        "while True:\n"
+        "    pass\n"
+    )
+    grader._chown_tree(work, uid)
+    os.chmod(tmp_path, 0o711)
+    for parent in tmp_path.parents:
+        if parent != Path("/") and not os.stat(parent).st_mode & 0o001:
+            pytest.skip(f"{parent} is not passable for other users")
+    started = time.monotonic()
+    proc = subprocess.run(
+        grader._helper(
+            "sandbox", "--uid", str(uid), "--work", str(work), "--time-limit", "1", "ps1", "s"
+        ),
+        capture_output=True,
+        timeout=60,
+    )
+    took = time.monotonic() - started
+    assert proc.returncode != 0
+    assert 10 <= took < 30, took
+    assert (work / "net").read_text() == "none"
+
+    def left() -> list[int]:
+        found = []
+        for entry in os.listdir("/proc"):
+            try:
+                if (
+                    entry.isdigit()
+                    and marker.encode() in Path(f"/proc/{entry}/cmdline").read_bytes()
+                ):
+                    found.append(int(entry))
+            except OSError:
+                pass
+        return found
+
+    assert left() == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="cgroups need root")
+def test_sweep_empties_grading_cgroups_no_grading_runs_in() -> None:
+    """A hub that stopped mid-grading leaves its sandboxes' cgroups: the next grading empties and
+    removes them, and leaves a running grading's group alone."""
+    import subprocess
+
+    from gpulab.spawners.local.cgroup import Cgroups, Limits
+
+    tree = Cgroups.detect(parent=f"gpulab-grading-test-{os.getpid()}")
+    if tree is None:
+        pytest.skip("no writable cgroups")
+    orphan, running = tree.group("orphan"), tree.group("running")
+    procs = []
+    try:
+        for group in (orphan, running):
+            group.create(Limits(pids=16))
+            procs.append(
+                subprocess.Popen(["sh", "-c", f"echo $$ > {group.procs_files[0]}; exec sleep 1000"])
+            )
+        wait_for(lambda: orphan.pids() and running.pids(), what="both groups populated")
+        grader.ACTIVE.add("running")
+        assert grader.sweep_orphans(tree) == ["orphan"]
+        assert procs[0].wait(timeout=10) == -9
+        assert not orphan.exists() and running.pids() and procs[1].poll() is None
+    finally:
+        grader.ACTIVE.discard("running")
+        for group in (orphan, running):
+            if group.exists():
+                group.kill_all()
+                group.remove()
+        for p in procs:
+            p.wait(timeout=10)
+        for path in tree.paths.values():
+            path.rmdir()
