@@ -81,6 +81,16 @@ def pid_alive(pid: int) -> bool:
     return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
 
 
+def _read_only_for_all(folder: Path) -> None:
+    """Read-only, and readable by every user's account (the hub's umask is 077). Only for the
+    hub's own copies in its data dir."""
+    for path in [*folder.rglob("*"), folder]:
+        mode_bits = path.stat().st_mode | stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH
+        if path.is_dir():
+            mode_bits |= stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH
+        path.chmod(mode_bits & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
+
+
 def _can_unshare_mounts() -> bool:
     probe = (
         "import ctypes,ctypes.util,sys;"
@@ -222,13 +232,10 @@ class GpuLocalSpawner(LocalIsolationMixin, GpuSpawnerMixin, LocalProcessSpawner)
             tmp = copy.with_name(f".{slug}.tmp")
             shutil.rmtree(tmp, ignore_errors=True)
             shutil.copytree(src, tmp)
-            for path in [*tmp.rglob("*"), tmp]:
-                # Read-only, and readable by every user's account (the hub's umask is 077).
-                mode_bits = path.stat().st_mode | stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH
-                if path.is_dir():
-                    mode_bits |= stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH
-                path.chmod(mode_bits & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
+            _read_only_for_all(tmp)
             tmp.rename(copy)
+        elif copy.stat().st_mode & 0o005 != 0o005:
+            _read_only_for_all(copy)  # made by an older gpulab, for the hub's user only
         for folder in (copy.parent.parent, copy.parent):
             folder.chmod(0o711)  # passable by the users' accounts, not listable
         return str(copy)
