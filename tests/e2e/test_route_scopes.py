@@ -141,7 +141,10 @@ def test_another_users_token_reaches_nothing_in_a_users_server(hub: Hub, user: s
     intruder = hub.create_user()
     token = token_for(hub, intruder)
     base = f"/user/{user}/gpulab/api"
-    for method, route in (("GET", "status"), ("GET", "balance"), ("POST", "switch")):
+    routes = [
+        ("GET", r) for r in ("status", "balance", "catalog", "pool", "gpus", "spot", "notices")
+    ]
+    for method, route in [*routes, ("POST", "switch")]:
         r = requests.request(
             method,
             f"{hub.url}{base}/{route}",
