@@ -15,10 +15,11 @@ from nativeauthenticator import NativeAuthenticator
 from nativeauthenticator.handlers import LoginHandler as NativeLoginHandler
 from tornado.escape import url_escape
 from tornado.httputil import url_concat
-from traitlets import Unicode
+from traitlets import Bool, Integer, Unicode
 
 from gpulab.hub_config import plugin
 from gpulab.hub_config.lti import GpulabLTI, LTILaunchHandler
+from gpulab.hub_config.signup_handlers import REPLACEMENTS as SIGNUP_REPLACEMENTS
 
 
 class GpulabHubMixin:
@@ -77,6 +78,27 @@ class GpulabAuthenticator(GpulabHubMixin, NativeAuthenticator):
         config=True,
         help="""File holding the initial admin password. On start, if the first admin user has
         no account yet, one is created with this password. Empty: no bootstrap.""",
+    )
+    # NativeAuthenticator's own settings, with gpulab's defaults (it ships with no lock-out and
+    # no check against common passwords). c.NativeAuthenticator.* or c.GpulabAuthenticator.*
+    # still override them.
+    allowed_failed_logins = Integer(
+        10,
+        config=True,
+        help="""Failed log-ins in a row after which an account is locked for
+        seconds_before_next_try seconds (the right password is refused meanwhile). 0: never.""",
+    )
+    seconds_before_next_try = Integer(
+        600,
+        config=True,
+        help="""How long (seconds, counted from the last failed try) an account stays locked
+        after allowed_failed_logins failed log-ins.""",
+    )
+    check_common_password = Bool(
+        True,
+        config=True,
+        help="""Refuse sign-ups (and password changes) whose password is among the 10,000 most
+        common ones. The generated admin password is never checked.""",
     )
 
     def __init__(self, *args, **kwargs) -> None:
@@ -151,10 +173,10 @@ class GpulabAuthenticator(GpulabHubMixin, NativeAuthenticator):
 
     def get_handlers(self, app) -> list:
         lti = self.lti.handlers(app.db) if self.lti.enabled else []
+        # NativeAuthenticator's approve/discard/confirm act on a GET (cross-site request
+        # forgery); gpulab's versions act only on a POST with the XSRF token.
+        swaps = {NativeLoginHandler: LoginHandler, **SIGNUP_REPLACEMENTS}
         return [
             *lti,
-            *(
-                (path, LoginHandler if handler is NativeLoginHandler else handler)
-                for path, handler in super().get_handlers(app)
-            ),
+            *((path, swaps.get(handler, handler)) for path, handler in super().get_handlers(app)),
         ]

@@ -473,8 +473,15 @@ def approved_user(hub: Hub, prefix: str = "user", password: str = PASSWORD) -> s
     """A person who signed up on the hub's page and whom the admin approved; their name."""
     name = f"{prefix}{uuid.uuid4().hex[:6]}"
     assert WebSession(hub).signup(name, password).ok
-    assert admin_web(hub).get(f"/hub/authorize/{name}").ok
+    approve(hub, name)
     return name
+
+
+def approve(hub: Hub, name: str) -> None:
+    """The admin approves ``name``'s sign-up: the Approve button on /hub/authorize, a POST with
+    the XSRF token (a GET changes nothing: hub_config/signup_handlers.py)."""
+    r = admin_web(hub).post(f"/hub/authorize/{name}", {"authorized": "1"})
+    assert r.ok, (r.status_code, r.text[-2000:])
 
 
 def browser_log_in(page, hub: Hub, name: str, password: str, timeout: float = 90_000) -> None:

@@ -13,7 +13,7 @@ import pytest
 import requests
 from apps_helpers import apps_hub
 from billing.client import Billing
-from harness import PASSWORD, SLOW, Hub, WebSession, admin_web, browser_log_in, wait_for
+from harness import PASSWORD, SLOW, Hub, WebSession, approve, browser_log_in, wait_for
 
 SHOTS = os.environ.get("GPULAB_SCREENSHOTS")
 SD_TILE = '.gpulab-app-tile[data-app="sd-webui"]'
@@ -70,7 +70,7 @@ def test_sign_up_click_the_tile_and_generate(bhub: Hub, browser) -> None:
     try:
         for page, name in zip(pages, names, strict=True):
             sign_up_in_browser(page, bhub, name)
-            assert admin_web(bhub).get(f"/hub/authorize/{name}").ok
+            approve(bhub, name)
             browser_log_in(page, bhub, name, PASSWORD, timeout=SLOW)
 
         first, second = pages
@@ -127,7 +127,7 @@ def test_home_page_refuses_with_the_reason_when_no_card_fits(bhub: Hub, browser)
     web = WebSession(bhub)
     name = "sdx" + os.urandom(3).hex()
     assert web.signup(name, PASSWORD).ok
-    assert admin_web(bhub).get(f"/hub/authorize/{name}").ok
+    approve(bhub, name)
     # Every card that fits is busy.
     others = [bhub.create_user() for _ in range(3)]
     for o, gpu in zip(others, ["rtx-4090", "rtx-4090", "a100-80g"], strict=True):

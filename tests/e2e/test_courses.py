@@ -12,7 +12,7 @@ import uuid
 
 import requests
 from course_helpers import make_course, roster, token_for
-from harness import PASSWORD, VENV_BIN, Hub, WebSession, admin_web, wait_for
+from harness import PASSWORD, VENV_BIN, Hub, WebSession, approve, wait_for
 
 STUDENT_SERVER_PATH = "/user/{name}/api/status"
 
@@ -180,5 +180,5 @@ def test_course_roles_survive_a_hub_restart(hub_factory) -> None:
     fresh = WebSession(hub)
     assert fresh.signup("newcomer", PASSWORD).ok
     assert fresh.login("newcomer", PASSWORD)  # a new name: open sign-up as before
-    assert admin_web(hub).get(f"/hub/authorize/{student}").ok
+    approve(hub, student)
     assert WebSession(hub).login(student, PASSWORD)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import uuid
 
-from harness import Hub, WebSession, admin_web
+from harness import Hub, WebSession, admin_web, approve
 
 
 def test_admin_password_is_random_and_private(hub: Hub) -> None:
@@ -25,16 +25,14 @@ def test_sign_up_needs_admin_approval_then_logs_in(hub: Hub) -> None:
     assert r.ok and "sent to the admin" in r.text, r.text[-3000:]
     assert not web.login(name, password)
 
-    admin = admin_web(hub)
-    r = admin.get(f"/hub/authorize/{name}")
-    assert r.ok
+    approve(hub, name)
     assert WebSession(hub).login(name, password)
 
 
 def test_spawn_form_shows_the_live_pool_and_starts_what_was_chosen(hub: Hub) -> None:
     name, password = f"renter{uuid.uuid4().hex[:6]}", "correct-horse-battery"
     WebSession(hub).signup(name, password)
-    admin_web(hub).get(f"/hub/authorize/{name}")
+    approve(hub, name)
     web = WebSession(hub)
     assert web.login(name, password)
 

@@ -1,0 +1,159 @@
+"""Approving and discarding sign-ups, and guessing passwords, against a real hub.
+
+A link or redirect on an attacker's page, followed by a logged-in admin's browser (a cross-site
+top-level navigation: cookies sent, no XSRF token), approves and discards nobody; the admin's
+Approve and Discard buttons on /hub/authorize (POSTs with the XSRF token of their session) do,
+in one click; a POST without that token, or from a plain user, is refused. An account is locked
+after 10 failed log-ins in a row, and sign-ups with a common password are refused.
+docs/security.md names these tests.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+import uuid
+
+from harness import PASSWORD, Hub, WebSession, admin_web, approve, approved_user
+
+# What a browser sends when a page on another site navigates it to the hub (a link, a form's
+# GET, window.location, a redirect): cookies go along, the XSRF token does not.
+CROSS_SITE_NAVIGATION = {
+    "Sec-Fetch-Mode": "navigate",
+    "Sec-Fetch-Site": "cross-site",
+    "Sec-Fetch-Dest": "document",
+    "Referer": "https://attacker.example/free-gpus.html",
+}
+
+
+def pending_signup(hub: Hub, prefix: str = "pend") -> str:
+    name = f"{prefix}{uuid.uuid4().hex[:6]}"
+    assert WebSession(hub).signup(name, PASSWORD).ok
+    assert not WebSession(hub).login(name, PASSWORD)
+    return name
+
+
+def listed(hub: Hub, name: str) -> bool:
+    """Whether the admin's sign-up page has a row for ``name``."""
+    return f'id="{name}"' in admin_web(hub).get("/hub/authorize").text
+
+
+def form_for(page: str, action_tail: str) -> tuple[str, dict[str, str]]:
+    """The action and hidden fields of the form on ``page`` whose action ends in ``action_tail``."""
+    for m in re.finditer(r"<form\b([^>]*)>(.*?)</form>", page, re.S):
+        action = re.search(r'action="([^"]*)"', m.group(1))
+        if action and html.unescape(action.group(1)).endswith(action_tail):
+            assert re.search(r'method="post"', m.group(1)), m.group(0)
+            fields = {
+                html.unescape(k): html.unescape(v)
+                for k, v in re.findall(
+                    r'<input type="hidden" name="([^"]*)" value="([^"]*)"', m.group(2)
+                )
+            }
+            return html.unescape(action.group(1)), fields
+    raise AssertionError(f"no form for {action_tail} in the page:\n{page[-3000:]}")
+
+
+def test_a_cross_site_link_approves_and_discards_nobody(hub: Hub) -> None:
+    to_approve, to_discard = pending_signup(hub), pending_signup(hub)
+    admin = admin_web(hub)
+    approve_page = admin.get(f"/hub/authorize/{to_approve}", headers=CROSS_SITE_NAVIGATION)
+    discard_page = admin.get(f"/hub/discard/{to_discard}", headers=CROSS_SITE_NAVIGATION)
+    # The same as an <img> on the attacker's page.
+    admin.get(
+        f"/hub/authorize/{to_approve}",
+        headers={**CROSS_SITE_NAVIGATION, "Sec-Fetch-Mode": "no-cors", "Sec-Fetch-Dest": "image"},
+    )
+
+    assert not WebSession(hub).login(to_approve, PASSWORD)
+    assert listed(hub, to_approve) and listed(hub, to_discard)
+    assert not WebSession(hub).login(to_discard, PASSWORD)
+    # What the admin saw: a page asking to confirm, its one button a POST form.
+    assert approve_page.status_code == 200, approve_page.status_code
+    _, fields = form_for(approve_page.text, f"/authorize/{to_approve}")
+    assert fields["authorized"] == "1" and fields["_xsrf"]
+    assert discard_page.status_code == 200, discard_page.status_code
+    assert form_for(discard_page.text, f"/discard/{to_discard}")[1]["_xsrf"]
+
+
+def test_the_admins_buttons_approve_and_discard_in_one_click(hub: Hub) -> None:
+    to_approve, to_discard = pending_signup(hub), pending_signup(hub)
+    admin = admin_web(hub)
+    page = admin.get("/hub/authorize").text
+
+    # A POST without the session's XSRF token (a cross-site form) is refused and changes nothing.
+    action, fields = form_for(page, f"/authorize/{to_approve}")
+    forged = {k: v for k, v in fields.items() if k != "_xsrf"}
+    r = admin.http.post(f"{hub.url}{action}", data=forged, headers=CROSS_SITE_NAVIGATION)
+    assert r.status_code == 403, (r.status_code, r.text[-1000:])
+    action_d, fields_d = form_for(page, f"/discard/{to_discard}")
+    r = admin.http.post(f"{hub.url}{action_d}", data={}, headers=CROSS_SITE_NAVIGATION)
+    assert r.status_code == 403, (r.status_code, r.text[-1000:])
+    assert not WebSession(hub).login(to_approve, PASSWORD)
+    assert listed(hub, to_discard)
+
+    # The Approve button: one POST with what the page put in the form.
+    r = admin.http.post(f"{hub.url}{action}", data=fields)
+    assert r.ok and f'id="{to_approve}"' in r.text, (r.status_code, r.text[-1000:])
+    assert WebSession(hub).login(to_approve, PASSWORD)
+    # Submitting the same form again (a double click, a stale tab) keeps the approval.
+    assert admin.http.post(f"{hub.url}{action}", data=fields).ok
+    assert WebSession(hub).login(to_approve, PASSWORD)
+
+    # The Discard button: the sign-up is gone, and the name can be signed up for afresh.
+    r = admin.http.post(f"{hub.url}{action_d}", data=fields_d)
+    assert r.ok, (r.status_code, r.text[-1000:])
+    assert not listed(hub, to_discard)
+    assert not WebSession(hub).login(to_discard, PASSWORD)
+    assert "sent to the admin" in WebSession(hub).signup(to_discard, PASSWORD).text
+
+
+def test_a_plain_user_cannot_approve_or_discard_with_their_own_token(hub: Hub) -> None:
+    pending, other_pending = pending_signup(hub), pending_signup(hub)
+    me = approved_user(hub, "me")
+    web = WebSession(hub)
+    assert web.login(me, PASSWORD)
+    r = web.post(f"/hub/authorize/{pending}", {"authorized": "1"}, allow_redirects=False)
+    assert r.status_code == 403, (r.status_code, r.text[-1000:])
+    r = web.post(f"/hub/discard/{other_pending}", {}, allow_redirects=False)
+    assert r.status_code == 403, (r.status_code, r.text[-1000:])
+    assert not WebSession(hub).login(pending, PASSWORD)
+    assert listed(hub, other_pending)
+
+
+def test_an_admin_post_with_a_bad_field_says_which_and_changes_nothing(hub: Hub) -> None:
+    pending = pending_signup(hub)
+    r = admin_web(hub).post(f"/hub/authorize/{pending}", {"authorized": "yes"})
+    assert r.status_code == 400 and "authorized" in r.text, (r.status_code, r.text[-1000:])
+    assert not WebSession(hub).login(pending, PASSWORD)
+    # Withdrawing an approval is a POST too.
+    name = approved_user(hub, "withdrawn")
+    assert admin_web(hub).post(f"/hub/authorize/{name}", {"authorized": "0"}).ok
+    assert not WebSession(hub).login(name, PASSWORD)
+    approve(hub, name)
+    assert WebSession(hub).login(name, PASSWORD)
+
+
+def test_ten_wrong_passwords_lock_the_account(hub: Hub) -> None:
+    victim, bystander = approved_user(hub, "locked"), approved_user(hub, "bystander")
+    thief = WebSession(hub)
+    for i in range(10):
+        assert not thief.login(victim, f"guess-number-{i}")
+    # Locked: even the right password is refused for now (10 minutes by default) ...
+    assert not WebSession(hub).login(victim, PASSWORD)
+    # ... for that account only.
+    assert WebSession(hub).login(bystander, PASSWORD)
+
+
+def test_nine_wrong_passwords_then_the_right_one_logs_in(hub: Hub) -> None:
+    name = approved_user(hub, "typo")
+    for i in range(9):
+        assert not WebSession(hub).login(name, f"typo-{i}")
+    assert WebSession(hub).login(name, PASSWORD)
+
+
+def test_a_sign_up_with_a_common_password_is_refused(hub: Hub) -> None:
+    name = f"weak{uuid.uuid4().hex[:6]}"
+    r = WebSession(hub).signup(name, "password123")
+    assert "not too common" in r.text, r.text[-2000:]
+    assert not listed(hub, name)
