@@ -4,17 +4,34 @@ A link or redirect on an attacker's page, followed by a logged-in admin's browse
 top-level navigation: cookies sent, no XSRF token), approves and discards nobody; the admin's
 Approve and Discard buttons on /hub/authorize (POSTs with the XSRF token of their session) do,
 in one click; a POST without that token, or from a plain user, is refused. An account is locked
-after 10 failed log-ins in a row, and sign-ups with a common password are refused.
+after 10 failed log-ins in a row, and sign-ups with a common password are refused. In headless
+Chromium, a real attacker's page on another site (a redirect and an <img>) approves nobody, and
+the admin still approves with one click. Set GPULAB_SCREENSHOTS=DIR to keep the pages as PNGs.
 docs/security.md names these tests.
 """
 
 from __future__ import annotations
 
 import html
+import http.server
+import os
 import re
+import threading
 import uuid
+from pathlib import Path
 
-from harness import PASSWORD, Hub, WebSession, admin_web, approve, approved_user
+from harness import (
+    PASSWORD,
+    Hub,
+    WebSession,
+    admin_web,
+    approve,
+    approved_user,
+    browser_log_in,
+    free_port,
+)
+
+SHOTS = os.environ.get("GPULAB_SCREENSHOTS")
 
 # What a browser sends when a page on another site navigates it to the hub (a link, a form's
 # GET, window.location, a redirect): cookies go along, the XSRF token does not.
@@ -157,3 +174,67 @@ def test_a_sign_up_with_a_common_password_is_refused(hub: Hub) -> None:
     r = WebSession(hub).signup(name, "password123")
     assert "not too common" in r.text, r.text[-2000:]
     assert not listed(hub, name)
+
+
+def shot(page, name: str) -> None:
+    if SHOTS:
+        Path(SHOTS).mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(Path(SHOTS) / f"{name}.png"), full_page=True)
+
+
+def attacker_site(body: str) -> http.server.ThreadingHTTPServer:
+    """A page on another site (``localhost`` is not the hub's ``127.0.0.1``) serving ``body``."""
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            data = body.encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), Page)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_in_a_browser_an_attackers_page_approves_nobody_and_approve_is_one_click(
+    hub: Hub, browser
+) -> None:
+    attacker, victim_of_discard = pending_signup(hub, "evil"), pending_signup(hub, "keep")
+    admin_password = (hub.data_dir / "admin-password").read_text().strip()
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    page = context.new_page()
+    site = attacker_site(
+        f'<img src="{hub.url}/hub/discard/{victim_of_discard}">'
+        f'<img src="{hub.url}/hub/authorize/{attacker}">'
+        f'<a id="go" href="{hub.url}/hub/authorize/{attacker}">free GPUs</a>'
+    )
+    try:
+        browser_log_in(page, hub, "admin", admin_password)
+        # The admin visits the attacker's page (images load), then follows its link.
+        page.goto(f"http://localhost:{site.server_address[1]}/free-gpus.html")
+        page.wait_for_load_state("load")
+        page.click("#go")
+        page.wait_for_load_state("load")
+        shot(page, "authorize-confirm")
+        assert not WebSession(hub).login(attacker, PASSWORD)
+        assert listed(hub, victim_of_discard)
+
+        # The admin's own page: Approve is one click, and the row shows it.
+        page.goto(f"{hub.url}/hub/authorize")
+        row = page.locator(f'tr[id="{attacker}"]')
+        shot(page, "authorize")
+        row.get_by_role("button", name="Approve").click()
+        page.wait_for_url(f"**/hub/authorize#{attacker}")
+        assert row.locator("td").nth(2).inner_text() == "Yes"
+        assert row.get_by_role("button", name="Withdraw approval").is_visible()
+        assert WebSession(hub).login(attacker, PASSWORD)
+    finally:
+        context.close()
+        site.shutdown()
+        site.server_close()
