@@ -238,3 +238,25 @@ def test_in_a_browser_an_attackers_page_approves_nobody_and_approve_is_one_click
         context.close()
         site.shutdown()
         site.server_close()
+
+
+def test_a_cross_site_form_cannot_reset_a_password_through_the_admin(hub: Hub) -> None:
+    name = approved_user(hub, "reset")
+    admin = admin_web(hub)
+    # A GET on the admin's reset page only shows the form, whatever the query says.
+    page = admin.get(
+        f"/hub/change-password/{name}?new_password=taken-over-now"
+        "&new_password_confirmation=taken-over-now",
+        headers=CROSS_SITE_NAVIGATION,
+    )
+    assert page.status_code == 200
+    assert form_for(page.text, "")[1]["_xsrf"]
+    # An attacker's auto-submitting form: the admin's cookies, no XSRF token.
+    r = admin.http.post(
+        f"{hub.url}/hub/change-password/{name}",
+        data={"new_password": "taken-over-now", "new_password_confirmation": "taken-over-now"},
+        headers=CROSS_SITE_NAVIGATION,
+    )
+    assert r.status_code == 403, (r.status_code, r.text[-1000:])
+    assert not WebSession(hub).login(name, "taken-over-now")
+    assert WebSession(hub).login(name, PASSWORD)
