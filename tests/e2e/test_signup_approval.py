@@ -18,6 +18,7 @@ import os
 import re
 import threading
 import uuid
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from harness import (
@@ -260,3 +261,44 @@ def test_a_cross_site_form_cannot_reset_a_password_through_the_admin(hub: Hub) -
     assert r.status_code == 403, (r.status_code, r.text[-1000:])
     assert not WebSession(hub).login(name, "taken-over-now")
     assert WebSession(hub).login(name, PASSWORD)
+
+
+def test_a_self_approval_link_approves_only_through_its_pages_button(hub_factory) -> None:
+    from nativeauthenticator.crypto.signing import Signer
+
+    secret = uuid.uuid4().hex
+    selfhub = hub_factory(
+        "self-approval",
+        extra_args=[
+            r"--NativeAuthenticator.allow_self_approval_for=@self\.example$",
+            f"--NativeAuthenticator.secret_key={secret}",
+        ],
+    )
+
+    def signup_elsewhere() -> str:
+        # An address the pattern does not match, so that no mail is sent (none can be here).
+        name = f"self{uuid.uuid4().hex[:6]}"
+        fields = {"username": name, "email": f"{name}@elsewhere.example"}
+        pw = {"signup_password": PASSWORD, "signup_password_confirmation": PASSWORD}
+        assert WebSession(selfhub).post("/hub/signup", {**fields, **pw}).ok
+        assert not WebSession(selfhub).login(name, PASSWORD)
+        return name
+
+    name = signup_elsewhere()
+    expire = datetime.now(UTC) + timedelta(minutes=15)
+    slug = Signer(secret).sign_object({"username": name, "expire": expire.isoformat()})
+    # A mail scanner or link preview fetches the link: nothing is approved.
+    WebSession(selfhub).get(f"/hub/confirm/{slug}")
+    assert not WebSession(selfhub).login(name, PASSWORD)
+    # The person opens it and presses the button.
+    web = WebSession(selfhub)
+    page = web.get(f"/hub/confirm/{slug}")
+    action, fields = form_for(page.text, f"/confirm/{slug}")
+    r = web.http.post(f"{selfhub.url}{action}", data=fields)
+    assert r.ok and f"{name} has been authorized" in r.text, (r.status_code, r.text[-1000:])
+    assert WebSession(selfhub).login(name, PASSWORD)
+    # A forged slug approves nobody.
+    other = signup_elsewhere()
+    forged = Signer("not-the-secret").sign_object({"username": other, "expire": expire.isoformat()})
+    WebSession(selfhub).post(f"/hub/confirm/{forged}", {})
+    assert not WebSession(selfhub).login(other, PASSWORD)
