@@ -53,6 +53,27 @@ FAST_BILLING_ENV = {
 STARTED_DATA_DIRS: list[Path] = []
 
 
+def resolve_localhost_names() -> None:
+    """Resolve ``localhost`` and every ``NAME.localhost`` to 127.0.0.1 in this process, as
+    browsers do (RFC 6761): the hub lives at ``http://localhost:PORT`` and each user's server on
+    its own origin, ``http://NAME.localhost:PORT/user/NAME/`` (hub_config/origin.py), and the
+    system resolver knows only ``localhost`` itself, sometimes as ::1 first (where the proxy does
+    not listen). Idempotent."""
+    original = socket.getaddrinfo
+    if getattr(original, "_gpulab_localhost", False):
+        return
+
+    def getaddrinfo(host, *args, **kw):
+        if isinstance(host, bytes):
+            host = host.decode()
+        if isinstance(host, str) and (host == "localhost" or host.endswith(".localhost")):
+            host = "127.0.0.1"
+        return original(host, *args, **kw)
+
+    getaddrinfo._gpulab_localhost = True
+    socket.getaddrinfo = getaddrinfo
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -123,7 +144,12 @@ class Hub:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        """The hub's public URL: its pages answer only under this host name (not 127.0.0.1)."""
+        return f"http://localhost:{self.port}"
+
+    def user_url(self, name: str, path: str = "") -> str:
+        """``name``'s server, on its own origin: ``http://NAME.localhost:PORT/user/NAME/PATH``."""
+        return f"http://{name.lower()}.localhost:{self.port}/user/{name}/{path.lstrip('/')}"
 
     # ---- process -----------------------------------------------------------------------------
 
@@ -337,7 +363,7 @@ class Kernel:
     def __init__(self, hub: Hub, user: str) -> None:
         self.hub = hub
         self.user = user
-        self.base = f"{hub.url}/user/{user}/api"
+        self.base = hub.user_url(user, "api")
         self.headers = {"Authorization": f"token {hub.token}"}
         r = requests.post(f"{self.base}/kernels", headers=self.headers, json={}, timeout=60)
         r.raise_for_status()

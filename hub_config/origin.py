@@ -1,0 +1,172 @@
+"""User content never shares an origin with the hub.
+
+A user controls everything their server serves (``/user/NAME/...``: files, apps, the server's
+own pages). Served from the hub's origin, a page of theirs that a teacher or an admin opens runs
+with the visitor's hub session: it reads the XSRF token from ``/hub/home`` and creates API
+tokens in the visitor's name. So every user's server gets an origin of its own, JupyterHub's
+``subdomain_host``: the hub at ``http://localhost:8000``, alice's server at
+``http://alice.localhost:8000/user/alice/`` (Chromium and Firefox resolve ``*.localhost`` to
+loopback; a production hub uses a wildcard DNS name and a wildcard TLS certificate, e.g.
+``https://hub.example.org`` and ``https://alice.hub.example.org``). The hub's cookies are
+host-only, so a user's origin never receives them, and the browser's same-origin policy keeps
+that origin's scripts from reading the hub's pages.
+
+Three more parts here:
+
+- :func:`content_security_policy`: the hub's pages may run scripts from the hub alone, talk to
+  the hub alone, be framed by nobody and submit forms only to the hub and users' servers
+  (the log-in and OAuth forms redirect there).
+- :class:`HostGuard`: the hub answers only under its own host name. A hub page reached under a
+  user's host (``alice.localhost:8000/hub/login``: every host the proxy does not route goes to
+  the hub) or under another name for the same address (``127.0.0.1:8000``) is redirected to the
+  hub's own URL, so nobody logs in, and no hub cookie is set, on a user's origin.
+- :func:`subdomain_hook`: services (billing) stay on the hub's host, where the hub's pages link
+  to them and where servers and operators already reach them; only users get subdomains.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from typing import Any
+from urllib.parse import urlparse
+
+from jupyterhub.utils import subdomain_hook_idna
+from tornado import web
+
+# The paths under the hub's prefix that are not pages: API clients (tokens, never the hub's
+# cookies), health checks and static files answer under any host name.
+_NOT_PAGES = ("api", "health", "metrics", "static/", "security/csp-report")
+
+
+def check_subdomain_host(value: str) -> str:
+    """``http(s)://HOST[:PORT]`` with no path, or "" (off); anything else is an error."""
+    value = value.strip().rstrip("/")
+    if not value:
+        return ""
+    parsed = urlparse(value)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname or parsed.path:
+        raise ValueError(
+            f"GPULAB_SUBDOMAIN_HOST: {value!r}; expected http(s)://HOST[:PORT] with no path, "
+            "whose subdomains (NAME.HOST) reach this hub's proxy, e.g. https://hub.example.org "
+            "(wildcard DNS and certificate), http://localhost:8000, or 'none' for one origin"
+        )
+    if re.fullmatch(r"[0-9.]+|\[?[0-9a-fA-F:]+\]?", parsed.hostname):
+        raise ValueError(
+            f"GPULAB_SUBDOMAIN_HOST: {value!r}; an IP address has no subdomains: use a host "
+            "name with wildcard DNS (e.g. https://hub.example.org) or http://localhost:PORT"
+        )
+    return value
+
+
+def users_host(value: str, port: int) -> str:
+    """The ``subdomain_host`` for a setting: "" (unset) is the embedded default, the hub at
+    ``http://localhost:PORT`` and users at NAME.localhost; "none" turns it off ("")."""
+    if value.strip().lower() == "none":
+        return ""
+    return check_subdomain_host(value) or f"http://localhost:{port}"
+
+
+def subdomain_hook(name: str, domain: str, kind: str) -> str:
+    """Users on ``NAME.DOMAIN`` (JupyterHub's own 'idna' naming); services on the hub's host."""
+    if kind == "service":
+        return domain
+    return subdomain_hook_idna(name, domain, kind)
+
+
+def content_security_policy(subdomain_host: str, base_url: str = "/") -> str:
+    """The hub's Content-Security-Policy, for a hub whose users live on subdomains of its host.
+
+    ``script-src`` keeps ``'unsafe-inline'``: JupyterHub's page template sets its page data in
+    an inline script, different on every page. The origin split is what keeps users' scripts out.
+    """
+    parsed = urlparse(subdomain_host)
+    port = f":{parsed.port}" if parsed.port else ""
+    users = f"{parsed.scheme}://*.{parsed.hostname}{port}"
+    report = base_url.rstrip("/") + "/hub/security/csp-report"
+    return "; ".join(
+        [
+            "default-src 'self'",
+            "script-src 'self' 'unsafe-inline'",
+            "style-src 'self' 'unsafe-inline'",
+            "img-src 'self' data:",
+            "font-src 'self' data:",
+            "connect-src 'self'",
+            "object-src 'none'",
+            "base-uri 'self'",
+            "frame-ancestors 'self'",
+            f"form-action 'self' {users}",
+            f"report-uri {report}",
+        ]
+    )
+
+
+def configure_origin(c: Any, subdomain_host: str) -> None:
+    """Users' servers on subdomains of ``subdomain_host`` and the hub's CSP; "" leaves both off."""
+    if not subdomain_host:
+        return
+    c.JupyterHub.subdomain_host = subdomain_host
+    c.JupyterHub.subdomain_hook = subdomain_hook
+    base_url = c.JupyterHub.base_url if "base_url" in c.JupyterHub else "/"
+    settings = dict(c.JupyterHub.tornado_settings) if "tornado_settings" in c.JupyterHub else {}
+    headers = dict(settings.get("headers", {}))
+    headers.setdefault("Content-Security-Policy", content_security_policy(subdomain_host, base_url))
+    settings["headers"] = headers
+    c.JupyterHub.tornado_settings = settings
+
+
+class HostGuard(web.RequestHandler):
+    """A hub page asked for under another host name: go to the hub's own URL, or refuse."""
+
+    def initialize(self, public_host: str) -> None:
+        self.public_host = public_host
+
+    def get(self) -> None:
+        self.redirect(self.public_host + self.request.uri, permanent=False)
+
+    head = get
+
+    def post(self) -> None:
+        raise web.HTTPError(
+            403,
+            f"Host: {self.request.host!r} is not this hub's; its pages are at {self.public_host}",
+        )
+
+    put = patch = delete = options = post
+
+
+def host_guard_rules(app: Any) -> tuple[str, list[tuple[str, type, dict]]]:
+    """The host pattern (any host name but the hub's) and the routes :class:`HostGuard` takes."""
+    parsed = urlparse(app.subdomain_host)
+    public_host = f"{parsed.scheme}://{parsed.netloc}"
+    hub_prefix = re.escape(app.hub.base_url)  # e.g. /hub/
+    not_pages = "|".join(re.escape(p) + r"(/|$)" for p in _NOT_PAGES)
+    return (
+        rf"^(?!{re.escape(parsed.hostname)}$).+$",
+        [
+            (rf"{hub_prefix}(?!{not_pages}).*", HostGuard, {"public_host": public_host}),
+            # JupyterHub's own redirects from the root
+            (re.escape(app.base_url), HostGuard, {"public_host": public_host}),
+        ],
+    )
+
+
+def install_host_guard(app: Any) -> None:
+    """Mount :class:`HostGuard` ahead of the hub's routes once the hub's Tornado app exists.
+
+    JupyterHub asks for gpulab's routes (``attach``) just before it builds that app, in the same
+    synchronous stretch of ``initialize``, and serves nothing before the next turn of the loop:
+    the guard is in place before the first request.
+    """
+    if not app.subdomain_host:
+        return
+
+    def install() -> None:
+        tornado_app = getattr(app, "tornado_application", None)
+        if tornado_app is None:  # not built yet: try on the next turn
+            asyncio.get_running_loop().call_soon(install)
+            return
+        pattern, rules = host_guard_rules(app)
+        tornado_app.add_handlers(pattern, rules)
+
+    asyncio.get_running_loop().call_soon(install)
