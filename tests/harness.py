@@ -6,6 +6,7 @@ configurable-http-proxy), single-user servers, and kernels through the Jupyter w
 
 from __future__ import annotations
 
+import http.cookiejar
 import json
 import os
 import signal
@@ -17,6 +18,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import requests
 import websocket
@@ -72,6 +74,34 @@ def resolve_localhost_names() -> None:
 
     getaddrinfo._gpulab_localhost = True
     socket.getaddrinfo = getaddrinfo
+    _keep_localhost_domain_cookies()
+
+
+def _keep_localhost_domain_cookies() -> None:
+    """Keep cookies set with ``Domain=localhost`` as browsers do (JupyterHub sets its session id
+    so once users live on NAME.localhost), and send them to localhost and NAME.localhost.
+
+    Python's cookie policy refuses a domain without a dot; requests builds a fresh jar with the
+    default policy for every request, so the default policy itself learns it (tests only)."""
+    policy = http.cookiejar.DefaultCookiePolicy
+
+    def localhost(request) -> bool:
+        host = urlparse(request.get_full_url()).hostname or ""
+        return host == "localhost" or host.endswith(".localhost")
+
+    def wrap(name: str, domain_of) -> None:
+        original = getattr(policy, name)
+
+        def method(self, first, request):
+            if domain_of(first).lstrip(".") == "localhost":
+                return localhost(request)
+            return original(self, first, request)
+
+        setattr(policy, name, method)
+
+    wrap("set_ok_domain", lambda cookie: cookie.domain)
+    wrap("return_ok_domain", lambda cookie: cookie.domain)
+    wrap("domain_return_ok", lambda domain: domain)
 
 
 def free_port() -> int:

@@ -47,7 +47,7 @@ def wait_app_ready(hub: Hub, user: str, info: dict, token: str) -> list[int]:
 
     def ready() -> bool:
         r = requests.get(
-            hub.url + info["ready_url"], headers={"Authorization": f"token {token}"}, timeout=120
+            info["ready_url"], headers={"Authorization": f"token {token}"}, timeout=120
         )
         seen.append(r.status_code)
         # 404: no such app in the server (jupyter-server-proxy did not get it): fail now.
@@ -178,7 +178,7 @@ def test_second_user_gets_their_own_card_and_process(hub: Hub) -> None:
         assert "refused 13" in out, out
     # One user's token cannot reach the other's app.
     r = requests.get(
-        hub.url + ib["ready_url"], headers={"Authorization": f"token {ta}"}, timeout=30
+        ib["ready_url"], headers={"Authorization": f"token {ta}"}, timeout=30
     )
     assert r.status_code in (403, 404)
     # Nor launch, read or stop for them through gpulab's API.
