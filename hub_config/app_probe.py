@@ -22,6 +22,11 @@ PROBE_TIMEOUT = 5.0
 
 
 async def _get(url: str, token: str) -> tuple[int, bytes]:
+    body = bytearray()
+
+    def keep(chunk: bytes) -> None:  # at most MAX_BODY bytes of whatever the server sends
+        body.extend(chunk[: max(0, MAX_BODY - len(body))])
+
     try:
         r = await AsyncHTTPClient().fetch(
             url,
@@ -29,11 +34,11 @@ async def _get(url: str, token: str) -> tuple[int, bytes]:
             follow_redirects=False,
             request_timeout=PROBE_TIMEOUT,
             raise_error=False,
-            max_body_size=MAX_BODY,
+            streaming_callback=keep,
         )
     except (HTTPClientError, OSError, ValueError):
         return 0, b""
-    return r.code, r.body or b""
+    return r.code, bytes(body)
 
 
 async def probe_app(spawner: Any, app: Any) -> dict[str, Any]:
@@ -56,6 +61,6 @@ async def probe_app(spawner: Any, app: Any) -> dict[str, Any]:
             except ValueError:
                 data = {}
             if isinstance(data, dict):
-                out["stage"] = str(data.get("stage", ""))[:100]
-                out["error"] = str(data.get("error", ""))[:500]
+                out["stage"] = str(data.get("stage") or "")[:100]
+                out["error"] = str(data.get("error") or "")[:500]
     return out

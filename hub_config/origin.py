@@ -121,15 +121,19 @@ class HostGuard(web.RequestHandler):
     def initialize(self, public_host: str) -> None:
         self.public_host = public_host
 
-    def get(self) -> None:
+    def check_xsrf_cookie(self) -> None:
+        """Nothing is accepted here: every write is refused, with the hub's URL (below)."""
+
+    def get(self, *_: str) -> None:
         self.redirect(self.public_host + self.request.uri, permanent=False)
 
     head = get
 
-    def post(self) -> None:
-        raise web.HTTPError(
-            403,
-            f"Host: {self.request.host!r} is not this hub's; its pages are at {self.public_host}",
+    def post(self, *_: str) -> None:
+        self.set_status(403)
+        self.set_header("Content-Type", "text/plain; charset=utf-8")
+        self.finish(
+            f"Host: {self.request.host!r} is not this hub's; its pages are at {self.public_host}\n"
         )
 
     put = patch = delete = options = post
@@ -140,7 +144,7 @@ def host_guard_rules(app: Any) -> tuple[str, list[tuple[str, type, dict]]]:
     parsed = urlparse(app.subdomain_host)
     public_host = f"{parsed.scheme}://{parsed.netloc}"
     hub_prefix = re.escape(app.hub.base_url)  # e.g. /hub/
-    not_pages = "|".join(re.escape(p) + r"(/|$)" for p in _NOT_PAGES)
+    not_pages = "|".join(re.escape(p) + r"(?:/|$)" for p in _NOT_PAGES)
     return (
         rf"^(?!{re.escape(parsed.hostname)}$).+$",
         [

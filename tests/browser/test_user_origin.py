@@ -240,3 +240,32 @@ def test_hub_pages_load_under_the_csp_without_errors(ohub: Hub, browser, tmp_pat
     csp = [p for p in problems if "Content Security Policy" in p or "Refused to" in p]
     assert not csp, csp
     assert not problems, problems
+
+
+def test_hub_pages_answer_only_under_the_hubs_own_host(ohub: Hub) -> None:
+    """A hub page under a user's host (or the bare IP) is a redirect to the hub's own URL, a
+    form posted there is refused: nobody logs in, and no hub cookie is set, on a user's origin.
+    API clients (tokens) and health checks answer under any name."""
+    for host in (f"victim.localhost:{ohub.port}", f"127.0.0.1:{ohub.port}"):
+        r = requests.get(f"http://{host}/hub/login?next=x", allow_redirects=False, timeout=30)
+        assert r.status_code == 302, (host, r.status_code)
+        assert r.headers["Location"] == f"{ohub.url}/hub/login?next=x"
+        assert "set-cookie" not in {k.lower() for k in r.headers}
+        r = requests.post(
+            f"http://{host}/hub/login",
+            data={"username": "admin", "password": "x"},
+            allow_redirects=False,
+            timeout=30,
+        )
+        assert r.status_code == 403 and ohub.url in r.text, (host, r.status_code)
+        r = requests.get(
+            f"http://{host}/hub/api/user",
+            headers={"Authorization": f"token {ohub.token}"},
+            timeout=30,
+        )
+        assert r.status_code == 200, (host, r.status_code)
+        assert requests.get(f"http://{host}/hub/health", timeout=30).status_code == 200
+    # The hub's own pages carry its CSP.
+    csp = requests.get(f"{ohub.url}/hub/login", timeout=30).headers["Content-Security-Policy"]
+    assert "frame-ancestors 'self'" in csp and "connect-src 'self'" in csp
+    assert "script-src 'self' 'unsafe-inline'" in csp and "default-src 'self'" in csp
