@@ -15,7 +15,7 @@ from pathlib import Path
 
 from gpulab.hub_config.data_dir import admin_password, make_private_data_dir, secret_file
 from gpulab.hub_config.lti import configure_from_env as configure_lti
-from gpulab.hub_config.origin import configure_origin, users_host
+from gpulab.hub_config.origin import configure_origin, route_servers_to_services, users_host
 from gpulab.hub_config.plugin import configure_plugin
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -185,6 +185,8 @@ def configure(c, settings: Settings | None = None) -> None:
         market_token=secret_file(data / "spot-market-token"),
         hub_api_url=f"http://{host}:{s.hub_port}/hub/api",
     )
+    # Servers that reach billing through the proxy under another name keep a route to it.
+    route_servers_to_services(c)
     c.Spawner.start_timeout = 60
     c.Spawner.http_timeout = 30
 

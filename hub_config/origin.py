@@ -115,6 +115,30 @@ def configure_origin(c: Any, subdomain_host: str) -> None:
     c.JupyterHub.tornado_settings = settings
 
 
+def route_servers_to_services(c: Any) -> None:
+    """Keep billing reachable where servers are told to find it through the proxy.
+
+    With users on subdomains the proxy routes by host name, and billing's route is under the
+    hub's host; a deployment whose servers reach billing through the proxy under another name
+    (docker-compose: ``GPULAB_BILLING_SERVER_URL=http://proxy:8000/services/billing/``) gets a
+    route for that name too (JupyterHub's ``Proxy.extra_routes``), to the same service.
+    """
+    if not ("subdomain_host" in c.JupyterHub and c.JupyterHub.subdomain_host):
+        return
+    env = dict(c.Spawner.environment) if "environment" in c.Spawner else {}
+    services = list(c.JupyterHub.services) if "services" in c.JupyterHub else []
+    billing = next((s for s in services if s.get("name") == "billing" and s.get("url")), None)
+    url = urlparse(env.get("GPULAB_BILLING_URL", ""))
+    hub_host = urlparse(c.JupyterHub.subdomain_host).hostname
+    if billing is None or not url.hostname or url.hostname == hub_host:
+        return
+    if url.netloc == urlparse(billing["url"]).netloc:
+        return  # servers reach billing's own port, not the proxy
+    routes = dict(c.Proxy.extra_routes) if "extra_routes" in c.Proxy else {}
+    routes.setdefault(f"{url.hostname}{url.path.rstrip('/')}/", billing["url"])
+    c.Proxy.extra_routes = routes
+
+
 class HostGuard(web.RequestHandler):
     """A hub page asked for under another host name: go to the hub's own URL, or refuse."""
 

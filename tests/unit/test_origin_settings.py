@@ -8,6 +8,7 @@ from traitlets.config import Config
 from gpulab.hub_config.origin import (
     configure_origin,
     content_security_policy,
+    route_servers_to_services,
     subdomain_hook,
     users_host,
 )
@@ -49,3 +50,21 @@ def test_configure_sets_jupyterhubs_subdomain_host_and_the_csp() -> None:
     off = Config()
     configure_origin(off, "")
     assert "subdomain_host" not in off.JupyterHub
+
+
+def test_servers_that_reach_billing_through_the_proxy_keep_a_route_to_it() -> None:
+    c = Config()
+    c.JupyterHub.port = 8000
+    configure_origin(c, "https://hub.example.org")
+    c.JupyterHub.services = [{"name": "billing", "url": "http://billing:10101"}]
+    c.Spawner.environment = {"GPULAB_BILLING_URL": "http://proxy:8000/services/billing/"}
+    route_servers_to_services(c)
+    assert c.Proxy.extra_routes == {"proxy/services/billing/": "http://billing:10101"}
+    # Servers that reach billing's own port need no route.
+    direct = Config()
+    direct.JupyterHub.port = 8000
+    configure_origin(direct, "http://localhost:8000")
+    direct.JupyterHub.services = [{"name": "billing", "url": "http://127.0.0.1:10101"}]
+    direct.Spawner.environment = {"GPULAB_BILLING_URL": "http://127.0.0.1:10101/services/billing/"}
+    route_servers_to_services(direct)
+    assert "extra_routes" not in direct.Proxy
