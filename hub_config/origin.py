@@ -107,6 +107,13 @@ def configure_origin(c: Any, subdomain_host: str) -> None:
         return
     c.JupyterHub.subdomain_host = subdomain_host
     c.JupyterHub.subdomain_hook = subdomain_hook
+    if urlparse(subdomain_host).scheme == "https":
+        # Cookie tossing: a page on alice.hub.example.org may set cookies for the parent domain
+        # hub.example.org, e.g. its owner's own login cookie, so that a visitor is logged in to
+        # the hub as alice. A __Host- cookie cannot be set for another host. (Browsers keep a
+        # cookie for Domain=localhost on localhost alone, so NAME.localhost cannot toss one;
+        # __Host- needs https, which the embedded default has not.)
+        c.JupyterHub.cookie_host_prefix_enabled = True
     base_url = c.JupyterHub.base_url if "base_url" in c.JupyterHub else "/"
     settings = dict(c.JupyterHub.tornado_settings) if "tornado_settings" in c.JupyterHub else {}
     headers = dict(settings.get("headers", {}))

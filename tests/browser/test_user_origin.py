@@ -8,7 +8,8 @@ whole server, so the page comes from the server itself: a ``~/.jupyter`` config 
 the sandbox off Jupyter's ``/files/`` pages, and ``files/evil.html`` is the page.
 
 On one origin (``GPULAB_SUBDOMAIN_HOST=none``, the old setup) the script gets the token; with
-each user's server on NAME.localhost it gets nothing, and the admin API shows no token made.
+each user's server on NAME.localhost it gets nothing, and the admin API shows no token made;
+cookies it sets for the parent domain (cookie tossing) never reach the hub.
 
 Also: jupyter-server-proxy's generic ``/user/NAME/proxy/PORT/`` reaches no port, and the hub's
 own pages (home, spawn form, course dashboard, admin, the statement link's target, JupyterLab)
@@ -72,6 +73,10 @@ EVIL = """\
       s.user_status = who.status;
       s.user = who.ok ? (await who.json()).name || "" : "";
     } catch (e) { s.user_status = "blocked: " + e; s.user = ""; }
+  }
+  // Cookie tossing: cookies for the parent domain, to replace the hub's login and XSRF ones.
+  for (const name of ["jupyterhub-hub-login", "_xsrf", "jupyterhub-session-id"]) {
+    document.cookie = name + "=tossed; Domain=" + new URL(HUB).hostname + "; Path=/hub/";
   }
   window.__stolen = out;
 })();
@@ -147,6 +152,10 @@ def test_a_students_page_cannot_act_as_their_teacher(ohub: Hub, browser, tmp_pat
             assert not s["xsrf"], f"{how}: read the teacher's XSRF token from /hub/home: {s}"
             assert s["token_status"] != 201 and not s["token"], f"{how}: made a token: {s}"
             assert not s["user"], f"{how}: read the teacher's identity: {s}"
+        # No cookie the page tossed reached the hub: the teacher is still logged in as themself.
+        page.goto(f"{ohub.url}/hub/home", timeout=SLOW)
+        assert page.url.startswith(f"{ohub.url}/hub/home"), page.url
+        assert teacher in page.locator("body").inner_text()
     finally:
         context.close()
         ohub.stop_server(student)
@@ -161,7 +170,13 @@ def test_the_generic_port_proxy_reaches_no_port(ohub: Hub, user_server_port) -> 
     base = server_link(ohub, name)
     # The server itself answers on that port (its own API), so the proxy would have reached it.
     assert requests.get(urljoin(base, "api/status"), headers=headers, timeout=30).ok
-    for path in (f"proxy/{port}/api/status", f"proxy/127.0.0.1:{port}/api/status"):
+    # The single-user server itself, on its own port, through each of the generic routes.
+    own = f"user/{name}/api/status"
+    for path in (
+        f"proxy/{port}/{own}",
+        f"proxy/127.0.0.1:{port}/{own}",
+        f"proxy/absolute/{port}/{own}",
+    ):
         r = requests.get(urljoin(base, path), headers=headers, timeout=30)
         assert r.status_code == 404, (path, r.status_code, r.text[:200])
 

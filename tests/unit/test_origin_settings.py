@@ -47,6 +47,11 @@ def test_configure_sets_jupyterhubs_subdomain_host_and_the_csp() -> None:
     csp = c.JupyterHub.tornado_settings["headers"]["Content-Security-Policy"]
     assert csp == content_security_policy("https://hub.example.org")
     assert "form-action 'self' https://*.hub.example.org;" in csp
+    # Over https the hub's login cookie is a __Host- one: no subdomain can toss a replacement.
+    assert c.JupyterHub.cookie_host_prefix_enabled is True
+    local = Config()
+    configure_origin(local, "http://localhost:8000")
+    assert "cookie_host_prefix_enabled" not in local.JupyterHub
     off = Config()
     configure_origin(off, "")
     assert "subdomain_host" not in off.JupyterHub
