@@ -123,7 +123,8 @@ def configure_origin(c: Any, subdomain_host: str) -> None:
 
 
 def route_servers_to_services(c: Any) -> None:
-    """Keep billing reachable where servers are told to find it through the proxy.
+    """Keep billing reachable where servers are told to find it through the proxy, and its
+    OAuth redirect a path on the hub's host, as it was on one origin.
 
     With users on subdomains the proxy routes by host name, and billing's route is under the
     hub's host; a deployment whose servers reach billing through the proxy under another name
@@ -133,7 +134,15 @@ def route_servers_to_services(c: Any) -> None:
     if not ("subdomain_host" in c.JupyterHub and c.JupyterHub.subdomain_host):
         return
     env = dict(c.Spawner.environment) if "environment" in c.Spawner else {}
-    services = list(c.JupyterHub.services) if "services" in c.JupyterHub else []
+    services = [dict(s) for s in c.JupyterHub.services] if "services" in c.JupyterHub else []
+    base_url = c.JupyterHub.base_url if "base_url" in c.JupyterHub else "/"
+    for service in services:
+        # A service on the hub's host keeps the OAuth redirect it had on one origin, a path:
+        # an external one (billing's own container) sends that path, knowing no public host.
+        if service.get("url") and "oauth_redirect_uri" not in service:
+            name = service["name"]
+            service["oauth_redirect_uri"] = f"{base_url.rstrip('/')}/services/{name}/oauth_callback"
+    c.JupyterHub.services = services
     billing = next((s for s in services if s.get("name") == "billing" and s.get("url")), None)
     url = urlparse(env.get("GPULAB_BILLING_URL", ""))
     hub_host = urlparse(c.JupyterHub.subdomain_host).hostname
