@@ -137,9 +137,11 @@ def route_servers_to_services(c: Any) -> None:
     services = [dict(s) for s in c.JupyterHub.services] if "services" in c.JupyterHub else []
     base_url = c.JupyterHub.base_url if "base_url" in c.JupyterHub else "/"
     for service in services:
-        # A service on the hub's host keeps the OAuth redirect it had on one origin, a path:
-        # an external one (billing's own container) sends that path, knowing no public host.
-        if service.get("url") and "oauth_redirect_uri" not in service:
+        # An external service (billing's own container) on the hub's host keeps the OAuth
+        # redirect it had on one origin, a path: it knows no public host to send another.
+        # (The hub tells a service it starts its redirect, whole.)
+        external = service.get("url") and not service.get("command")
+        if external and "oauth_redirect_uri" not in service:
             name = service["name"]
             service["oauth_redirect_uri"] = f"{base_url.rstrip('/')}/services/{name}/oauth_callback"
     c.JupyterHub.services = services
