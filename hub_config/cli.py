@@ -10,7 +10,9 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from urllib.parse import urlparse
 
+from gpulab.hub_config import origin
 from gpulab.hub_config.catalog import CatalogError, load_catalog
 from gpulab.hub_config.data_dir import admin_password, make_private_data_dir
 from gpulab.hub_config.images_cli import add_images_parser, cmd_images
@@ -91,6 +93,16 @@ def build_parser() -> argparse.ArgumentParser:
         "catalog's preloaded images, or as Docker Swarm services on GPU nodes (GPULAB_HUB_IP, "
         "GPULAB_SWARM_MANAGER, GPULAB_SWARM_NODE_ENGINES, GPULAB_SWARM_SHARED_HOME)",
     )
+    up.add_argument(
+        "--subdomain-host",
+        default=os.environ.get("GPULAB_SUBDOMAIN_HOST", ""),
+        metavar="URL",
+        help="the hub's public URL whose subdomains serve users' servers, each on an origin of "
+        "its own: alice's at NAME.HOST (needs wildcard DNS, and a wildcard certificate for "
+        "https), e.g. https://hub.example.org; default http://localhost:PORT (browsers resolve "
+        "*.localhost to this machine); 'none' serves users' pages on the hub's own origin, "
+        "where any user's page can act as whoever opens it (unsafe)",
+    )
     up.add_argument("jupyterhub_args", nargs="*", help="extra JupyterHub arguments (after --)")
     add_images_parser(sub)
     add_models_parser(sub)
@@ -142,9 +154,27 @@ def cmd_up(args: argparse.Namespace) -> int:
         GPULAB_OPEN_SIGNUP="1" if args.open_signup else "0",
         GPULAB_UNSAFE_SIGNUP_WITHOUT_ISOLATION="1" if args.unsafe_signup_without_isolation else "0",
         GPULAB_SPAWNER=args.spawner,
+        GPULAB_SUBDOMAIN_HOST=args.subdomain_host,
     )
-    host = "127.0.0.1" if args.ip in ("", "0.0.0.0") else args.ip
-    print(f"gpulab: starting on http://{host}:{args.port}  (data: {data_dir})")
+    try:
+        users_host = origin.users_host(args.subdomain_host, args.port)
+    except ValueError as e:
+        print(f"gpulab: {e}", file=sys.stderr)
+        return 2
+    if users_host:
+        print(f"gpulab: starting on {users_host}  (data: {data_dir})")
+        name = urlparse(users_host)
+        print(
+            f"gpulab: each user's server on its own origin: {name.scheme}://NAME.{name.netloc}"
+            f"/user/NAME/ (open the hub at {users_host}, not at its IP address)"
+        )
+    else:
+        host = "127.0.0.1" if args.ip in ("", "0.0.0.0") else args.ip
+        print(f"gpulab: starting on http://{host}:{args.port}  (data: {data_dir})")
+        print(
+            "gpulab: WARNING: --subdomain-host none: users' servers share the hub's origin, so "
+            "a page a user serves can act as anyone who opens it (staff included)"
+        )
     if new:
         print(
             f"gpulab: log in as 'admin' with password {password}  (saved in {data_dir}/admin-password)"

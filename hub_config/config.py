@@ -15,6 +15,7 @@ from pathlib import Path
 
 from gpulab.hub_config.data_dir import admin_password, make_private_data_dir, secret_file
 from gpulab.hub_config.lti import configure_from_env as configure_lti
+from gpulab.hub_config.origin import configure_origin, route_servers_to_services, users_host
 from gpulab.hub_config.plugin import configure_plugin
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -52,6 +53,9 @@ class Settings:
     swarm_manager: str = ""
     swarm_node_engines: str = ""
     swarm_shared_home: str = ""
+    # Where users' servers live: each on a subdomain of this host (hub_config/origin.py). ""
+    # (unset): http://localhost:PORT; "none": on the hub's own origin (unsafe, see origin.py).
+    subdomain_host: str = ""
 
     @classmethod
     def from_env(cls, env: os._Environ | dict | None = None) -> Settings:
@@ -78,7 +82,15 @@ class Settings:
             swarm_manager=env.get("GPULAB_SWARM_MANAGER", ""),
             swarm_node_engines=env.get("GPULAB_SWARM_NODE_ENGINES", ""),
             swarm_shared_home=env.get("GPULAB_SWARM_SHARED_HOME", ""),
+            subdomain_host=env.get("GPULAB_SUBDOMAIN_HOST", ""),
         )
+
+    def users_host(self) -> str:
+        """The checked ``subdomain_host`` the hub gets ("" when turned off with "none")."""
+        try:
+            return users_host(self.subdomain_host, self.port)
+        except ValueError as e:
+            raise SystemExit(str(e)) from None
 
 
 def find_proxy_command() -> list[str]:
@@ -105,6 +117,8 @@ def configure(c, settings: Settings | None = None) -> None:
     c.JupyterHub.hub_port = s.hub_port
     c.JupyterHub.db_url = s.db_url or f"sqlite:///{data / 'jupyterhub.sqlite'}"
     c.JupyterHub.cookie_secret_file = str(data / "jupyterhub_cookie_secret")
+    # Every user's server on an origin of its own, and the hub's CSP (hub_config/origin.py).
+    configure_origin(c, s.users_host())
     c.JupyterHub.pid_file = str(data / "jupyterhub.pid")
 
     if s.proxy_api_url:
@@ -171,6 +185,8 @@ def configure(c, settings: Settings | None = None) -> None:
         market_token=secret_file(data / "spot-market-token"),
         hub_api_url=f"http://{host}:{s.hub_port}/hub/api",
     )
+    # Servers that reach billing through the proxy under another name keep a route to it.
+    route_servers_to_services(c)
     c.Spawner.start_timeout = 60
     c.Spawner.http_timeout = 30
 

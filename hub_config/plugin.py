@@ -35,6 +35,7 @@ from gpulab.hub_config.courses.assignments import configure_assignments
 from gpulab.hub_config.home import TEMPLATES as HOME_TEMPLATES
 from gpulab.hub_config.notices import notices_for
 from gpulab.hub_config.observer import ActivityObserver
+from gpulab.hub_config.origin import install_host_guard
 from gpulab.hub_config.scopes import (
     CUSTOM_SCOPES,
     MARKET_SERVICE,
@@ -98,6 +99,8 @@ def attach(app: Any) -> list[tuple[str, type]]:
     pool = GpuPool.instance(config=app.config)
     if not getattr(pool, "_attached", False):
         pool._attached = True
+        # Hub pages answer only under the hub's own host name (hub_config/origin.py).
+        install_host_guard(app)
         # JupyterHub dropped the course roles its config does not load: derive them again.
         course_groups.sync_all(app.db)
         spawner_class = app.spawner_class

@@ -28,6 +28,9 @@ REQUIRE_ALL = os.environ.get("GPULAB_REQUIRE_ALL") == "1"
 # (swarm_cluster) for the modules that ask for them.
 pytest_plugins = ["docker_helpers", "swarm_helpers"]
 
+# Users' servers live at NAME.localhost (hub_config/origin.py): resolve those names as browsers do.
+harness.resolve_localhost_names()
+
 
 def require(condition: bool, what: str) -> None:
     """Skip when a service is missing, except under CI (GPULAB_REQUIRE_ALL=1), where it fails."""

@@ -6,6 +6,7 @@ configurable-http-proxy), single-user servers, and kernels through the Jupyter w
 
 from __future__ import annotations
 
+import http.cookiejar
 import json
 import os
 import signal
@@ -17,6 +18,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import requests
 import websocket
@@ -51,6 +53,55 @@ FAST_BILLING_ENV = {
 # The data dirs of every hub started in this process, so that the test session can tell its own
 # processes and containers (see conftest.py) from anyone else's.
 STARTED_DATA_DIRS: list[Path] = []
+
+
+def resolve_localhost_names() -> None:
+    """Resolve ``localhost`` and every ``NAME.localhost`` to 127.0.0.1 in this process, as
+    browsers do (RFC 6761): the hub lives at ``http://localhost:PORT`` and each user's server on
+    its own origin, ``http://NAME.localhost:PORT/user/NAME/`` (hub_config/origin.py), and the
+    system resolver knows only ``localhost`` itself, sometimes as ::1 first (where the proxy does
+    not listen). Idempotent."""
+    original = socket.getaddrinfo
+    if getattr(original, "_gpulab_localhost", False):
+        return
+
+    def getaddrinfo(host, *args, **kw):
+        if isinstance(host, bytes):
+            host = host.decode()
+        if isinstance(host, str) and (host == "localhost" or host.endswith(".localhost")):
+            host = "127.0.0.1"
+        return original(host, *args, **kw)
+
+    getaddrinfo._gpulab_localhost = True
+    socket.getaddrinfo = getaddrinfo
+    _keep_localhost_domain_cookies()
+
+
+def _keep_localhost_domain_cookies() -> None:
+    """Keep cookies set with ``Domain=localhost`` as browsers do (JupyterHub sets its session id
+    so once users live on NAME.localhost), and send them to localhost and NAME.localhost.
+
+    Python's cookie policy refuses a domain without a dot; requests builds a fresh jar with the
+    default policy for every request, so the default policy itself learns it (tests only)."""
+    policy = http.cookiejar.DefaultCookiePolicy
+
+    def localhost(request) -> bool:
+        host = urlparse(request.get_full_url()).hostname or ""
+        return host == "localhost" or host.endswith(".localhost")
+
+    def wrap(name: str, domain_of) -> None:
+        original = getattr(policy, name)
+
+        def method(self, first, request):
+            if domain_of(first).lstrip(".") == "localhost":
+                return localhost(request)
+            return original(self, first, request)
+
+        setattr(policy, name, method)
+
+    wrap("set_ok_domain", lambda cookie: cookie.domain)
+    wrap("return_ok_domain", lambda cookie: cookie.domain)
+    wrap("domain_return_ok", lambda domain: domain)
 
 
 def free_port() -> int:
@@ -123,7 +174,12 @@ class Hub:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        """The hub's public URL: its pages answer only under this host name (not 127.0.0.1)."""
+        return f"http://localhost:{self.port}"
+
+    def user_url(self, name: str, path: str = "") -> str:
+        """``name``'s server, on its own origin: ``http://NAME.localhost:PORT/user/NAME/PATH``."""
+        return f"http://{name.lower()}.localhost:{self.port}/user/{name}/{path.lstrip('/')}"
 
     # ---- process -----------------------------------------------------------------------------
 
@@ -337,7 +393,7 @@ class Kernel:
     def __init__(self, hub: Hub, user: str) -> None:
         self.hub = hub
         self.user = user
-        self.base = f"{hub.url}/user/{user}/api"
+        self.base = hub.user_url(user, "api")
         self.headers = {"Authorization": f"token {hub.token}"}
         r = requests.post(f"{self.base}/kernels", headers=self.headers, json={}, timeout=60)
         r.raise_for_status()

@@ -8,7 +8,8 @@
   202 with where the app will be; 202 with ``queued`` when the spot market queues it; 4xx naming
   what to pick instead, and nothing started.
 - ``GET  /hub/api/gpulab/users/NAME/launch``: the launch's progress so far (the spawner's real
-  steps) and whether the server is ready; the browser then polls the app's own readiness URL.
+  steps), whether the server is ready and, once it is, whether the app answers (``app_probe``,
+  asked by the hub: the app is on the user's own origin, see :mod:`gpulab.hub_config.app_probe`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from jupyterhub.utils import url_path_join
 from tornado import web
 
 from gpulab.hub_config.api.base import GpulabAPIHandler
+from gpulab.hub_config.app_probe import probe_app
 from gpulab.hub_config.billing_hooks import hourly_price
 from gpulab.hub_config.courses.groups import CourseError
 from gpulab.hub_config.courses.staff import check_staff_start
@@ -285,7 +287,7 @@ def _retrieve(fut: asyncio.Future) -> None:
 
 class LaunchStatusAPIHandler(_UserHandler):
     @needs_scope("read:servers")
-    def get(self, user_name: str) -> None:
+    async def get(self, user_name: str) -> None:
         user = self.user_or_404(user_name)
         spawner = user.spawners.get("") or user.spawner
         events = spawner.progress_events()
@@ -304,6 +306,10 @@ class LaunchStatusAPIHandler(_UserHandler):
         }
         if opts is not None:
             out.update(app=opts.app, gpu=opts.gpu, **self.app_urls(user, opts.app))
+            app = self.pool.catalog.apps.get(opts.app)
+            if app is not None and spawner.ready:
+                # The app's answer, asked by the hub: the page may not fetch another origin.
+                out["app_probe"] = await probe_app(spawner, app)
         self.write(json.dumps(out))
 
 

@@ -313,21 +313,19 @@
       bar.style.width = "70%";
       let loadingShown = false;
       let up = false;
-      const statusUrl = launchInfo.url.replace(/\/?$/, "/") + "gpulab/status";
       for (;;) {
-        let resp = null;
-        try {
-          // Redirects are followed: the first visit of a server signs in to it through the hub.
-          resp = await fetch(launchInfo.ready_url, { cache: "no-store" });
-        } catch (e) {
-          resp = null;
-        }
-        if (resp && !up && resp.status !== 502) {
+        // The app lives on the user's own origin, which this page may not fetch: the hub asks
+        // the app for us (the launch status's app_probe: its readiness URL's status, 0 when
+        // nothing answers yet, and the stage of gpulab's status endpoint).
+        const s = await request("GET", api("/launch"));
+        const probe = s.ok ? s.data.app_probe : null;
+        if (s.ok && !s.data.active) return fail("The server stopped before it was ready.");
+        if (probe && !up && probe.status && probe.status !== 502) {
           up = true;
           tAppUp = secs();
         }
-        if (resp && resp.status === 200) break;
-        if (resp && resp.status === 404) {
+        if (probe && probe.status === 200) break;
+        if (probe && probe.status === 404) {
           return fail(app.display_name + " is not configured in this server (404).");
         }
         if (up && !loadingShown) {
@@ -335,16 +333,8 @@
           step("Loading the model (" + secs().toFixed(1) + " s)");
           bar.style.width = "85%";
         }
-        if (up) {
-          try {
-            const st = await fetch(statusUrl, { cache: "no-store" });
-            if (st.ok) {
-              const j = await st.json();
-              if (j.stage === "failed") return fail(app.display_name + " failed: " + j.error);
-            }
-          } catch (e) {
-            // an app without gpulab's status endpoint: its readiness URL is enough
-          }
+        if (probe && probe.stage === "failed") {
+          return fail(app.display_name + " failed: " + probe.error);
         }
         if (secs() > app.timeout + 60) return fail(app.display_name + " did not become ready.");
         await sleep(250);

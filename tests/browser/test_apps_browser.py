@@ -49,7 +49,7 @@ def launch_sd(page, hub: Hub, name: str) -> None:
     tile.locator(".gpulab-launch").click()
     page.locator("#gpulab-launch-steps li").first.wait_for(timeout=SLOW)
     shot(page, "launch")
-    page.wait_for_url(f"{hub.url}/user/{name}/sd-webui/", timeout=SLOW)
+    page.wait_for_url(hub.user_url(name, "sd-webui/"), timeout=SLOW)
 
 
 def generate(page) -> str:
@@ -147,7 +147,7 @@ def test_home_page_refuses_with_the_reason_when_no_card_fits(bhub: Hub, browser)
         )
         assert "RTX 4090 0/2 free" in page.locator("#gpulab-launch-error").inner_text()
         assert bhub.server(name) is None
-        r = requests.get(f"{bhub.url}/user/{name}/sd-webui/", timeout=30, allow_redirects=False)
+        r = requests.get(bhub.user_url(name, "sd-webui/"), timeout=30, allow_redirects=False)
         assert r.status_code in (302, 403, 404)
     finally:
         context.close()

@@ -238,7 +238,7 @@ def test_teacher_dashboard(chub: Hub, browser, tmp_path: Path) -> None:
         # JupyterHub asks a person before handing their identity to someone else's server.
         if "/hub/api/oauth2/authorize" in lab.url:
             lab.click("button:has-text('Authorize')")
-        lab.wait_for_url(f"{chub.url}/user/{s1}/lab**", timeout=SLOW)
+        lab.wait_for_url(chub.user_url(s1, "lab**"), timeout=SLOW)
         lab.locator(".jp-LabShell, #jp-main-dock-panel").first.wait_for(timeout=SLOW)
 
         # Someone who staffs no course: no link home, no course listed, no dashboard.

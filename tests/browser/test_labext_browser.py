@@ -77,7 +77,7 @@ def test_status_bar_toggle_and_datasets_in_the_browser(hub: Hub, renter: str, br
         with hub.kernel(renter) as k:
             k.execute("open('train.py', 'w').write('print(\"epoch 1\")')")
 
-        page.goto(f"{hub.url}/user/{renter}/lab", timeout=SLOW)
+        page.goto(hub.user_url(renter, "lab"), timeout=SLOW)
         wait_mode(page, "A100-80G x1 (simulated)")
         status = page.locator("#gpulab-status")
         assert "CNY 2.10/h" in status.inner_text()
@@ -188,7 +188,7 @@ def test_switch_without_a_free_gpu_says_so_and_changes_nothing(
     try:
         log_in(page, hub, renter)
         hub.spawn_ready(renter, {"gpu": "none"})
-        page.goto(f"{hub.url}/user/{renter}/lab", timeout=SLOW)
+        page.goto(hub.user_url(renter, "lab"), timeout=SLOW)
         wait_mode(page, "No GPU")
         server_id = page.evaluate(
             "fetch(location.pathname.split('lab')[0] + 'gpulab/api/ping')"

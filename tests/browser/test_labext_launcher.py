@@ -36,7 +36,7 @@ def test_plain_lab_page_gets_one_launcher_after_the_workspace_settles(
     # browser refresh (a contents GET); wait for both so a second launcher had its chance.
     seen: list[str] = []
     page.on("response", lambda r: seen.append(f"{r.request.method} {r.url}"))
-    page.goto(f"{hub.url}/user/{lab_user}/lab")
+    page.goto(hub.user_url(lab_user, "lab"))
     page.wait_for_selector(NOTEBOOK_CARD, timeout=SLOW)
 
     def settled() -> bool:
@@ -70,7 +70,7 @@ def test_a_notebook_url_opens_the_notebook_without_a_launcher(
     ).json()["token"]
     notebook = {"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
     r = web.http.put(
-        f"{hub.url}/user/{lab_user}/api/contents/opened.ipynb",
+        hub.user_url(lab_user, "api/contents/opened.ipynb"),
         json={"type": "notebook", "content": notebook},
         headers={"Authorization": f"token {token}"},
     )
@@ -78,7 +78,7 @@ def test_a_notebook_url_opens_the_notebook_without_a_launcher(
 
     page = browser.new_context().new_page()
     browser_log_in(page, hub, lab_user, PASSWORD, timeout=SLOW)
-    page.goto(f"{hub.url}/user/{lab_user}/lab/tree/opened.ipynb")
+    page.goto(hub.user_url(lab_user, "lab/tree/opened.ipynb"))
     page.wait_for_selector(".jp-NotebookPanel", timeout=SLOW)
     page.wait_for_timeout(1000)
     assert launcher_tabs(page) == 0

@@ -38,7 +38,7 @@ def test_every_plugin_activates_without_errors(hub: Hub, lab_user: str, browser)
     page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
     try:
         browser_log_in(page, hub, lab_user, PASSWORD, timeout=SLOW)
-        page.goto(f"{hub.url}/user/{lab_user}/lab", timeout=SLOW)
+        page.goto(hub.user_url(lab_user, "lab"), timeout=SLOW)
         # Session + status bar: the mode, price and balance.
         page.wait_for_function(
             "document.querySelector('#gpulab-status .jp-gpulab-mode')?.textContent === 'No GPU'",

@@ -70,7 +70,7 @@ def pin(hub: Hub, price: str | None) -> None:
 def ext_spot(hub: Hub, user: str) -> dict:
     """What the page reads: the user's server's ``gpulab/api/spot``, through the proxy."""
     r = requests.get(
-        f"{hub.url}/user/{user}/gpulab/api/spot",
+        hub.user_url(user, "gpulab/api/spot"),
         headers={"Authorization": f"token {hub.token}"},
         timeout=30,
     )
@@ -245,7 +245,7 @@ def test_spot_price_countdown_save_and_cancel_in_the_browser(hub: Hub, browser) 
         hub.spawn_ready(name, SPOT)
         notes = write_in_home(hub.data_dir / "users" / name, "notes.py", "lr = 0.1\n")
 
-        page.goto(f"{hub.url}/user/{name}/lab/tree/notes.py", timeout=SLOW)
+        page.goto(hub.user_url(name, "lab/tree/notes.py"), timeout=SLOW)
         page.wait_for_function(
             "document.querySelector('#gpulab-status .jp-gpulab-price')?.textContent"
             " === 'spot CNY 0.40/h (max 0.60)'",

@@ -57,7 +57,7 @@ def notebook(source: str) -> str:
 
 def edit_unsaved(page, hub: Hub, name: str, path: Path) -> None:
     """Open the notebook in JupyterLab and type into its cell, without saving."""
-    page.goto(f"{hub.url}/user/{name}/lab/tree/{path.name}", timeout=SLOW)
+    page.goto(hub.user_url(name, f"lab/tree/{path.name}"), timeout=SLOW)
     page.locator(".jp-Notebook .jp-Cell .cm-content").first.click(timeout=SLOW)
     page.keyboard.press("Control+End")
     page.keyboard.type("  # tuned")

@@ -58,11 +58,11 @@ def test_a_container_serves_its_app_and_the_model_store_read_only(ahub: Hub) -> 
     r = ahub.api("POST", f"/gpulab/users/{user}/apps/echo/launch", token, json={})
     assert r.status_code == 202, r.text
     info = r.json()
-    assert info["gpu"] == "none" and info["url"] == f"/user/{user}/echo/"
+    assert info["gpu"] == "none" and info["url"] == ahub.user_url(user, "echo/")
     ahub.wait_ready(user)
     try:
         got = requests.get(
-            ahub.url + info["url"] + "a%2Fb/c",
+            info["url"] + "a%2Fb/c",
             headers={"Authorization": f"token {token}"},
             timeout=120,
         )

@@ -47,7 +47,7 @@ def wait_app_ready(hub: Hub, user: str, info: dict, token: str) -> list[int]:
 
     def ready() -> bool:
         r = requests.get(
-            hub.url + info["ready_url"], headers={"Authorization": f"token {token}"}, timeout=120
+            info["ready_url"], headers={"Authorization": f"token {token}"}, timeout=120
         )
         seen.append(r.status_code)
         # 404: no such app in the server (jupyter-server-proxy did not get it): fail now.
@@ -83,7 +83,7 @@ def webui_process(hub: Hub, user: str) -> tuple[int, int]:
 
 def txt2img(hub: Hub, info: dict, token: str, **body) -> requests.Response:
     return requests.post(
-        hub.url + info["url"] + "sdapi/v1/txt2img",
+        info["url"] + "sdapi/v1/txt2img",
         json={"prompt": "a red cat", "steps": 2, "width": 64, "height": 64, **body},
         headers={"Authorization": f"token {token}"},
         timeout=120,
@@ -92,7 +92,7 @@ def txt2img(hub: Hub, info: dict, token: str, **body) -> requests.Response:
 
 def status(hub: Hub, info: dict, token: str) -> dict:
     r = requests.get(
-        hub.url + info["url"] + "gpulab/status",
+        info["url"] + "gpulab/status",
         headers={"Authorization": f"token {token}"},
         timeout=30,
     )
@@ -107,7 +107,7 @@ def test_launch_picks_a_card_and_serves_the_app_through_the_proxy(hub: Hub) -> N
     assert r.status_code == 202, r.text
     info = r.json()
     # The cheapest type with a free card that has the VRAM: an RTX 4090 (the A100 costs more).
-    assert info["gpu"] == "rtx-4090" and info["url"] == f"/user/{user}/sd-webui/"
+    assert info["gpu"] == "rtx-4090" and info["url"] == hub.user_url(user, "sd-webui/")
     hub.wait_ready(user)
     server = hub.server(user)
     assert server["user_options"]["app"] == "sd-webui"
@@ -178,7 +178,7 @@ def test_second_user_gets_their_own_card_and_process(hub: Hub) -> None:
         assert "refused 13" in out, out
     # One user's token cannot reach the other's app.
     r = requests.get(
-        hub.url + ib["ready_url"], headers={"Authorization": f"token {ta}"}, timeout=30
+        ib["ready_url"], headers={"Authorization": f"token {ta}"}, timeout=30
     )
     assert r.status_code in (403, 404)
     # Nor launch, read or stop for them through gpulab's API.
@@ -252,7 +252,7 @@ def test_proxy_passes_websockets_sse_and_encoded_slashes(hub: Hub) -> None:
     hub.wait_ready(user)
     wait_app_ready(hub, user, info, token)
     auth = {"Authorization": f"token {token}"}
-    base = hub.url + info["url"]
+    base = info["url"]
 
     # A gradio-like queue over a websocket: one progress message per step, then the image.
     ws = websocket.create_connection(

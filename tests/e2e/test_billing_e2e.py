@@ -175,7 +175,7 @@ def test_web_app_is_metered_like_a_kernel(bhub, billing, buser) -> None:
     (home / ".jupyter" / "jupyter_server_config.py").write_text(APP_CONFIG.format(pids=pids))
     bhub.spawn_ready(buser, {"gpu": "none"})
     token = user_token(bhub, buser)
-    url = f"{bhub.url}/user/{buser}/webapp/"
+    url = bhub.user_url(buser, "webapp/")
     t0 = time.time()
     r = requests.get(url, headers={"Authorization": f"token {token}"}, timeout=60)
     assert r.status_code == 200 and "Directory listing" in r.text, r.text[:500]
@@ -405,7 +405,7 @@ def test_zero_balance_moves_gpu_server_to_no_gpu_then_stops_it(bhub, billing, bu
     free = bhub.free("a100-80g")
     bhub.spawn_ready(buser, {"gpu": "a100-80g"})
     assert bhub.free("a100-80g") == free - 1
-    api = f"{bhub.url}/user/{buser}/api"
+    api = bhub.user_url(buser, "api")
     auth = {"Authorization": f"token {bhub.token}"}
     r = requests.put(
         f"{api}/contents/work.txt",

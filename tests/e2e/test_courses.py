@@ -14,7 +14,7 @@ import requests
 from course_helpers import make_course, roster, token_for
 from harness import PASSWORD, VENV_BIN, Hub, WebSession, approve, wait_for
 
-STUDENT_SERVER_PATH = "/user/{name}/api/status"
+STUDENT_SERVER_PATH = "api/status"
 
 
 def course_name(prefix: str) -> str:
@@ -24,7 +24,7 @@ def course_name(prefix: str) -> str:
 def server_status(hub: Hub, owner: str, token: str) -> int:
     """What the owner's JupyterLab server answers someone holding ``token``."""
     r = requests.get(
-        hub.url + STUDENT_SERVER_PATH.format(name=owner),
+        hub.user_url(owner, STUDENT_SERVER_PATH),
         headers={"Authorization": f"token {token}"},
         timeout=30,
         allow_redirects=False,

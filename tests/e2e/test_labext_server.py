@@ -30,7 +30,7 @@ def labext_installed() -> None:
 def ext(hub: Hub, user: str, path: str, method: str = "GET", **kw) -> requests.Response:
     return requests.request(
         method,
-        f"{hub.url}/user/{user}/gpulab/api/{path}",
+        hub.user_url(user, f"gpulab/api/{path}"),
         headers={"Authorization": f"token {hub.token}"},
         timeout=30,
         **kw,
@@ -117,7 +117,7 @@ def test_switch_rejects_bad_requests_before_asking_the_hub(hub: Hub, user: str) 
 
 def test_extension_endpoints_need_authentication(hub: Hub, user: str) -> None:
     hub.spawn_ready(user, {"gpu": "none"})
-    base = f"{hub.url}/user/{user}/gpulab/api"
+    base = hub.user_url(user, "gpulab/api")
     r = requests.get(f"{base}/status", timeout=30, allow_redirects=False)
     assert r.status_code == 403
     r = requests.post(f"{base}/switch", json={"gpu": "a100-80g"}, timeout=30, allow_redirects=False)
@@ -153,7 +153,7 @@ def wait_new_server(hub: Hub, user: str, old_alloc: str, timeout: float = 60) ->
     def fresh():
         try:
             r = requests.get(
-                f"{hub.url}/user/{user}/gpulab/api/status",
+                hub.user_url(user, "gpulab/api/status"),
                 headers={"Authorization": f"token {hub.token}"},
                 timeout=5,
                 allow_redirects=False,
@@ -183,7 +183,7 @@ def test_switch_to_no_gpu_and_back_keeps_files(hub: Hub, user: str) -> None:
     elapsed = time.monotonic() - t0
     print(f"switch rtx-4090 -> no-GPU: new server answered after {elapsed:.2f}s")
     assert status["server_id"] != old["server_id"]
-    ping = requests.get(f"{hub.url}/user/{user}/gpulab/api/ping", timeout=30).json()
+    ping = requests.get(hub.user_url(user, "gpulab/api/ping"), timeout=30).json()
     assert ping["server_id"] == status["server_id"]
     assert status["mode"] == "No GPU" and status["gpu_type"] == "none"
     # Same image and datasets; the GPU went back to the pool.

@@ -57,7 +57,7 @@ def observed_seconds(billing: Billing, user: str) -> float:
 
 def server_api(hub: Hub, user: str) -> tuple[str, dict]:
     token = hub.api("POST", f"/users/{user}/tokens", json={"note": "test"}).json()["token"]
-    return f"{hub.url}/user/{user}/api", {"Authorization": f"token {token}"}
+    return hub.user_url(user, "api"), {"Authorization": f"token {token}"}
 
 
 def test_a_terminal_running_sleep_20_is_billed_about_20_seconds(ohub, ouser) -> None:
@@ -66,7 +66,7 @@ def test_a_terminal_running_sleep_20_is_billed_about_20_seconds(ohub, ouser) -> 
     base, headers = server_api(ohub, ouser)
     name = requests.post(f"{base}/terminals", headers=headers, timeout=30).json()["name"]
     ws = websocket.create_connection(
-        f"ws://127.0.0.1:{ohub.port}/user/{ouser}/terminals/websocket/{name}",
+        ohub.user_url(ouser, f"terminals/websocket/{name}").replace("http://", "ws://"),
         header=[f"{k}: {v}" for k, v in headers.items()],
     )
     t0 = time.time()
@@ -173,7 +173,7 @@ def test_an_idle_gpu_goes_back_even_with_forged_heartbeats(ohub, ouser) -> None:
     # JupyterLab reads it through the server's own extension, with the user's credentials.
     _, headers = server_api(ohub, ouser)
     seen = requests.get(
-        f"{ohub.url}/user/{ouser}/gpulab/api/notices", headers=headers, timeout=30
+        ohub.user_url(ouser, "gpulab/api/notices"), headers=headers, timeout=30
     ).json()["notices"]
     assert seen[-1]["message"] == notices[-1]["message"]
     # Only the short-lived kernel ran: that is all the GPU session was billed for.

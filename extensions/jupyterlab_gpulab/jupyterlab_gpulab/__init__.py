@@ -22,7 +22,8 @@ def _jupyter_server_extension_points() -> list[dict[str, Any]]:
 
 def _load_jupyter_server_extension(server_app: Any) -> None:
     from jupyterlab_gpulab.handlers import setup_handlers
-    from jupyterlab_gpulab.proxy_paths import keep_encoded_slashes
+    from jupyterlab_gpulab.proxy_paths import keep_encoded_slashes, no_arbitrary_ports
 
     setup_handlers(server_app)
     keep_encoded_slashes()
+    no_arbitrary_ports(server_app.web_app)
