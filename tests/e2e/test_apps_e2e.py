@@ -177,9 +177,7 @@ def test_second_user_gets_their_own_card_and_process(hub: Hub) -> None:
     if os.geteuid() == 0:  # per-user accounts: the folder is closed to a
         assert "refused 13" in out, out
     # One user's token cannot reach the other's app.
-    r = requests.get(
-        ib["ready_url"], headers={"Authorization": f"token {ta}"}, timeout=30
-    )
+    r = requests.get(ib["ready_url"], headers={"Authorization": f"token {ta}"}, timeout=30)
     assert r.status_code in (403, 404)
     # Nor launch, read or stop for them through gpulab's API.
     assert launch(hub, b, "jupyterlab", token=ta).status_code in (403, 404)

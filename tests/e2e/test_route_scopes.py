@@ -140,14 +140,13 @@ def test_another_users_token_reaches_nothing_in_a_users_server(hub: Hub, user: s
     hub.spawn_ready(user, {"gpu": "none"})
     intruder = hub.create_user()
     token = token_for(hub, intruder)
-    base = f"/user/{user}/gpulab/api"
     routes = [
         ("GET", r) for r in ("status", "balance", "catalog", "pool", "gpus", "spot", "notices")
     ]
     for method, route in [*routes, ("POST", "switch")]:
         r = requests.request(
             method,
-            f"{hub.url}{base}/{route}",
+            hub.user_url(user, f"gpulab/api/{route}"),
             headers={"Authorization": f"token {token}"},
             json={"gpu": "rtx-4090"} if method == "POST" else None,
             timeout=60,
