@@ -245,6 +245,15 @@ class CourseAPIItemHandler(CourseAPIHandler):
                     403, "teachers", "only an admin (admin:groups) changes a course's teachers"
                 )
             self.check_people(people, field)
+            enrolled = sorted(set(people) & set(groups.students(group)))
+            if enrolled and not self.has_scope("admin:groups"):
+                raise CourseError(
+                    403,
+                    field,
+                    f"{', '.join(enrolled)} take course {course.name} as students; a course's "
+                    "staff cannot be its students, and only an admin (admin:groups) changes "
+                    "someone's role in a course",
+                )
             update[field] = tuple(dict.fromkeys(people))
         updated = course.model_copy(update=update)
         groups.save(self.db, updated, self.make_user)
@@ -258,7 +267,32 @@ class RosterAPIHandler(CourseAPIHandler):
         text = self.request.body.decode("utf-8", errors="replace")
         auth = self.authenticator
         rows = parse_roster(text, auth.normalize_username, auth.validate_username)
-        if not self.has_scope("admin:groups"):
+        me = me_name(self)
+        members = set(groups.students(group))
+        admin = self.has_scope("admin:groups")
+        for row in rows:
+            # Nobody enrols themselves: a teacher naming themselves as a student would make the
+            # course's pool pay for their own work.
+            if row.username == me:
+                raise CourseError(
+                    400,
+                    f"roster line {row.line}: username",
+                    f"{row.username!r} is you; nobody changes their own place in a course "
+                    "through a roster (ask an admin)",
+                )
+            if admin:
+                continue
+            now = course.staff_role(row.username) or (
+                "student" if row.username in members else None
+            )
+            if now is not None and now != row.role:
+                raise CourseError(
+                    403,
+                    f"roster line {row.line}: role",
+                    f"{row.username!r} is a {now} of course {course.name}; only an admin "
+                    "(admin:groups) changes someone's role in a course",
+                )
+        if not admin:
             for row in rows:
                 if row.role == "teacher" and row.username not in course.teachers:
                     raise CourseError(

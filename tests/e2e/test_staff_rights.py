@@ -169,3 +169,28 @@ def test_only_a_teacher_of_a_student_enrols_them_directly(hub: Hub) -> None:
     assert r.status_code == 200, r.text
     assert r.json()["added"] == [] and r.json()["invited"] == [student]
     assert student not in hub.api("GET", f"/groups/{course_a}").json()["users"]
+
+
+def test_nobody_enrols_themselves_and_staff_are_not_students(hub: Hub) -> None:
+    """Attack 05: a teacher named themselves as a student in their course's roster and the
+    course's pool paid for their own server. A roster row naming the caller is refused (400), a
+    row making a TA a student is refused (403, only an admin changes roles), and so is naming a
+    student as a TA; nothing changes."""
+    tag = uuid.uuid4().hex[:5]
+    teacher, ta, student = f"ts{tag}", f"as{tag}", f"ss{tag}"
+    course = f"se{tag}"
+    make_course(hub, course, [teacher], [ta])
+    t_token = token_for(hub, teacher)
+    assert roster(hub, course, f"{student},student\n", hub.token).status_code == 200
+
+    r = roster(hub, course, f"{student},student\n{teacher},student\n", t_token)
+    assert r.status_code == 400, r.text
+    assert r.json()["field"] == "roster line 2: username"
+    r = roster(hub, course, f"{ta},student\n", t_token)
+    assert r.status_code == 403 and r.json()["field"] == "roster line 1: role", r.text
+    r = hub.api("PATCH", f"/gpulab/courses/{course}", token=t_token, json={"tas": [ta, student]})
+    assert r.status_code == 403 and r.json()["field"] == "tas", r.text
+
+    info = hub.api("GET", f"/gpulab/courses/{course}", token=t_token).json()
+    assert info["teachers"] == [teacher] and info["tas"] == [ta]
+    assert info["students"] == [student]
