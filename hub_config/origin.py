@@ -27,6 +27,7 @@ Three more parts here:
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import re
 from typing import Any
 from urllib.parse import urlparse
@@ -67,10 +68,34 @@ def users_host(value: str, port: int) -> str:
     return check_subdomain_host(value) or f"http://localhost:{port}"
 
 
+_PLAIN_LABEL = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
+# Bits of SHA-256 in an escaped label: an origin is a security boundary, so two names must never
+# share one. JupyterHub's 'idna' naming keeps 28 bits, which a laptop collides in seconds (a name
+# with the victim's letters and the same 7 hex digits then gets the victim's origin).
+_HASH_HEX = 32
+
+
+def user_label(name: str) -> str:
+    """The DNS label of ``name``'s origin, one per name.
+
+    A name that is already a plain lowercase label without ``--`` is its own label; every other
+    name (e-mail addresses, capitals, Unicode, ``--`` as in ``xn--``, too long) is escaped as
+    ``u-LETTERS--HASH``, with 128 bits of SHA-256. Escaped labels always hold ``--`` and plain
+    ones never do, so a name cannot be chosen to equal another's escaped label, and two escaped
+    labels are equal only if SHA-256 collides in 128 bits."""
+    if _PLAIN_LABEL.fullmatch(name) and "--" not in name:
+        return name
+    letters = re.sub(r"[^a-z0-9]", "", name.lower())[:20]
+    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:_HASH_HEX]
+    return f"u-{letters}--{digest}"
+
+
 def subdomain_hook(name: str, domain: str, kind: str) -> str:
-    """Users on ``NAME.DOMAIN`` (JupyterHub's own 'idna' naming); services on the hub's host."""
+    """Users on ``LABEL.DOMAIN`` (:func:`user_label`); services on the hub's host."""
     if kind == "service":
         return domain
+    if kind == "user":
+        return f"{user_label(name)}.{domain}"
     return subdomain_hook_idna(name, domain, kind)
 
 

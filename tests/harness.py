@@ -23,6 +23,8 @@ from urllib.parse import urlparse
 import requests
 import websocket
 
+from gpulab.hub_config.origin import user_label
+
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
 # Debian's Chromium, driven by Playwright (which cannot download browsers here). The flags keep it
@@ -179,7 +181,8 @@ class Hub:
 
     def user_url(self, name: str, path: str = "") -> str:
         """``name``'s server, on its own origin: ``http://NAME.localhost:PORT/user/NAME/PATH``."""
-        return f"http://{name.lower()}.localhost:{self.port}/user/{name}/{path.lstrip('/')}"
+        host = f"{user_label(name)}.localhost:{self.port}"
+        return f"http://{host}/user/{name}/{path.lstrip('/')}"
 
     # ---- process -----------------------------------------------------------------------------
 

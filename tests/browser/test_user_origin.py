@@ -23,7 +23,7 @@ import json
 import os
 import uuid
 from pathlib import Path
-from urllib.parse import urljoin
+from urllib.parse import urljoin, urlparse
 
 import pytest
 import requests
@@ -284,3 +284,31 @@ def test_hub_pages_answer_only_under_the_hubs_own_host(ohub: Hub) -> None:
     csp = requests.get(f"{ohub.url}/hub/login", timeout=30).headers["Content-Security-Policy"]
     assert "frame-ancestors 'self'" in csp and "connect-src 'self'" in csp
     assert "script-src 'self' 'unsafe-inline'" in csp and "default-src 'self'" in csp
+
+
+def test_two_names_jupyterhub_would_put_on_one_origin_get_two(ohub: Hub) -> None:
+    """A tester signed up as ``alice@uni.edu.@++!~++_``, a name whose JupyterHub label equals
+    ``alice@uni.edu``'s (7 hex digits of SHA-256 collide in seconds), and served pages on the
+    victim's origin. Each now has an origin of its own, and each reaches only their own server
+    there."""
+    suffix = uuid.uuid4().hex[:4]
+    victim, attacker = f"alice{suffix}@uni.edu", f"alice{suffix}@uni.edu.@++!~++_"
+    for name in (victim, attacker):
+        ohub.create_user(name)
+    try:
+        for name in (victim, attacker):
+            ohub.spawn_ready(name, {"gpu": "none"})
+        links = {name: server_link(ohub, name) for name in (victim, attacker)}
+        hosts = {name: urlparse(link).hostname for name, link in links.items()}
+        assert hosts[victim] != hosts[attacker], hosts
+        headers = {"Authorization": f"token {ohub.token}"}
+        for name, link in links.items():
+            r = requests.get(urljoin(link, "api/status"), headers=headers, timeout=30)
+            assert r.ok, (name, r.status_code, r.text[:200])
+        # The attacker's server is not reachable on the victim's origin (nor the reverse).
+        wrong = f"http://{hosts[victim]}:{ohub.port}{urlparse(links[attacker]).path}api/status"
+        r = requests.get(wrong, headers=headers, timeout=30, allow_redirects=False)
+        assert r.status_code != 200, (r.status_code, r.text[:200])
+    finally:
+        for name in (victim, attacker):
+            ohub.stop_server(name)

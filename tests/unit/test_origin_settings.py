@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from traitlets.config import Config
 
@@ -10,6 +12,7 @@ from gpulab.hub_config.origin import (
     content_security_policy,
     route_servers_to_services,
     subdomain_hook,
+    user_label,
     users_host,
 )
 
@@ -73,3 +76,34 @@ def test_servers_that_reach_billing_through_the_proxy_keep_a_route_to_it() -> No
     direct.Spawner.environment = {"GPULAB_BILLING_URL": "http://127.0.0.1:10101/services/billing/"}
     route_servers_to_services(direct)
     assert "extra_routes" not in direct.Proxy
+
+
+# A pair found by a tester in seconds of CPU: JupyterHub's 'idna' naming gives both
+# "u-aliceuni--01b8dab", so the second account would serve pages on the first one's origin.
+COLLIDING = ("alice@uni.edu", "alice@uni.edu.@++!~++_")
+
+
+def test_names_that_collide_under_jupyterhubs_naming_get_origins_of_their_own() -> None:
+    from jupyterhub.utils import subdomain_hook_idna
+
+    a, b = COLLIDING
+    assert subdomain_hook_idna(a, "h", "user") == subdomain_hook_idna(b, "h", "user")
+    assert subdomain_hook(a, "h", "user") != subdomain_hook(b, "h", "user")
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["alice@uni.edu", "BOB", "café", "\uff42\uff4f\uff42", "x--y", "xn--caf-dma", "-bob", "bob.", "a" * 70],
+)
+def test_a_name_that_is_no_plain_label_is_escaped_with_128_bits(name: str) -> None:
+    label = user_label(name)
+    assert re.fullmatch(r"u-[a-z0-9]{0,20}--[0-9a-f]{32}", label), label
+    assert len(label) <= 63
+
+
+def test_no_name_can_be_chosen_to_equal_anothers_escaped_label() -> None:
+    victim = user_label("alice@uni.edu")
+    # Signing up under the victim's label itself, or its plain spellings, gives another label.
+    for attacker in (victim, victim.upper(), victim.replace("--", "-"), "aliceuniedu"):
+        assert user_label(attacker) != victim, attacker
+    assert user_label("bob") == "bob" and user_label("bo-b") == "bo-b"
