@@ -1,11 +1,23 @@
-"""Compensation: a credit for work lost to a platform reclaim whose checkpoint did not save it.
+"""Compensation: a credit for work lost because the platform broke its promise at a reclaim.
 
 When the platform takes a server away (spot preemption, the zero-balance move to no-GPU, a node
-failure) and the user's checkpoint failed or timed out, the work since the last good save is lost
-through no choice of the user's. The hub posts a compensation for that server session
-(``POST api/v1/users/NAME/compensations``, admins and the hub's services only); billing credits
-the amount its rule gives (``BillingService.compensation_rule``) as a ``compensation`` ledger entry
-tied to the session, once per idempotency key.
+failure) it promises the user's checkpoint command its time (the warning period, the checkpoint
+timeout). Only when the platform did not keep that promise (the server was stopped while the
+checkpoint still ran, before its time: a node failure, a forced early stop) is the lost work the
+platform's doing. A checkpoint command that fails or runs past its limit on its own is the
+user's (their command, files, processes: a user can make it fail at will) and is never
+compensated; the hub decides this from its own timestamps
+(``gpulab.spawners.market.preemption.compensation_decision``) and records the reason in the
+preemption record either way. When it is owed, the hub posts a compensation for that server
+session (``POST api/v1/users/NAME/compensations``, admins and the hub's services only; the
+``checkpoint`` field says how the promise was broken: ``cut-short`` or ``not-run``); billing credits the amount
+its rule gives (``BillingService.compensation_rule``), once per idempotency key.
+
+The credit goes back to whoever paid for the compensated time, in proportion: for a course
+session, the course pool's share of what the session was charged (``course_charges``) is credited
+to the pool's ledger (kind ``compensation``), and only the student's own share to the student's
+balance (a ``compensation`` ledger entry tied to the session, possibly 0, which also holds the
+idempotency key). A personal session credits its user in full.
 
 Rules (one string, so that an operator sets one traitlet):
 
@@ -25,7 +37,7 @@ from decimal import Decimal, InvalidOperation
 
 from sqlalchemy import Connection, select
 
-from gpulab.billing_service import ledger, reservations
+from gpulab.billing_service import courses, ledger, reservations
 from gpulab.billing_service.metering import session_intervals
 from gpulab.billing_service.models import MICRO, LedgerEntry, ServerSession
 from gpulab.billing_service.rating import (
@@ -39,7 +51,10 @@ from gpulab.billing_service.rating import (
 
 KIND = "compensation"
 REASONS = ("spot-preemption", "zero-balance", "node-failure")
-CHECKPOINT_OUTCOMES = ("failed", "timeout")
+# How the platform broke its promise to the checkpoint: stopped the server while it ran before its
+# time, or never ran it (e.g. the node failed). A checkpoint that failed or timed out on its own
+# is the user's and has no outcome here.
+CHECKPOINT_OUTCOMES = ("cut-short", "not-run")
 
 
 @dataclass(frozen=True)
@@ -123,24 +138,31 @@ def compensate(
     now_us: int,
     until_us: int,
 ) -> tuple[LedgerEntry, bool]:
-    """Credit ``sess``'s owner once per ``key``: (the ledger entry, whether it was made now).
+    """Credit whoever paid for ``sess`` once per ``key`` (see :func:`split`): (the owner's
+    ledger entry, whether it was made now).
 
     Raises ``ledger.IdempotencyConflict`` when the key was used for another session or kind."""
     stored_key = f"{KIND}:{key}"
     row = conn.execute(select(LedgerEntry).where(LedgerEntry.idempotency_key == stored_key)).first()
     if row is None:
         amount = rule.amount(conn, prices, sess, until_us)
+        pool_part, own_part = split(conn, sess, amount)
         text = (
             f"{reason}, checkpoint {checkpoint}: {rule.describe(prices.catalog.currency)} "
             f"(session {sess.id}, server {sess.server or 'default'})"
         )
+        if pool_part:
+            text += (
+                f"; {format_money(pool_part)} of {format_money(amount)} credited to course "
+                f"{sess.course}'s pool, which paid that share"
+            )
         if note:
             text += f"; {note}"
         entry_id = ledger.post(
             conn,
             sess.user,
             KIND,
-            amount,
+            own_part,
             now_us,
             session_id=sess.id,
             key=stored_key,
@@ -151,6 +173,20 @@ def compensate(
             select(LedgerEntry).where(LedgerEntry.idempotency_key == stored_key)
         ).one()
         if entry_id is not None:
+            if pool_part:
+                # Same transaction, same key (its own table): made exactly when the owner's is.
+                courses.post(
+                    conn,
+                    sess.course,
+                    KIND,
+                    pool_part,
+                    now_us,
+                    session_id=sess.id,
+                    user=sess.user,
+                    key=stored_key,
+                    note=text,
+                    actor=actor,
+                )
             return row, True
     if (row.kind, row.user, row.session_id) != (KIND, sess.user, sess.id):
         raise ledger.IdempotencyConflict(
@@ -158,3 +194,19 @@ def compensate(
             f"session {row.session_id}"
         )
     return row, False
+
+
+def split(conn: Connection, sess, amount: int) -> tuple[int, int]:
+    """``amount`` split as the session's charge was paid: (course pool's part, owner's part).
+
+    A course session's charge is split in ``course_charges`` (pool, student); the compensation
+    goes back in the same proportion, the pool's part rounded down. Anything else: all the
+    owner's."""
+    if not getattr(sess, "course", None) or amount <= 0:
+        return 0, amount
+    pool_paid, own_paid = courses.paid_by(conn, [sess.id]).get(sess.id, (0, 0))
+    total = pool_paid + own_paid
+    if pool_paid <= 0 or total <= 0:
+        return 0, amount
+    pool_part = amount * pool_paid // total
+    return pool_part, amount - pool_part

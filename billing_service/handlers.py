@@ -304,7 +304,8 @@ class CompensationsHandler(BaseHandler):
             raise FieldError(
                 "checkpoint",
                 f"{checkpoint!r}; allowed: {', '.join(compensation.CHECKPOINT_OUTCOMES)} "
-                "(a checkpoint that saved the work is not compensated)",
+                "(only a checkpoint the platform cut short or never ran is compensated; one that "
+                "saved the work, failed or timed out on its own is not)",
             )
         key = body.get("idempotency_key")
         if not isinstance(key, str) or not 1 <= len(key) <= 200:

@@ -90,8 +90,10 @@ class SpotMarketConfig(SingletonConfigurable):
         allow_none=True,
         config=True,
         help="""An async callable(user, server, at, reason, checkpoint, key) that credits a user
-        whose reclaimed spot server lost work because its checkpoint failed or timed out (set by
-        gpulab's billing wiring; ``key`` makes it idempotent). None: no compensation.""",
+        whose reclaimed spot server was stopped while its checkpoint ran, before the time the
+        platform promised it (never for a checkpoint command that failed or ran past its limit
+        on its own: that is the user's). Set by gpulab's billing wiring; ``key`` makes it
+        idempotent. None: no compensation.""",
     )
 
     reservation_ttl = Float(

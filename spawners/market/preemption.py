@@ -18,7 +18,14 @@ concurrently:
   home (:meth:`GpuSpawnerMixin.gpulab_run_checkpoint`), its output kept in
   ``~/.gpulab/checkpoints/<UTC time>.log``. Its record says ``state``: ``running`` from the
   moment it starts (recorded at once, so the user sees it during the warning), then ``done``
-  (exit 0) or ``failed`` (another exit code, an error, a timeout).
+  (exit 0) or ``failed`` (another exit code, an error, a timeout), with ``started_at`` and
+  ``ended_at`` on the market's own clock.
+
+At the deadline the market sends the stop (``stop_sent_at``) and records ``compensation``: due
+only when the platform broke its promise, i.e. stopped the server while the checkpoint still ran
+before ``min(checkpoint_timeout, warning period)`` had passed since the warning
+(:func:`compensation_decision`). A checkpoint that failed or timed out on its own is the user's
+doing (their command, files, processes) and is not compensated; the record says why either way.
 
 Every version of a record is appended to ``DATA_DIR/spot/preemptions.jsonl``; the latest wins on
 load, so warnings and their deadlines survive a hub crash.
@@ -52,6 +59,8 @@ if TYPE_CHECKING:
 # The stop at a deadline releases the cards a moment later; how long to wait for that (0.1 s
 # steps) before the market looks at the books again.
 RELEASE_WAIT_STEPS = 600
+# Seconds of slack before a checkpoint counts as cut short (the stop is sent a moment late).
+CUT_SHORT_GRACE = 1.0
 
 
 class Preemption(BaseModel):
@@ -74,6 +83,9 @@ class Preemption(BaseModel):
     checkpoint: dict[str, Any] | None = None  # command, exit code, log path
     cancelled_at: float | None = None
     stopped_at: float | None = None
+    stop_sent_at: float | None = None  # when the market asked the hub to stop it (its clock)
+    # Whether the reclaim is compensated and why (see :func:`compensation_decision`).
+    compensation: dict[str, Any] | None = None
 
     def public(self) -> dict[str, Any]:
         out = self.model_dump()
@@ -282,7 +294,17 @@ class Preemptions:
         """Record the checkpoint's state as it goes (running, then its result) on the latest
         version of the record, so a stop or cancellation saved meanwhile is kept."""
         latest = self.records[pid]
-        result = {**result, "state": result.get("state") or checkpoint_state(result)}
+        state = result.get("state") or checkpoint_state(result)
+        # The market's own clock, never a time the server reports: the compensation rule
+        # compares these with the stop it sent.
+        before = latest.checkpoint or {}
+        now = time.time()
+        result = {
+            **result,
+            "state": state,
+            "started_at": before.get("started_at") or now,
+            "ended_at": before.get("ended_at") or (None if state == "running" else now),
+        }
         if latest.checkpoint != result:  # the result may come twice (on_result, then returned)
             self._save(latest.model_copy(update={"checkpoint": result}))
 
@@ -327,6 +349,8 @@ class Preemptions:
         if p is None or p.status != "warning":
             return
         self.log.warning("Preemption deadline of %s: stopping it", p.owner)
+        p = p.model_copy(update={"stop_sent_at": time.time()})
+        self._save(p)
         code, body = await self.market.hub_client.stop_server(p.owner)
         if code not in (202, 204, 400, 404):
             self.log.error("Stopping preempted %s failed: %s %s", p.owner, code, body)
@@ -340,19 +364,23 @@ class Preemptions:
         await self._compensate(self.records.get(pid, p))
 
     async def _compensate(self, p: Preemption) -> None:
-        """The server was reclaimed and its checkpoint failed or ran out of time: its work is
-        lost through the platform's doing, so the user is credited (once per preemption)."""
-        checkpoint = p.checkpoint or {}
-        if checkpoint.get("state") != "failed" or self.market.compensation_hook is None:
+        """Record whether the reclaim is compensated and why; post the credit when it is (once
+        per preemption, billing keys it by the preemption's id)."""
+        due, why = compensation_decision(
+            p, self.market.checkpoint_timeout, p.stop_sent_at or time.time()
+        )
+        latest = self.records.get(p.id, p)
+        self._save(latest.model_copy(update={"compensation": {"due": due, "reason": why}}))
+        self.log.info("Preemption %s of %s: %s", p.id, p.owner, why)
+        if not due or self.market.compensation_hook is None:
             return
-        reason = "timeout" if "timed out" in str(checkpoint.get("error", "")) else "failed"
         try:
             await self.market.compensation_hook(
                 user=p.user,
                 server=p.server,
                 at=p.deadline,
                 reason="spot-preemption",
-                checkpoint=reason,
+                checkpoint="cut-short",
                 key=f"preemption-{p.id}",
             )
         except Exception:
@@ -389,3 +417,52 @@ class Preemptions:
         if sent is not None:
             await sent.wait()
         await self._webhook(p, "preemption-cancelled", settings)
+
+
+# ---- compensation ------------------------------------------------------------------------------
+
+
+def compensation_decision(
+    p: Preemption, checkpoint_timeout: float, stop_sent_at: float
+) -> tuple[bool, str]:
+    """Whether a reclaimed server's user is owed a compensation, and the reason they are shown.
+
+    The platform promises the checkpoint command ``checkpoint_timeout`` seconds from the
+    warning, within the warning period it announced (``GPULAB_PREEMPTION_DEADLINE``). Only a broken
+    promise is compensated: the server was stopped while the checkpoint still ran, before it had
+    that time (a late start, a stop before the deadline). What the command itself does (its exit
+    code, running past its limit, no command at all) is the user's and is never compensated:
+    a user can make their own checkpoint fail at will. Decided from the market's own clock
+    only (``warned_at``, ``deadline``, the checkpoint's ``ended_at`` as the market recorded it,
+    the time it sent the stop), never from what the server reports.
+    """
+    checkpoint = p.checkpoint
+    if not checkpoint:
+        return False, "no compensation: no checkpoint command was set"
+    state = checkpoint.get("state")
+    if state == "done":
+        return False, "no compensation: your checkpoint command saved the work (exit 0)"
+    ended = checkpoint.get("ended_at")
+    promised = min(checkpoint_timeout, p.deadline - p.warned_at)
+    if ended is not None and float(ended) < stop_sent_at:
+        # It ended on its own before the platform stopped anything: the user's outcome.
+        error = str(checkpoint.get("error") or "")
+        if "timed out" in error:
+            what = f"ran past its {checkpoint_timeout:g} s limit"
+        elif error:
+            what = f"failed ({error})"
+        else:
+            what = f"exited {checkpoint.get('exit_code')}"
+        return False, f"no compensation: your checkpoint command {what}"
+    # Counted from the warning, not from the command's start: how long the start took may
+    # depend on the user's processes (signalling them), the warning time is the platform's.
+    given = stop_sent_at - p.warned_at
+    if given + CUT_SHORT_GRACE < promised:
+        return True, (
+            f"compensated: the server was stopped {max(0.0, given):.0f} s after the warning, "
+            f"while your checkpoint ran; it was promised {promised:.0f} s"
+        )
+    return False, (
+        f"no compensation: your checkpoint command still ran after the {promised:.0f} s "
+        "it was promised"
+    )

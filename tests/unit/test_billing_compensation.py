@@ -106,3 +106,79 @@ def test_compensation_credits_the_last_minutes_once(engine) -> None:
             now_us=0,
             until_us=0,
         )
+
+
+def _course_session(engine, user: str, course: str, cap: str) -> None:
+    """``course`` with 3.00 in its pool and ``cap`` per student; ``user`` ran an A100 for one
+    hour under it (1.50 at the education price), the server reclaimed at its end."""
+    from billing.courses import course_start, feed
+
+    from gpulab.billing_service import courses
+
+    with engine.begin() as conn:
+        current = courses.Settings.of(courses.get(conn, course))
+        settings = courses.parse_settings({"cap": cap}, current)
+        courses.put_settings(conn, course, settings, 0, "teacher")
+        courses.credit(conn, course, "topup", 3 * MICRO, uuid.uuid4().hex, 0, actor="admin")
+    t0 = 1_780_272_000.0  # a Monday 00:00 UTC: the hour lies in one week
+    events = [course_start(user, t0, course), kernel("kernel_start", user, "k1", t0)]
+    events += [heartbeat(user, t0 + t, ["k1"]) for t in range(60, 3601, 60)]
+    events.append(server_stop(user, t0 + 3600))
+    feed(engine, events)
+
+
+@pytest.mark.parametrize(
+    ("cap", "pool_paid", "own_paid"),
+    [("100", 1_500_000, 0), ("1.00", 1_000_000, 500_000)],
+    ids=["pool-paid-all", "pool-paid-up-to-the-cap"],
+)
+def test_a_course_sessions_compensation_goes_back_to_whoever_paid(
+    engine, cap, pool_paid, own_paid
+) -> None:
+    """Attack 06: a student's course session (paid by the pool) is compensated; the credit must
+    not turn pool money into the student's own. The pool gets back its share, the student only
+    what their own balance paid."""
+    from gpulab.billing_service import courses
+
+    user, course = f"s{uuid.uuid4().hex[:8]}", f"c{uuid.uuid4().hex[:8]}"
+    _course_session(engine, user, course, cap)
+    with engine.begin() as conn:
+        sess = find_session(conn, user, "", None)
+        assert courses.paid_by(conn, [sess.id])[sess.id] == (pool_paid, own_paid)
+        pool_before = courses.balance(conn, course)
+        own_before = ledger.balance(conn, user)
+        entry, created = compensate(
+            conn,
+            PRICES,
+            Rule.parse("last-minutes:60"),  # the whole hour: 1.50
+            sess,
+            reason="spot-preemption",
+            checkpoint="cut-short",
+            key="k-course",
+            note="",
+            actor="hub",
+            now_us=0,
+            until_us=0,
+        )
+        assert created and entry.amount_micro == own_paid
+        assert courses.balance(conn, course) == pool_before + pool_paid
+        assert ledger.balance(conn, user) == own_before + own_paid
+        assert courses.balance(conn, course) == courses.recompute_balance(conn, course)
+        assert ledger.balance(conn, user) == ledger.recompute_balance(conn, user)
+        # A replay credits nobody again.
+        _, created = compensate(
+            conn,
+            PRICES,
+            Rule.parse("last-minutes:60"),
+            sess,
+            reason="spot-preemption",
+            checkpoint="cut-short",
+            key="k-course",
+            note="",
+            actor="hub",
+            now_us=0,
+            until_us=0,
+        )
+        assert not created
+        assert courses.balance(conn, course) == pool_before + pool_paid
+        assert ledger.balance(conn, user) == own_before + own_paid
