@@ -7,10 +7,12 @@ processes on its cards): its processes other than the single-user server itself,
 time everything in it consumed, the server's own process included. From those samples
 (:mod:`gpulab.spawners.activity`):
 
-- **billing** gets ``activity`` spans (a hub-only event kind) while the server has a process
-  besides itself or does work, so a server is billed for what it was seen doing whatever its own
-  reporter says or doesn't say; billing also enforces money from these spans, so a server whose
-  reports stopped is still checked against its balance;
+- **billing** gets ``activity`` spans (a hub-only event kind): a GPU server's for every second
+  it holds its cards, whatever runs in it (as a cloud bills an instance: work in rare bursts
+  cannot keep a card for the price of the bursts); a no-GPU server's while it has a process
+  besides itself or does work, so a server is billed whatever its own reporter says or doesn't
+  say; billing also enforces money from these spans, so a server whose reports stopped is still
+  checked against its balance;
 - **JupyterHub's ``last_activity``** moves only while a server *works* (CPU at ``cpu_threshold``
   or more, or a GPU process), through the REST API at most every ``activity_update_interval``,
   so jupyterhub-idle-culler and the admin page see the truth: a kernel busy in a silent loop is
@@ -190,10 +192,13 @@ class ActivityObserver(SingletonConfigurable):
         tracker = self.trackers.get(owner)
         if tracker is None or tracker.session != alloc.alloc_id:
             ended = self._end(owner) if tracker is not None else []
+            started = _started(spawner)
             tracker = self.trackers[owner] = ActivityTracker(
                 session=alloc.alloc_id,
-                session_start=_started(spawner),
+                session_start=started,
                 cpu_threshold=self.cpu_threshold,
+                holds_cards=bool(alloc.uuids),
+                cards_since=_cards_since(alloc, started),
             )
         else:
             ended = []
@@ -262,6 +267,17 @@ class ActivityObserver(SingletonConfigurable):
             return
         self.log.info("Reclaimed idle %s after %.0fs: %s", owner, idle, kind)
         self.notices.add(user, kind, message, at=time.time())
+
+
+def _cards_since(alloc: Any, started: float) -> float | None:
+    """When the server took its cards, if that is known to fall inside its billed session: cards
+    taken at the spawn (after billing heard ``server_start``, which comes before the allocation)
+    are billed from then. Cards reserved before the spawn (a switch) were taken before billing's
+    session began, so those are billed from the first sample instead (None): a span reaching
+    back before its session would be billed to the one before."""
+    if not alloc.uuids:
+        return None
+    return alloc.created if alloc.created >= started else None
 
 
 def _started(spawner: Any) -> float:

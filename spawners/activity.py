@@ -5,10 +5,13 @@ where the user cannot hide anything (the server's cgroup or container; each spaw
 samples it in ``GpuSpawnerMixin.observe_activity``), and this module turns the samples into two
 verdicts:
 
-- **present** (billed): the server has a process besides the single-user server itself (a
-  kernel, a terminal, a proxied app, anything they started, however detached), or did work in
-  the last interval (CPU consumed by anything in it, the single-user server's own process and
-  its extensions included), or has a GPU process on its cards;
+- **present** (billed): the server holds GPU cards (``holds_cards``: a GPU server is billed for
+  every second it holds them, whatever runs in it, as a cloud bills an instance; an idle one
+  gives them back after the observer's ``gpu_idle_timeout``, so an unused card costs at most
+  that long), or it has a process besides the single-user server itself (a kernel, a terminal,
+  a proxied app, anything they started, however detached), or did work in the last interval
+  (CPU consumed by anything in it, the single-user server's own process and its extensions
+  included), or has a GPU process on its cards;
 - **working** (not idle): the server consumed CPU at ``cpu_threshold`` or more since the last
   sample, as the hub measures it (the kernel's own CPU accounting per process or per cgroup), or
   has a GPU process on its cards (NVML). A kernel open but idle uses no CPU, so it is idle
@@ -16,10 +19,12 @@ verdicts:
   says about itself enters this verdict: it drives JupyterHub's ``last_activity`` (so
   jupyterhub-idle-culler culls idle servers) and the observer's ``gpu_idle_timeout``.
 
-A span never claims more than was seen: it starts at the earliest start time of the processes
-that opened it (read from the kernel, so a sample that comes late, or a hub restart in the middle,
-loses nothing) and ends at the last sample in which a process was still there. Reported kernel
-and app spans add precision on top; billing bills the union.
+A server with cards has one span from when it took them (``cards_since``) to its last sample
+before it stopped: bursts of work cannot keep a card for the price of the bursts. A span of a
+server without cards never claims more than was seen: it starts at the earliest start time of
+the processes that opened it (read from the kernel, so a sample that comes late, or a hub
+restart in the middle, loses nothing) and ends at the last sample in which a process was still
+there. Reported kernel and app spans add precision on top; billing bills the union.
 """
 
 from __future__ import annotations
@@ -94,6 +99,12 @@ class ActivityTracker:
     session_start: float
     # CPU seconds per second of wall time (0.05: 5% of one core) from which a server works.
     cpu_threshold: float = 0.05
+    # The session holds GPU cards: it is billed for every second it holds them, as a cloud bills
+    # an instance, whatever runs in it (the span is open from ``cards_since`` until ``close``).
+    holds_cards: bool = False
+    # When the cards were taken, if that is known to fall inside the billed session; None: from
+    # this tracker's first sample.
+    cards_since: float | None = None
     spans: list[Span] = field(default_factory=list)
     last_active: float | None = None  # the last sample in which the server worked
     working: bool = False  # the verdict of the last sample
@@ -131,12 +142,14 @@ class ActivityTracker:
             self.working = obs.active
         if self.working:
             self.last_active = obs.t
-        if obs.active or self.working:
+        if obs.active or self.working or self.holds_cards:
             if span is None:
                 started = min((p.started for p in obs.procs), default=obs.t)
                 if cpu_since is not None:
                     # Work with no process besides the server itself: since the last sample.
                     started = min(started, cpu_since)
+                if self.holds_cards:
+                    started = obs.t if self.cards_since is None else self.cards_since
                 first = min(max(started, self.session_start), obs.t)
                 if self.spans:
                     # Never reach back into a span already closed (the process was not there).

@@ -121,3 +121,30 @@ def test_a_hub_restart_never_reclaims_a_server_on_its_first_sample() -> None:
     assert tr.idle_for(5000.0) == 0.0
     tr.update(cpu_obs(5002.0, {"cgroup": 902.0}))
     assert tr.working and tr.idle_for(5010.0) == 8.0
+
+
+def test_a_server_holding_cards_is_billed_for_every_second_it_holds_them() -> None:
+    """Attack 04: rare CPU bursts kept a card while billing only the bursts. With cards, the
+    span runs from when they were taken to the last sample before the stop, whatever runs;
+    the idle verdict (what gives the card back) is unchanged."""
+    tr = ActivityTracker(
+        session="s", session_start=1000.0, cpu_threshold=0.05, holds_cards=True, cards_since=1001.0
+    )
+    span = tr.update(cpu_obs(1004.0, {"cgroup": 5.0}))  # no process, no work: still billed
+    assert span is not None and (span.first, span.last) == (1001.0, 1004.0)
+    for t in range(1006, 1300, 2):
+        burst = 3.0 if t >= 1200 else 0.0  # a 3-second burst, at t = 1200
+        tr.update(cpu_obs(float(t), {"cgroup": 5.0 + burst}))
+    assert not tr.working and len(tr.spans) == 1 and not tr.spans[0].closed
+    assert tr.idle_for(1400.0) == 1400.0 - 1200.0  # the last burst, at t = 1200
+    closed = tr.close()
+    assert closed.closed and (closed.first, closed.last) == (1001.0, 1298.0)
+    assert tr.observed_seconds() == 297.0
+
+
+def test_cards_taken_before_the_session_count_from_the_first_sample() -> None:
+    tr = ActivityTracker(session="s", session_start=1000.0, holds_cards=True)
+    span = tr.update(obs(1005.0))
+    assert span is not None and (span.first, span.last) == (1005.0, 1005.0)
+    # without cards, the same sample opens nothing
+    assert ActivityTracker(session="t", session_start=1000.0).update(obs(1005.0)) is None
