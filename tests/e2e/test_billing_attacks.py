@@ -223,7 +223,8 @@ def pin(hub: Hub, price: str | None) -> None:
 def test_spot_above_the_bid_is_charged_the_bid_then_compensated(ahub) -> None:
     """Bid 0.50: the price is 0.40, then rises to 0.60 and the server is reclaimed after the
     warning. The warning period is charged 0.50, not 0.60, and the statement says so. The
-    checkpoint failed, so the hub posts a compensation: credited once, shown, in the CSV."""
+    platform cut the checkpoint short, so the hub posts a compensation: credited once, at the
+    capped charge, shown, in the CSV. A checkpoint that failed on its own is refused."""
     billing = Billing(ahub)
     user = ahub.create_user(f"s{uuid.uuid4().hex[:6]}")
     pin(ahub, "0.40")
@@ -263,15 +264,18 @@ def test_spot_above_the_bid_is_charged_the_bid_then_compensated(ahub) -> None:
     (capped_row,) = [r for r in rows if r["row"] == "rate" and r["price_in_force"]]
     assert (capped_row["price_per_card_hour"], capped_row["price_in_force"]) == ("0.5", "0.60")
 
-    # The checkpoint failed: the hub (here with the admin's token) posts a compensation.
+    # The platform cut the checkpoint short: the hub (here with the admin's token) posts a
+    # compensation. One the user's own command failed is not the platform's to compensate.
     balance = billing.balance(user)["balance"]["micro"]
     body = {
         "server": "",
         "reason": "spot-preemption",
-        "checkpoint": "failed",
+        "checkpoint": "cut-short",
         "idempotency_key": f"preempt-{user}",
     }
     url = f"api/v1/users/{user}/compensations"
+    r = billing.post(url, {**body, "checkpoint": "failed", "idempotency_key": "own-failure"})
+    assert r.status_code == 400 and r.json()["field"] == "checkpoint"
     r1 = billing.post(url, body)
     assert r1.status_code == 201, r1.text
     # The default rule: the charge of the session's last 10 minutes (here: all of it).
@@ -288,7 +292,7 @@ def test_spot_above_the_bid_is_charged_the_bid_then_compensated(ahub) -> None:
     usage = billing.usage(user)
     assert usage["compensation"]["micro"] == amount
     assert (
-        "compensation: spot-preemption, checkpoint failed"
+        "compensation: spot-preemption, checkpoint cut-short"
         in billing.get("", params={"user": user}).text
     )
     rows = list(
