@@ -228,7 +228,7 @@ class BillingService(Application):
         "last-minutes:10",
         config=True,
         help="""What a user is credited when a platform reclaim (spot preemption, the zero-balance
-        move, a node failure) loses work because the checkpoint failed or timed out, posted by
+        move, a node failure) loses work because the platform cut the checkpoint short, posted by
         the hub to api/v1/users/NAME/compensations: 'last-minutes:N' (what the session was
         charged for its last N minutes of billed time; nothing billed, nothing credited) or
         'fixed:AMOUNT' (e.g. 'fixed:1.00' in the catalog currency).""",
