@@ -62,6 +62,12 @@ class BookingKeeper(SingletonConfigurable):
     max_minutes = Int(
         12 * 60, config=True, help="The longest lab session a teacher may book, in minutes."
     )
+    max_window_hours = Float(
+        8.0,
+        config=True,
+        help="""The longest window one lab-session booking may cover, in hours (a booking holds
+        its cards for its whole window; a longer one is refused, 400, field minutes).""",
+    )
     max_days_ahead = Int(
         30,
         config=True,
@@ -261,7 +267,7 @@ class BookingsAPIHandler(CourseAPIHandler):
 
     @needs_scope(COURSE_MANAGE_SCOPE)
     def post(self, group_name: str) -> None:
-        _, course = self.course(group_name)
+        group, course = self.course(group_name)
         body = self.json_object_body()
         unknown = sorted(set(body) - set(FIELDS))
         if unknown:
@@ -305,6 +311,13 @@ class BookingsAPIHandler(CourseAPIHandler):
             raise CourseError(
                 400, "minutes", f"a lab session lasts at most {keeper.max_minutes} minutes"
             )
+        if end - start > keeper.max_window_hours * 3600:
+            raise CourseError(
+                400,
+                "minutes",
+                f"a lab-session booking covers at most {keeper.max_window_hours:g} hours "
+                f"(BookingKeeper.max_window_hours); this one asks {(end - start) / 3600:.2f}",
+            )
         if start > now + keeper.max_days_ahead * 86400:
             raise CourseError(
                 400,
@@ -329,8 +342,14 @@ class BookingsAPIHandler(CourseAPIHandler):
             label=f"course {course.name}'s lab session {_iso(start)}-{_iso(end)}",
         )
         limits = HoldLimits.instance(config=self.settings["config"])
+        # A booking's cards serve one server per student, one card each: a course never holds
+        # more cards at once (all types and overlapping bookings together) than it has students.
+        n = len(groups.students(group))
+        use = (n, f"one card per student; course {course.name} has {n} student(s)")
         try:
-            self.pool.allocator.add_hold(hold, lambda holds, h: limits.problem(holds, h, now))
+            self.pool.allocator.add_hold(
+                hold, lambda holds, h: limits.problem(holds, h, now, use_limit=use)
+            )
         except NoCapacity as e:
             raise CourseError(409, "cards", str(e)) from None
         self.log.info("Booked %s: %d %s for %s", hold.hold_id, cards, gpu_type, hold.label)

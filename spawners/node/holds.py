@@ -96,10 +96,22 @@ class HoldLimits(SingletonConfigurable):
             return self.max_cards_per_course, "HoldLimits.max_cards_per_course"
         return self.max_cards_per_user, "HoldLimits.max_cards_per_user"
 
-    def problem(self, holds: Iterable[Hold], new: Hold, now: float) -> str | None:
-        """Why ``new`` would take its account past its limit (None: it would not)."""
+    def problem(
+        self,
+        holds: Iterable[Hold],
+        new: Hold,
+        now: float,
+        use_limit: tuple[int, str] | None = None,
+    ) -> str | None:
+        """Why ``new`` would take its account past its limit (None: it would not).
+
+        ``use_limit`` is (cards, why) the account can use at all, e.g. a course's number of
+        students (a lab session serves one card per student): a tighter bound than the
+        operator's setting, where 0 means no card at all."""
         limit, setting = self.limit_for(new.account)
-        if limit <= 0:
+        if use_limit is not None and (limit <= 0 or use_limit[0] < limit):
+            limit, setting = max(use_limit[0], 0), use_limit[1]
+        elif limit <= 0:
             return None
         mine = [
             (max(h.start, now), h.end, h.cards)

@@ -133,6 +133,9 @@ def test_concurrent_bookings_never_promise_a_card_twice(lab_hub: Hub) -> None:
     hub = lab_hub
     make_course(hub, "par1", ["pa"])
     make_course(hub, "par2", ["pb"])
+    for course in ("par1", "par2"):  # a booking holds at most one card per student
+        r = roster(hub, course, f"{course}a,student\n{course}b,student\n", hub.token)
+        assert r.status_code == 200, r.text
     tokens = {"par1": token_for(hub, "pa"), "par2": token_for(hub, "pb")}
     start = iso(time.time() + 3600)
     body = {"gpu_type": "rtx-4090", "cards": 2, "start": start, "minutes": 30}
@@ -179,6 +182,7 @@ def test_a_booking_far_ahead_holds_nothing_now_and_limits_are_named(lab_hub: Hub
     hub = lab_hub
     make_course(hub, "far1", ["farprof"], gpu_types=["none", "rtx-4090"])
     token = token_for(hub, "farprof")
+    assert roster(hub, "far1", "fara,student\nfarb,student\n", hub.token).status_code == 200
     free = hub.free("rtx-4090")
     assert free >= 2, hub.pool()
 
@@ -214,4 +218,41 @@ def test_a_booking_far_ahead_holds_nothing_now_and_limits_are_named(lab_hub: Hub
         if hub.server("nowuser"):
             hub.stop_server("nowuser")
         r = hub.api("DELETE", f"/gpulab/courses/far1/bookings/{got['id']}", token=token)
+        assert r.status_code == 204
+
+
+def test_a_course_holds_one_card_per_student_for_a_bounded_window(lab_hub: Hub) -> None:
+    """Attack 01: a teacher of a course with ONE student booked every card for 12 h windows,
+    chained for weeks, at no cost, and everyone else was refused every GPU. A booking's cards
+    serve one server per student, one card each: a course holds at once (all its overlapping
+    bookings) at most one card per student, and a window lasts at most
+    BookingKeeper.max_window_hours (8 h). Refusals name the limit and the numbers; nothing held."""
+    hub = lab_hub
+    make_course(hub, "one1", ["oneprof"])
+    token = token_for(hub, "oneprof")
+    assert roster(hub, "one1", "onestud,student\n", hub.token).status_code == 200
+
+    def listed() -> list[dict]:
+        return hub.api("GET", "/gpulab/courses/one1/bookings", token=token).json()["bookings"]
+
+    start = time.time() + 3 * 3600
+    got = book(hub, "one1", token, gpu_type="rtx-4090", cards=2, start=iso(start), minutes=60)
+    assert (got["status"], got["field"]) == (409, "cards"), got
+    assert "1 student(s)" in got["message"] and "at most 1 card(s)" in got["message"], got
+    got = book(hub, "one1", token, gpu_type="rtx-4090", cards=1, start=iso(start), minutes=720)
+    assert (got["status"], got["field"]) == (400, "minutes"), got
+    assert "BookingKeeper.max_window_hours" in got["message"] and "12.00" in got["message"]
+    assert listed() == []
+
+    # One card for the one student is booked; a second, overlapping booking is refused.
+    first = book(hub, "one1", token, gpu_type="rtx-4090", cards=1, start=iso(start), minutes=60)
+    assert first["status"] == 201, first
+    try:
+        more = book(hub, "one1", token, gpu_type="rtx-4090", cards=1,
+                    start=iso(start + 1800), minutes=60)  # fmt: skip
+        assert (more["status"], more["field"]) == (409, "cards"), more
+        assert "already holds 1" in more["message"]
+        assert [b["id"] for b in listed()] == [first["id"]]
+    finally:
+        r = hub.api("DELETE", f"/gpulab/courses/one1/bookings/{first['id']}", token=token)
         assert r.status_code == 204
