@@ -17,6 +17,11 @@ as follows.
   pay ``switch_margin`` more seconds, so the student pays only the seconds between the cap being
   reached and the stop (normally none: the stop comes ``switch_margin`` before the cap). The
   pool never pays beyond the cap: its margin is zero.
+- **Staff-started sessions are the pool's alone.** A session the hub reports with
+  ``paid_by = "course"`` (its server was started by the course's staff, not by the student) never
+  charges the student's own balance: what the pool does not pay within the cap is charged to the
+  pool too (the enforcer stops such a session as under ``overflow = "refuse"``, so that is at
+  most the seconds between the cap or pool running out and the stop).
 - **A lower charge is refunded** to whoever paid last: the student's share first, then the pool.
 - **Settings are read when a session is re-rated**: a changed cap applies to what is charged
   from then on (what the pool already paid stays paid); a changed period (or term) re-splits a
@@ -61,6 +66,7 @@ from gpulab.billing_service.rating import (
     PriceBook,
     Window,
     bid_of,
+    paid_by_course,
     rated_pricing,
     to_micro,
 )
@@ -429,6 +435,7 @@ def settle(
         for r in conn.execute(select(CourseCharge).where(CourseCharge.session_id == sess.id)).all()
     }
     course_delta = personal_delta = 0
+    staff_started = paid_by_course(sess.options)
     for key in sorted(set(target) | set(existing)):
         end, new = target.get(key, (None, 0))
         old = existing.get(key)
@@ -443,6 +450,8 @@ def settle(
             if key != OUTSIDE:
                 cap_left = max(0, settings.cap_micro - used(conn, course, sess.user, key))
                 share = max(0, min(diff, cap_left, pool_left))
+            if staff_started:
+                share = diff  # never the student's own money (see the module's docstring)
             pool_left -= share
             c, p = c + share, p + diff - share
             course_delta += share

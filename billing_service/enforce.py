@@ -21,7 +21,9 @@ nothing within the window costs nothing meanwhile.
   rules above apply to that sum; with ``overflow = "refuse"`` only the pool pays, so only what
   it can still pay counts: the server is stopped as soon as that cannot pay ``switch_margin``
   more seconds of it (cap used up, pool empty, or outside the term), whatever the student's own
-  balance (zero included), so the pool never pays beyond the cap.
+  balance (zero included), so the pool never pays beyond the cap. A session the hub reports
+  ``paid_by = "course"`` (started by course staff, not its owner) is checked that way whatever
+  the course's ``overflow``: the student's own money never pays for it.
 - A server inside the paid reservation it runs on (``reservations``) costs nothing then: no
   money check applies to it until the reservation ends (idle and silent servers are still
   stopped).
@@ -52,7 +54,7 @@ from sqlalchemy import func, select
 
 from gpulab.billing_service import courses, reservations
 from gpulab.billing_service.models import MICRO, Account, ServerSession
-from gpulab.billing_service.rating import bid_of, rated_pricing
+from gpulab.billing_service.rating import bid_of, paid_by_course, rated_pricing
 from gpulab.billing_service.statements import session_options
 
 if TYPE_CHECKING:
@@ -122,7 +124,7 @@ class Enforcer:
                     now,
                     bid_of(sess.options),
                 )
-                if st.settings.overflow == "refuse":
+                if st.settings.overflow == "refuse" or paid_by_course(sess.options):
                     if st.available_micro < rate * app.switch_margin / 3600:
                         out.append(("stop", sess, f"course {sess.course}: {refuse_reason(st)}"))
                         continue

@@ -120,6 +120,13 @@ def course_of(options: str | dict[str, Any] | None) -> str | None:
     return None
 
 
+def paid_by_course(options: str | dict[str, Any] | None) -> bool:
+    """Whether the hub says only the course's pool pays this session (options' ``paid_by`` is
+    ``"course"``): a server started by someone other than its owner (the course's staff). Such a
+    session runs as under ``overflow = "refuse"`` and never charges the student's own balance."""
+    return course_of(options) is not None and options_dict(options).get("paid_by") == "course"
+
+
 def reservation_of(options: str | dict[str, Any] | None) -> str | None:
     """The reservation the hub says a server's cards came from (its options' ``reservation``),
     or None; believed only as far as ``reservations.check`` finds it paid and matching."""

@@ -40,6 +40,7 @@ from gpulab.hub_config.scopes import (
     READ_POOL_SCOPE,
     grant,
 )
+from gpulab.spawners.courses import payer_of
 from gpulab.spawners.market.hub import SpotMarket
 from gpulab.spawners.mixin import SpawnError
 from gpulab.spawners.node.holds import accounts_for
@@ -239,11 +240,21 @@ class BillingHooks:
             ) from None
         balance = Decimal(info["balance"]["exact"])
         cur = catalog.currency
+        staff_started = payer_of(name, spawner.name or "") == "course"
+        if staff_started and not (opts.course and isinstance(info.get("course"), dict)):
+            raise SpawnError(402, "A server course staff start is paid by a course's pool only.")
         if opts.course and isinstance(info.get("course"), dict):
-            why = course_refusal(
-                info["course"], balance, need, opts.label(catalog), self.min_minutes, cur
-            )
+            course = info["course"]
+            if staff_started:
+                # Started by course staff, not the student: the pool alone pays (as "refuse").
+                course = {**course, "overflow": "refuse"}
+            why = course_refusal(course, balance, need, opts.label(catalog), self.min_minutes, cur)
             if why is not None:
+                if staff_started:
+                    why = (
+                        f"{name}'s server started by course staff is paid by course "
+                        f"{opts.course}'s pool only, never by {name}'s own balance: {why}"
+                    )
                 raise SpawnError(402, why)
             return
         if balance < need:
@@ -264,6 +275,10 @@ class BillingHooks:
             # told so, and the allocation is then bound to that reservation (gpulab_hold_id).
             options["reservation"] = hold_id
             spawner.gpulab_hold_id = hold_id
+        options.pop("paid_by", None)
+        if payer_of(name, spawner.name or "") == "course" and opts.course:
+            # Started by course staff (courses/staff.py): billing charges the pool only.
+            options["paid_by"] = "course"
         event = {
             "id": f"hub-start-{uuid.uuid4()}",
             "kind": "server_start",

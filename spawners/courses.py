@@ -189,3 +189,22 @@ def allowed_choices(courses: list[Course], catalog: Catalog) -> dict[str, list[s
         union = {s for c in courses for s in c.limits.allowed(section, catalog)}
         out[section] = [s for s in _catalog_slugs(section, catalog) if s in union]
     return out
+
+
+# Who pays for the start under way on each server ((user, server name) -> "course"), set by the
+# hub's start paths (hub_config/courses/staff.py ``mark_payer``) and never from a user's request:
+# kept here, not on the spawner object, because JupyterHub may hand a later start a new one.
+_PAYERS: dict[tuple[str, str], str] = {}
+
+
+def set_payer(user: str, server: str, payer: str | None) -> None:
+    """Record (``"course"``: the course's pool only) or clear who pays for ``user``'s server."""
+    if payer is None:
+        _PAYERS.pop((user, server), None)
+    else:
+        _PAYERS[(user, server)] = payer
+
+
+def payer_of(user: str, server: str) -> str | None:
+    """``"course"`` when the start of ``user``'s server was made by course staff, else None."""
+    return _PAYERS.get((user, server))

@@ -20,7 +20,7 @@ from tornado import web
 
 from gpulab.hub_config.api.base import GpulabAPIHandler
 from gpulab.hub_config.courses.groups import CourseError
-from gpulab.hub_config.courses.staff import check_staff_start
+from gpulab.hub_config.courses.staff import check_staff_start, mark_payer
 from gpulab.hub_config.scopes import READ_POOL_SCOPE
 from gpulab.spawners.node.allocator import RESERVED, NoCapacity, owner_key
 from gpulab.spawners.options import OptionsError, parse_options
@@ -73,9 +73,10 @@ class SwitchAPIHandler(GpulabAPIHandler):
         try:
             # The staff rule (courses/staff.py): someone else's server moves only within a course
             # they staff and its owner takes (the running server's course when the body names none).
-            check_staff_start(self, user, merged)
+            actor = check_staff_start(self, user, merged)
         except CourseError as e:
             raise web.HTTPError(e.status, str(e)) from None
+        mark_payer(spawner, actor)  # a staff switch is the pool's alone (courses/staff.py)
         try:
             options = parse_options(merged, self.pool.catalog)
         except OptionsError as e:

@@ -10,7 +10,10 @@ enrols people (the roster) asks this module, and each refusal names the rule:
 
 - **start rule**: someone other than the owner (and not an admin or a service) may start, switch
   or launch the owner's server only under a course they teach or assist AND the owner takes; the
-  spawner then holds the server to that course's limits and billing charges that course's pool.
+  spawner then holds the server to that course's limits and billing charges that course's pool
+  ONLY (:func:`mark_payer`): the hub reports the server with ``paid_by = "course"``, so the
+  student's own balance never pays for what the staff started (it runs as under overflow
+  "refuse": refused at start, or stopped, when the pool or the student's cap cannot pay).
 - **enrol rule**: a teacher adds an existing user to their course directly (no invitation) only
   when they already TEACH that user (as teacher, not as TA) in another course; admins always may.
 """
@@ -20,7 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpulab.hub_config.courses.groups import CourseError, staff_courses, students
-from gpulab.spawners.courses import student_courses
+from gpulab.spawners.courses import set_payer, student_courses
 
 
 def _acting_staff(handler: Any, owner_name: str) -> Any:
@@ -54,17 +57,27 @@ def start_problem(db: Any, actor: str, owner_orm_user: Any, course: Any) -> str 
     )
 
 
-def check_staff_start(handler: Any, owner: Any, raw_options: Any) -> None:
+def check_staff_start(handler: Any, owner: Any, raw_options: Any) -> str | None:
     """Raise :class:`CourseError` (403, field ``course``) unless ``handler``'s caller may start
     ``owner``'s server with ``raw_options`` (JSON options, the form's converted options, or a
-    running server's options merged with a switch's changes)."""
+    running server's options merged with a switch's changes). Return the acting staff member's
+    name when the start rule applied (someone other than the owner), else None."""
     me = _acting_staff(handler, owner.name)
     if me is None:
-        return
+        return None
     course = raw_options.get("course") if isinstance(raw_options, dict) else None
     problem = start_problem(handler.db, me.name, owner.orm_user, course)
     if problem is not None:
         raise CourseError(403, "course", problem)
+    return me.name
+
+
+def mark_payer(spawner: Any, actor: str | None) -> None:
+    """Record who may pay for the start about to happen on ``spawner``: ``"course"`` (the pool
+    only) when ``actor`` (course staff, from :func:`check_staff_start`) is not its owner, else
+    None (billed as usual). Set by the hub on every start path, never from the user's request;
+    read by ``billing_hooks`` (the start's balance check and the options it reports)."""
+    set_payer(spawner.user.name, spawner.name or "", "course" if actor else None)
 
 
 def check_staff_view(handler: Any, owner: Any, course: Any = None) -> None:

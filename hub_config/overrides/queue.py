@@ -13,7 +13,7 @@ from typing import Any
 from tornado import web
 
 from gpulab.hub_config.courses.groups import CourseError
-from gpulab.hub_config.courses.staff import check_staff_start
+from gpulab.hub_config.courses.staff import check_staff_start, mark_payer
 from gpulab.spawners.courses import CourseRuleError, apply_course_rules, student_courses
 from gpulab.spawners.market.admission import Admission, MarketAnswer
 from gpulab.spawners.market.hub import SpotMarket
@@ -27,9 +27,13 @@ async def gate_start(
     server; else ask the market (:func:`queue_instead_of_spawn`): the queue entry, or None when
     the spawn goes ahead."""
     try:
-        check_staff_start(handler, user, raw_options if isinstance(raw_options, dict) else {})
+        actor = check_staff_start(
+            handler, user, raw_options if isinstance(raw_options, dict) else {}
+        )
     except CourseError as e:
         raise web.HTTPError(e.status, str(e)) from None
+    # A server course staff start is paid by the course's pool only (courses/staff.py).
+    mark_payer(spawner, actor)
     return await queue_instead_of_spawn(spawner, raw_options)
 
 

@@ -15,6 +15,9 @@ from decimal import Decimal
 import pytest
 import requests
 from billing.client import Billing, user_token
+from course_helpers import make_course as staff_course
+from course_helpers import roster as staff_roster
+from course_helpers import token_for
 from harness import FAST_BILLING_ENV, HB, wait_for
 
 ENV = {
@@ -140,3 +143,58 @@ def test_the_pool_pays_up_to_the_cap_and_a_refusing_course_stops_the_server(chub
         timeout=30,
     )
     assert r.status_code == 403
+
+
+def test_a_server_staff_start_is_paid_by_the_pool_never_by_the_student(chub, billing) -> None:
+    """Attack 02: a teacher started a student's server on A100s under their course (empty pool,
+    overflow "personal"), ran their own work in it, and billing charged the STUDENT's balance.
+    A server someone other than its owner starts is the course pool's alone: refused at start,
+    naming the pool, when the pool cannot pay; once the pool can, the student's balance never
+    moves and the server is stopped at the cap. The student's own start is billed as usual."""
+    tag = uuid.uuid4().hex[:6]
+    teacher, student = chub.create_user(f"t{tag}"), chub.create_user(f"s{tag}")
+    course = f"sp{tag}"
+    staff_course(chub, course, [teacher])
+    assert staff_roster(chub, course, f"{student},student\n", chub.token).status_code == 200
+    t_token = token_for(chub, teacher)
+    opts = {"gpu": "a100-80g", "course": course}
+
+    r = chub.api("POST", f"/users/{student}/server", token=t_token, json=opts)
+    assert r.status_code == 402, r.text
+    message = r.json()["message"]
+    assert f"paid by course {course}'s pool only" in message, message
+    assert chub.server(student) is None
+    assert billing.balance(student)["balance"]["exact"] == "10"
+
+    # A pool that can pay: the teacher's start runs on it; the student's balance never moves,
+    # and the server is stopped when the cap is used up (as if overflow were "refuse").
+    r = billing.post(
+        f"api/v1/courses/{course}/credits",
+        {"amount": "5.00", "kind": "topup", "idempotency_key": f"{course}-1"},
+    )
+    assert r.status_code == 201, r.text
+    put_course(billing, course, {"cap": "1.00"})
+    r = chub.api("POST", f"/users/{student}/server", token=t_token, json=opts)
+    assert r.status_code in (201, 202), r.text
+    chub.wait_ready(student)
+    chub.kernel(student)
+    time.sleep(4)
+    status = billing.get(f"api/v1/users/{student}/balance", params={"course": course}).json()
+    used = Decimal(status["course"]["used"]["exact"])
+    put_course(billing, course, {"cap": str((used + 4 * A100_EDU_PER_S).quantize(Decimal("1e-6")))})
+    wait_for(lambda: chub.server(student) is None, 60, 0.5, "the enforcer to stop the server")
+    usage = wait_for(
+        lambda: (u := billing.usage(student)) and all(s["stopped"] for s in u["servers"]) and u,
+        30, 0.5, "the stop in the statement",
+    )  # fmt: skip
+    (s,) = usage["servers"]
+    assert Decimal(s["paid_by"]["personal"]["exact"]) == 0, s
+    assert Decimal(s["paid_by"]["course"]["exact"]) > 0, s
+    assert billing.balance(student)["balance"]["exact"] == "10"
+
+    # The student's own start under the course is billed as usual (overflow "personal").
+    put_course(billing, course, {"cap": "0"})
+    r = chub.api("POST", f"/users/{student}/server", token=token_for(chub, student), json=opts)
+    assert r.status_code in (201, 202), r.text
+    chub.wait_ready(student)
+    chub.stop_server(student)
