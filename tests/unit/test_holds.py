@@ -169,3 +169,22 @@ def test_an_ended_hold_binds_nobody(tmp_path) -> None:
     h = hold("course:ml101", 1, now - 600, now - 1)
     a._state.holds[h.hold_id] = h  # recorded earlier, ended since
     assert a.allocate("anyone/", "rtx-4090", 1).hold_id is None
+
+
+def test_a_course_holds_at_most_one_card_per_student(tmp_path) -> None:
+    """Attack 01: a course's bookings serve one card per student, so what the course can use
+    bounds what it may hold (summed over types and overlapping holds), below the operator's
+    setting; a course without students may hold nothing."""
+    from gpulab.spawners.node.holds import HoldLimits
+
+    limits = HoldLimits()  # max_cards_per_course 32
+    now = time.time()
+    use = (1, "one card per student; course ml101 has 1 student(s)")
+    new = hold("course:ml101", 2, now, now + 600)
+    problem = limits.problem([], new, now, use_limit=use)
+    assert problem is not None and "1 student(s)" in problem and "at most 1 card(s)" in problem
+    assert limits.problem([], hold("course:ml101", 1, now, now + 600), now, use_limit=use) is None
+    held = [hold("course:ml101", 1, now, now + 600)]
+    later = hold("course:ml101", 1, now + 300, now + 900)
+    assert "already holds 1" in limits.problem(held, later, now, use_limit=use)
+    assert limits.problem([], new, now, use_limit=(0, "no students")) is not None
