@@ -16,7 +16,7 @@ import pytest
 import requests
 import websocket
 from billing.client import Billing
-from harness import Hub, wait_for
+from harness import Hub, wait_for, write_in_home
 
 ENV = {
     "GPULAB_REPORTER_HEARTBEAT": "1",
@@ -104,8 +104,9 @@ print(p.pid)
 
 
 def test_a_detached_process_keeps_the_server_billed_while_it_lives(ohub, ouser) -> None:
+    """A no-GPU server is billed for what runs in it (a GPU server for its cards, below)."""
     billing = Billing(ohub)
-    ohub.spawn_ready(ouser, {"gpu": "rtx-4090"})
+    ohub.spawn_ready(ouser, {"gpu": "none"})
     with ohub.kernel(ouser) as k:
         k.execute(DETACH)
     # The kernel is gone; the detached process runs on for about 12 s and is billed.
@@ -176,9 +177,62 @@ def test_an_idle_gpu_goes_back_even_with_forged_heartbeats(ohub, ouser) -> None:
         ohub.user_url(ouser, "gpulab/api/notices"), headers=headers, timeout=30
     ).json()["notices"]
     assert seen[-1]["message"] == notices[-1]["message"]
-    # Only the short-lived kernel ran: that is all the GPU session was billed for.
-    gpu_sessions = [s for s in billing.usage(ouser)["servers"] if s["gpu_type"] == "a100-80g"]
-    assert gpu_sessions and all(s["billed_seconds"] < 6 for s in gpu_sessions), gpu_sessions
+    # Only a short-lived kernel ran, but the card was held: the GPU session is billed for every
+    # second it held it, which the idle timeout (6 s here) bounds.
+    (gpu,) = [s for s in billing.usage(ouser)["servers"] if s["gpu_type"] == "a100-80g"]
+    held = seconds_between(gpu["started"], gpu["stopped"])
+    assert held - 3 <= gpu["billed_seconds"] <= held, (gpu["billed_seconds"], held)
+
+
+def seconds_between(start: str, stop: str) -> float:
+    def t(stamp: str) -> float:
+        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+    return t(stop) - t(start)
+
+
+# What attack 04 put in ~/.jupyter/jupyter_server_config.py: a thread of the single-user server
+# that works in short bursts (here 0.5 s every 3 s, against this hub's 6 s GPU idle timeout).
+BURSTS = """
+import threading, time
+def _bursts():
+    for _ in range(40):
+        time.sleep(3)
+        t = time.time()
+        while time.time() - t < 0.5:
+            pass
+threading.Thread(target=_bursts, daemon=True).start()
+"""
+
+
+def test_a_gpu_server_is_billed_for_every_second_it_holds_its_card(ohub, ouser) -> None:
+    """Attack 04: no kernel, no process, only rare bursts of work from the user's own server
+    config keep the card from the idle timeout; it was billed for the bursts alone (a few % of
+    the time). A GPU server is billed for holding its cards, as a cloud bills an instance."""
+    billing = Billing(ohub)
+    ohub.spawn_ready(ouser, {"gpu": "none"})  # makes the home
+    ohub.stop_server(ouser)
+    home = ohub.data_dir / "users" / ouser
+    write_in_home(home, ".jupyter/jupyter_server_config.py", BURSTS)
+    ohub.spawn_ready(ouser, {"gpu": "rtx-4090"})
+
+    def gpu_session() -> dict | None:
+        found = [s for s in billing.usage(ouser)["servers"] if s["gpu_type"] == "rtx-4090"]
+        return found[0] if found else None
+
+    # Twice the idle timeout: the bursts keep the card (the user pays for it all along).
+    t0 = time.time()
+    wait_for(lambda: time.time() - t0 >= 14, 20, 0.5, "two idle timeouts")
+    model = ohub.server(ouser)
+    assert model["state"]["allocation"]["gpu_type"] == "rtx-4090"
+    ohub.stop_server(ouser)
+    session = wait_for(
+        lambda: (s := gpu_session()) and s["stopped"] and s, 30, 0.5, "the GPU session stopped"
+    )
+    held = seconds_between(session["started"], session["stopped"])
+    assert held >= 14
+    assert held - 3 <= session["billed_seconds"] <= held, (session["billed_seconds"], held)
+    assert session["kernels"] == []
 
 
 def last_activity(hub: Hub, user: str) -> float:
@@ -235,13 +289,14 @@ def test_money_comes_first_a_switch_or_reclaim_the_balance_cannot_pay_changes_no
 
 
 def test_a_kernel_alive_12_seconds_is_billed_12_seconds_with_both_sources(ohub, ouser) -> None:
-    """Reports and observation together: the union, never the sum, within a second of life."""
+    """Reports and observation together: the union, never the sum, within a second of life (on
+    a no-GPU server, billed for what runs in it)."""
     billing = Billing(ohub)
-    ohub.spawn_ready(ouser, {"gpu": "rtx-4090"})
+    ohub.spawn_ready(ouser, {"gpu": "none"})
     t0 = time.time()
     k = ohub.kernel(ouser)
     t1 = time.time()
-    # Working all along (an idle kernel would let this hub's 6 s GPU idle timeout take the card).
+    # Working all along.
     k.send("import time\nend = time.time() + 11.5\nwhile time.time() < end: pass")
     time.sleep(12)
     t2 = time.time()
