@@ -24,7 +24,8 @@ concurrently:
 At the deadline the market sends the stop (``stop_sent_at``) and records ``compensation``: due
 only when the platform broke its promise, i.e. stopped the server while the checkpoint still ran
 before ``min(checkpoint_timeout, warning period)`` had passed since the warning
-(:func:`compensation_decision`). A checkpoint that failed or timed out on its own is the user's
+(:func:`compensation_decision`), or when the hub restarted while the checkpoint ran within
+that time (the record's checkpoint gets ``lost_at`` on load). A checkpoint that failed or timed out on its own is the user's
 doing (their command, files, processes) and is not compensated; the record says why either way.
 
 Every version of a record is appended to ``DATA_DIR/spot/preemptions.jsonl``; the latest wins on
@@ -152,9 +153,17 @@ class Preemptions:
         for rec in read_jsonl(self.path):
             p = Preemption(**rec)
             self.records[p.id] = p
-        for p in self.records.values():
+        now = time.time()
+        for p in list(self.records.values()):
             if p.status == "warning":
                 self.active[p.owner] = p.id
+                ck = p.checkpoint or {}
+                if ck.get("state") == "running" and "lost_at" not in ck:
+                    # The hub restarted while the checkpoint ran: it lost the command and its
+                    # outcome (the platform's doing; see :func:`compensation_decision`).
+                    self._save(
+                        p.model_copy(update={"checkpoint": {**p.checkpoint, "lost_at": now}})
+                    )
 
     def _save(self, p: Preemption) -> None:
         self.records[p.id] = p
@@ -457,6 +466,12 @@ def compensation_decision(
     # Counted from the warning, not from the command's start: how long the start took may
     # depend on the user's processes (signalling them), the warning time is the platform's.
     given = stop_sent_at - p.warned_at
+    lost = checkpoint.get("lost_at")
+    if state == "running" and lost is not None and float(lost) - p.warned_at < promised:
+        return True, (
+            f"compensated: the hub restarted {max(0.0, float(lost) - p.warned_at):.0f} s after "
+            f"the warning while your checkpoint ran; it was promised {promised:.0f} s"
+        )
     if given + CUT_SHORT_GRACE < promised:
         return True, (
             f"compensated: the server was stopped {max(0.0, given):.0f} s after the warning, "

@@ -121,3 +121,33 @@ def test_the_market_posts_no_compensation_for_a_users_failing_checkpoint(tmp_pat
     assert books.records["p-2"].compensation["due"] is True
     # The reasons survive a restart (the records' file).
     assert Preemptions(market).records["p-1"].compensation["due"] is False
+
+
+def test_a_hub_restart_that_loses_a_running_checkpoint_is_compensated(tmp_path) -> None:
+    """The hub restarted 10 s into the warning while the checkpoint ran: the market lost the
+    command and its outcome. On load it marks the checkpoint lost (its own clock); at the
+    deadline the reclaim is compensated. A checkpoint that had ended is not touched."""
+    import logging
+    import time
+    from types import SimpleNamespace
+
+    from gpulab.spawners.market.preemption import Preemptions
+    from gpulab.spawners.market.store import PREEMPTIONS_FILE, append_jsonl
+
+    now = time.time()
+    running = record(ran("running", None)).model_copy(
+        update={"status": "warning", "warned_at": now - 10, "deadline": now - 10 + WARNING}
+    )
+    ended = running.model_copy(
+        update={"id": "p-2", "owner": "v/", "checkpoint": ran("failed", now - 9, exit_code=3)}
+    )
+    append_jsonl(tmp_path / PREEMPTIONS_FILE, running.model_dump())
+    append_jsonl(tmp_path / PREEMPTIONS_FILE, ended.model_dump())
+    market = SimpleNamespace(log=logging.getLogger("test"), dir=tmp_path)
+    books = Preemptions(market)
+    lost = books.records["p-1"]
+    assert lost.checkpoint["lost_at"] >= now
+    due, why = compensation_decision(lost, TIMEOUT, lost.deadline)
+    assert due and "the hub restarted 10 s after the warning" in why
+    assert "lost_at" not in books.records["p-2"].checkpoint
+    assert not compensation_decision(books.records["p-2"], TIMEOUT, lost.deadline)[0]
