@@ -36,3 +36,15 @@ def roster(hub: Hub, course: str, text: str, token: str) -> requests.Response:
         data=text.encode(),
         headers={"Content-Type": "text/csv"},
     )
+
+
+def fund_course(hub: Hub, course: str, amount: str = "5.00", cap: str = "5.00") -> None:
+    """Top up ``course``'s credit pool and set its per-student cap (billing's API, as the admin):
+    a server course staff start is paid by the pool only (attack 02), so it needs one."""
+    base = f"{hub.url}/services/billing/api/v1/courses/{course}"
+    auth = {"Authorization": f"token {hub.token}"}
+    body = {"amount": amount, "kind": "topup", "idempotency_key": f"fund-{course}"}
+    r = requests.post(f"{base}/credits", headers=auth, json=body, timeout=30)
+    assert r.status_code in (200, 201), r.text
+    r = requests.put(base, headers=auth, json={"cap": cap}, timeout=30)
+    assert r.status_code == 200, r.text

@@ -11,7 +11,7 @@ from __future__ import annotations
 import uuid
 
 import requests
-from course_helpers import make_course, roster, token_for
+from course_helpers import fund_course, make_course, roster, token_for
 from harness import PASSWORD, VENV_BIN, Hub, WebSession, approve, wait_for
 
 STUDENT_SERVER_PATH = "api/status"
@@ -38,6 +38,7 @@ def test_roster_limits_and_staff_scopes(hub: Hub) -> None:
     ml, cv = course_name("ml"), course_name("cv")
     make_course(hub, ml, [teacher], [ta], gpu_types=["none", "rtx-4090"], images=["base"])
     make_course(hub, cv, [other_teacher], [other_ta])
+    fund_course(hub, ml)  # staff starts are paid by the course's pool only
     t_token, ta_token = token_for(hub, teacher), token_for(hub, ta)
     other_ta_token = token_for(hub, other_ta)
     other_t_token = token_for(hub, other_teacher)

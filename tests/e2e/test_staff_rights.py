@@ -17,7 +17,7 @@ import re
 import uuid
 
 import pytest
-from course_helpers import make_course, roster, token_for
+from course_helpers import fund_course, make_course, roster, token_for
 from harness import PASSWORD, Hub, WebSession, approved_user
 
 ATTACK_LINK = "/hub/spawn{user}?opt-gpu=a100-80g&opt-gpus=2&opt-app=sd-webui"
@@ -77,6 +77,7 @@ def test_staff_start_switch_launch_and_form_only_under_their_own_course(hub: Hub
     course_a, course_b = f"a{tag}", f"b{tag}"
     make_course(hub, course_a, [teacher], [ta])
     make_course(hub, course_b, [other])
+    fund_course(hub, course_a)  # staff starts are paid by the course's pool only
     student = f"st{tag}"
     # The student takes both courses (the admin enrols them directly).
     assert roster(hub, course_a, f"{student},student\n", hub.token).json()["added"] == [student]
