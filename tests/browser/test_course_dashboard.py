@@ -22,6 +22,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from course_helpers import fund_course
 from harness import (
     PASSWORD,
     SLOW,
@@ -100,6 +101,7 @@ def test_teacher_dashboard(chub: Hub, browser, tmp_path: Path) -> None:
     ml, cv = f"ml{tag}", f"cv{tag}"
     make_course(chub, ml, [teacher], [ta])
     make_course(chub, cv, [], [other_ta])
+    fund_course(chub, ml)  # the teacher's restarts are paid by the course's pool only
     s1, s2 = f"s1{tag}", f"s2{tag}"
     dashboard = f"{chub.url}/hub/gpulab/courses/{ml}"
 
