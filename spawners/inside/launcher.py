@@ -36,6 +36,7 @@ CLONE_NEWNS = 0x00020000
 MS_RDONLY = 0x1
 MS_NOSUID = 0x2
 MS_NODEV = 0x4
+MS_NOEXEC = 0x8
 MS_REMOUNT = 0x20
 MS_BIND = 0x1000
 MS_REC = 0x4000
@@ -126,6 +127,42 @@ def _home_relative(home: str, path: str) -> str:
     return rel
 
 
+_private_mounts = False  # this process has its own mount namespace (at most one unshare)
+
+
+def enter_private_mounts(c: ctypes.CDLL) -> None:
+    """Enter a mount namespace of this server's own, once: mounts made in it never reach the
+    host's namespace."""
+    global _private_mounts
+    if _private_mounts:
+        return
+    _check(c.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+    # Keep our mounts from propagating back to the host's namespace.
+    _check(c.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "make / private")
+    _private_mounts = True
+
+
+def hide_other_accounts_processes(env: dict[str, str]) -> None:
+    """A root hub's servers see only their own account's processes in ``/proc``.
+
+    Local servers share the host's process namespace, so without this a user lists every
+    other user's processes, their command lines (app sockets, paths, account names) and
+    environment sizes. A proc instance of the server's own, mounted with ``hidepid=invisible``
+    in its private mount namespace (per mount since Linux 5.8, so the host's ``/proc`` keeps its
+    options; the hub observes from the host's), shows other accounts' processes to nobody in
+    the server. Only where the hub runs servers as accounts and may make mount namespaces
+    (``GPULAB_PRIVATE_PROC``); elsewhere every server is the same account anyway."""
+    if _run_as(env) is None or os.geteuid() != 0 or env.get("GPULAB_PRIVATE_PROC") != "1":
+        return
+    c = libc()
+    enter_private_mounts(c)
+    flags = MS_NOSUID | MS_NODEV | MS_NOEXEC
+    for options in (b"hidepid=invisible", b"hidepid=2"):
+        if c.mount(b"proc", b"/proc", b"proc", flags, options) == 0:
+            return
+    _check(-1, "mount /proc with hidepid")
+
+
 def bind_read_only(
     mounts: list[tuple[str, str]], home: str, owner: tuple[int, int] | None = None
 ) -> None:
@@ -138,9 +175,7 @@ def bind_read_only(
     user could swap between the check and the mount.
     """
     c = libc()
-    _check(c.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
-    # Keep our mounts from propagating back to the host's namespace.
-    _check(c.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "make / private")
+    enter_private_mounts(c)
     # Opened after unshare: a descriptor of the old namespace's mounts cannot be mounted on.
     home_fd = os.open(home, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
@@ -339,6 +374,7 @@ def start_server_environment(env: dict[str, str]) -> None:
     """Everything between the server's fork and JupyterHub's server, in this order: root's part
     (mounts), the sandbox (cgroup, account), then the user's part (links, app config)."""
     prepare_datasets(env)
+    hide_other_accounts_processes(env)
     enter_sandbox(env)
     arrange_datasets(env)
     configure_apps(env)

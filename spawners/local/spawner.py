@@ -373,6 +373,9 @@ class GpuLocalSpawner(LocalIsolationMixin, GpuSpawnerMixin, LocalProcessSpawner)
         if "umask" in self.popen_kwargs:
             env.pop("GPULAB_UMASK", None)  # the operator's umask (popen_kwargs) stands
         env["GPULAB_DATASET_MODE"] = mode
+        # Where the hub may make mount namespaces, each server gets a /proc of its own that
+        # shows it only its account's processes (spawners/inside/launcher.py).
+        env["GPULAB_PRIVATE_PROC"] = "1" if self._dataset_mode() == "bind" else "0"
         env["GPULAB_DATASET_MOUNTS"] = json.dumps(mounts)
         env["GPULAB_TRIM_IMPORTS"] = "1" if self.trim_imports else "0"
         venv_bin = os.path.dirname(sys.executable)

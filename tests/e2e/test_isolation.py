@@ -48,9 +48,12 @@ def test_a_kernel_cannot_read_the_hubs_secrets_or_environment(hub: Hub, user: st
     ]
     assert any(p.name == "spot-market-token" for p in secrets)
     with hub.kernel(user) as k:
-        for path in [*secrets, hub.data_dir / "jupyterhub.sqlite", f"/proc/{hub_pid(hub)}/environ"]:
+        for path in [*secrets, hub.data_dir / "jupyterhub.sqlite"]:
             with pytest.raises(KernelError, match="Permission denied"):
                 k.execute(f"open({str(path)!r}, 'rb').read()")
+        # The hub's process is not even there for a server (a /proc of its own, hidepid).
+        with pytest.raises(KernelError, match="(Permission denied|No such file)"):
+            k.execute(f"open('/proc/{hub_pid(hub)}/environ', 'rb').read()")
         # Nor list the data dir to find them.
         with pytest.raises(KernelError, match="Permission denied"):
             k.execute(f"import os; os.listdir({str(hub.data_dir)!r})")
@@ -75,6 +78,39 @@ def test_one_user_cannot_touch_anothers_home_or_kernels(hub: Hub, user: str) -> 
                 with pytest.raises(KernelError, match=r"(Operation not permitted|PermissionError)"):
                     k.execute(f"import os, signal; os.kill({victim_pid}, signal.SIGKILL)")
             assert victim.execute("print('still here')").strip() == "still here"
+    finally:
+        hub.stop_server(other)
+
+
+def test_a_user_sees_no_other_accounts_processes(hub: Hub, user: str) -> None:
+    """A tester listed every other user's processes and command lines (app sockets, paths,
+    account names) from their own server: local servers share the host's process namespace."""
+    other = hub.create_user()
+    hub.spawn_ready(user, {"gpu": "none"})
+    hub.spawn_ready(other, {"gpu": "none"})
+    try:
+        with hub.kernel(other) as victim:
+            victim_pid = int(victim.execute("import os; print(os.getpid())"))
+            with hub.kernel(user) as k:
+                seen = json.loads(
+                    k.execute(
+                        "import os, json\n"
+                        "pids = [int(p) for p in os.listdir('/proc') if p.isdigit()]\n"
+                        "uids = set()\n"
+                        "for p in pids:\n"
+                        "    try: uids.add(os.stat(f'/proc/{p}').st_uid)\n"
+                        "    except OSError: pass\n"
+                        "print(json.dumps({'pids': pids, 'uids': sorted(uids), 'me': os.getuid(),"
+                        " 'own': os.getpid()}))"
+                    )
+                )
+                assert seen["own"] in seen["pids"]  # its own processes stay visible
+                assert victim_pid not in seen["pids"]
+                assert seen["uids"] == [seen["me"]], seen["uids"]
+                assert (
+                    not k.execute(f"import os; print(os.path.exists('/proc/{victim_pid}'))")
+                    == "True"
+                )
     finally:
         hub.stop_server(other)
 
