@@ -52,7 +52,7 @@ def test_a_kernel_cannot_read_the_hubs_secrets_or_environment(hub: Hub, user: st
             with pytest.raises(KernelError, match="Permission denied"):
                 k.execute(f"open({str(path)!r}, 'rb').read()")
         # The hub's process is not even there for a server (a /proc of its own, hidepid).
-        with pytest.raises(KernelError, match="(Permission denied|No such file)"):
+        with pytest.raises(KernelError, match=r"(Permission denied|No such file)"):
             k.execute(f"open('/proc/{hub_pid(hub)}/environ', 'rb').read()")
         # Nor list the data dir to find them.
         with pytest.raises(KernelError, match="Permission denied"):

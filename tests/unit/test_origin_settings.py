@@ -93,7 +93,17 @@ def test_names_that_collide_under_jupyterhubs_naming_get_origins_of_their_own() 
 
 @pytest.mark.parametrize(
     "name",
-    ["alice@uni.edu", "BOB", "café", "\uff42\uff4f\uff42", "x--y", "xn--caf-dma", "-bob", "bob.", "a" * 70],
+    [
+        "alice@uni.edu",
+        "BOB",
+        "café",
+        "\uff42\uff4f\uff42",
+        "x--y",
+        "xn--caf-dma",
+        "-bob",
+        "bob.",
+        "a" * 70,
+    ],
 )
 def test_a_name_that_is_no_plain_label_is_escaped_with_128_bits(name: str) -> None:
     label = user_label(name)
