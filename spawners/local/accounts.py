@@ -43,15 +43,29 @@ class Account:
     home: str
 
 
+# Hex digits of SHA-256 in an escaped account name: 64 bits, so that nobody can search for a
+# name that shares another user's account (32 bits fall to a laptop in minutes).
+DIGEST_HEX = 16
+# Used as they are: no capitals, no "--", no "-" at either end.
+_PLAIN = re.compile(r"[a-z0-9_]+(?:-[a-z0-9_]+)*")
+
+
 def account_name(username: str, prefix: str = PREFIX) -> str:
-    """``jupyter-alice``; unsafe characters and over-long names get a short hash so that two
-    hub users never share an account (``Ann`` and ``ann`` differ: the hash is of the original)."""
+    """``jupyter-alice``: one Unix account per hub user, never shared.
+
+    A name that is safe as it is (lowercase letters, digits, ``_``, and single ``-`` between them) and short
+    enough is used plainly. Every other name (capitals, ``@``, ``--``, too long) is escaped as
+    ``PREFIX + its first letters + '--' + 64 bits of SHA-256`` of the original name, so ``Ann``
+    and ``ann`` differ. Escaped names always hold ``--`` and plain ones never do: nobody can sign
+    up under a plain name equal to another user's escaped one (a tester did, with the old
+    ``-``-joined 32-bit form, and shared the victim's account)."""
     safe = _UNSAFE.sub("-", username.lower())
     name = prefix + safe
-    if safe != username or len(name) > MAX_LEN:
-        digest = hashlib.sha256(username.encode()).hexdigest()[:8]
-        name = f"{name[: MAX_LEN - 9]}-{digest}"
-    return name
+    if _PLAIN.fullmatch(username) and len(name) <= MAX_LEN:
+        return name
+    digest = hashlib.sha256(username.encode("utf-8", "surrogatepass")).hexdigest()[:DIGEST_HEX]
+    keep = max(0, MAX_LEN - len(prefix) - 2 - DIGEST_HEX)
+    return f"{prefix}{safe[:keep].rstrip('-')}--{digest}"
 
 
 def lookup(name: str) -> Account | None:
