@@ -98,8 +98,10 @@ def test_gpu_server_runs_in_a_locked_down_container_with_its_gpu(dhub, duser, do
 
 def test_kernel_in_a_container_is_billed(dhub, duser) -> None:
     """The image's reporter reaches the billing service from the containers' network (it listens
-    on the host's address there, as the hub's API does) and its kernel is billed per second."""
+    on the host's address there, as the hub's API does): its kernel is on the statement to the
+    second, and its GPU server is billed for the time it holds its card."""
     billing = Billing(dhub)
+    t_spawn = time.time()
     dhub.spawn_ready(duser, {"gpu": "rtx-4090"})
     t0 = time.time()
     k = dhub.kernel(duser)
@@ -118,9 +120,11 @@ def test_kernel_in_a_container_is_billed(dhub, duser) -> None:
     alive = (t2 + t3) / 2 - (t0 + t1) / 2
     assert abs(kernel_seconds(usage)[k.id] - alive) <= 1, (usage, alive)
     (server,) = usage["servers"]
-    assert server["mode"] == "RTX 4090 x1" and server["billed_seconds"] == pytest.approx(
-        kernel_seconds(usage)[k.id]
-    )
+    # A GPU server is billed for the seconds it holds its card (README "Billing"): the kernel's
+    # seconds and the rest of the time the card was held, never more than the server has run.
+    assert server["mode"] == "RTX 4090 x1"
+    held = time.time() - t_spawn
+    assert kernel_seconds(usage)[k.id] - 0.01 <= server["billed_seconds"] <= held, (server, held)
     per_s = Decimal("0.68") / 3600
     amount = Decimal(server["amount"]["exact"])
     assert abs(amount - Decimal(str(server["billed_seconds"])) * per_s) <= Decimal("0.000001")

@@ -241,6 +241,7 @@ def test_the_hub_asks_with_the_course_and_refuses(monkeypatch) -> None:
             catalog=catalog, allocator=SimpleNamespace(usable_hold=lambda *a: None)
         ),
         user=SimpleNamespace(name="stud"),
+        name="",  # the default server
         owner="stud",
     )
     with pytest.raises(SpawnError) as e:
