@@ -554,7 +554,10 @@ def test_server_without_heartbeats_is_stopped(bhub, billing, buser) -> None:
                 return s is None or s.get("pending") == "stop"
 
             wait_for(stopping, 120, 0.2, "billing to stop the silent server")
-            assert time.time() - t >= 19
+            # Billing's own timers stopped it: whichever of idle_timeout (15 s: its reports
+            # stopped, so nothing marks it busy) and silent_timeout (20 s) came first, since the
+            # enforcer checks every open session, not only those with fresh heartbeats.
+            assert time.time() - t >= 14
         finally:
             # Let the frozen process take its signals, so the stop finishes quickly.
             try:
