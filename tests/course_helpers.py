@@ -48,3 +48,33 @@ def fund_course(hub: Hub, course: str, amount: str = "5.00", cap: str = "5.00") 
     assert r.status_code in (200, 201), r.text
     r = requests.put(base, headers=auth, json={"cap": cap}, timeout=30)
     assert r.status_code == 200, r.text
+
+
+# An nbgrader assignment (square(x), tests worth 1 and 2 points) written into a teacher's
+# course source folder from their kernel; COURSE and ASSIGNMENT are replaced by the caller.
+NBGRADER_SOURCE = r"""
+import os, nbformat
+from nbformat.v4 import new_notebook, new_code_cell, new_markdown_cell
+
+def meta(grade_id, **kw):
+    m = {"grade_id": grade_id, "schema_version": 3, "grade": False, "solution": False,
+         "locked": False, "task": False}
+    m.update(kw)
+    return {"nbgrader": m}
+
+nb = new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                            "language": "python"}})
+nb.cells = [
+    new_markdown_cell("Write `square(x)`.", metadata=meta("intro", locked=True)),
+    new_code_cell("def square(x):\n    ### BEGIN SOLUTION\n    return x * x\n    ### END SOLUTION",
+                  metadata=meta("square", solution=True)),
+    new_code_cell("assert square(2) == 4", metadata=meta("test_pos", grade=True, locked=True,
+                                                          points=1)),
+    new_code_cell("assert square(-3) == 9", metadata=meta("test_neg", grade=True, locked=True,
+                                                           points=2)),
+]
+folder = os.path.expanduser("~/courses/COURSE/source/ASSIGNMENT")
+os.makedirs(folder, exist_ok=True)
+nbformat.write(nb, os.path.join(folder, "ASSIGNMENT.ipynb"))
+print("written")
+"""

@@ -18,6 +18,7 @@ import re
 import uuid
 
 import pytest
+from course_helpers import NBGRADER_SOURCE
 from harness import Hub, Kernel, wait_for
 
 ISOLATED = os.geteuid() == 0
@@ -25,32 +26,7 @@ ASSIGNMENT = "ps1"
 
 # The assignment: one function to write, two graded tests (1 and 2 points). COURSE and
 # ASSIGNMENT are replaced.
-SOURCE = r"""
-import os, nbformat
-from nbformat.v4 import new_notebook, new_code_cell, new_markdown_cell
-
-def meta(grade_id, **kw):
-    m = {"grade_id": grade_id, "schema_version": 3, "grade": False, "solution": False,
-         "locked": False, "task": False}
-    m.update(kw)
-    return {"nbgrader": m}
-
-nb = new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
-                                            "language": "python"}})
-nb.cells = [
-    new_markdown_cell("Write `square(x)`.", metadata=meta("intro", locked=True)),
-    new_code_cell("def square(x):\n    ### BEGIN SOLUTION\n    return x * x\n    ### END SOLUTION",
-                  metadata=meta("square", solution=True)),
-    new_code_cell("assert square(2) == 4", metadata=meta("test_pos", grade=True, locked=True,
-                                                          points=1)),
-    new_code_cell("assert square(-3) == 9", metadata=meta("test_neg", grade=True, locked=True,
-                                                           points=2)),
-]
-folder = os.path.expanduser("~/courses/COURSE/source/ASSIGNMENT")
-os.makedirs(folder, exist_ok=True)
-nbformat.write(nb, os.path.join(folder, "ASSIGNMENT.ipynb"))
-print("written")
-"""
+SOURCE = NBGRADER_SOURCE
 
 ANSWER = r"""
 import nbformat
