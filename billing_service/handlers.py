@@ -72,6 +72,12 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
     # Every identified hub user/service gets in; each handler checks whose data it may touch.
     hub_scopes = None
 
+    def set_default_headers(self) -> None:
+        # Billing's pages (the admin's credit form among them) are framed by nobody but the hub's
+        # own origin: a user's page on a sibling subdomain must not overlay them (clickjacking).
+        self.set_header("Content-Security-Policy", "frame-ancestors 'self'")
+        self.set_header("X-Frame-Options", "SAMEORIGIN")
+
     def check_xsrf_cookie(self) -> None:
         # Token-authenticated API calls cannot be forged by another site; only cookie (browser)
         # requests need the XSRF token.

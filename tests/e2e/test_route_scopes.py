@@ -162,3 +162,13 @@ def test_a_forged_billing_log_in_callback_logs_nobody_in(hub: Hub) -> None:
     assert r.status_code in (400, 403), (r.status_code, r.text[:300])
     page = web.get("/services/billing/", allow_redirects=False)
     assert page.status_code == 302 and "oauth2/authorize" in page.headers["Location"]
+
+
+def test_billing_pages_are_framed_by_nobody_but_their_own_origin(hub: Hub) -> None:
+    """On a real domain a user's origin (alice.hub.example.org) is the same site as the hub's, so
+    a user's page could frame billing's pages, the admin's credit form among them."""
+    web = WebSession(hub)
+    for path in ("/services/billing/", "/services/billing/statement.csv"):
+        r = web.get(path, allow_redirects=False)
+        assert "frame-ancestors 'self'" in r.headers.get("Content-Security-Policy", ""), path
+        assert r.headers.get("X-Frame-Options") == "SAMEORIGIN", path
