@@ -60,7 +60,7 @@ CGROUP_PARENT = "gpulab-grading"
 SHARED_WRITABLE = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
 # Where the submission's folder appears inside the sandbox (bound into its private /tmp).
 SANDBOX_WORK = "/tmp/gpulab-grading"
-MS_NOSUID, MS_NODEV, MS_BIND = 0x2, 0x4, 0x1000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_BIND, MS_REMOUNT = 0x1, 0x2, 0x4, 0x1000, 0x20
 _ENV_KEEP = ("LANG", "LC_ALL")
 
 
@@ -591,6 +591,29 @@ def _mount(source: str, target: str, fstype: str | None, flags: int, data: str |
         raise SystemExit(f"gpulab: mount {source} on {target}: {os.strerror(err)}")
 
 
+def _software_under_tmp() -> list[str]:
+    """The folders gpulab and nbgrader run from (this checkout, the interpreter's prefix, its
+    import path) that lie in a folder the sandbox makes private: outermost ones only."""
+    wanted = {
+        str(Path(__file__).resolve().parents[2]),
+        os.path.realpath(sys.prefix),
+        os.path.dirname(os.path.realpath(_python())),
+        *(os.path.realpath(p) for p in sys.path if p and os.path.isdir(p)),
+    }
+    hidden = [
+        p
+        for p in wanted
+        if any(p == f or p.startswith(f.rstrip("/") + "/") for f in SHARED_WRITABLE)
+        and os.path.isdir(p)
+    ]
+    hidden.sort(key=len)
+    outer: list[str] = []
+    for p in hidden:
+        if not any(p == o or p.startswith(o + "/") for o in outer):
+            outer.append(p)
+    return outer
+
+
 def _op_inner(uid: int, work: str, max_bytes: int, assignment: str, student: str) -> None:
     """As root, pid 1 of the sandbox's namespaces: loopback up, private temp folders (the work
     folder bound at :data:`SANDBOX_WORK` inside them, wherever the data dir is), then become the
@@ -598,9 +621,19 @@ def _op_inner(uid: int, work: str, max_bytes: int, assignment: str, student: str
     _bring_up_loopback()
     # Held open: a tmpfs over /tmp may hide the work folder's own path.
     work_fd = os.open(work, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
+    # So may it hide the software that grades (a checkout and its venv under /tmp, as CI has):
+    # held open too, and bound back read-only at their own paths in the private folder.
+    software = {path: os.open(path, os.O_PATH | os.O_DIRECTORY) for path in _software_under_tmp()}
     for folder in SHARED_WRITABLE:
         if os.path.isdir(folder) and not os.path.islink(folder):
             _mount("tmpfs", folder, "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777,size=256m")
+    old_umask = os.umask(0o022)  # the folders leading to them: passable for the grading uid
+    for path, fd in software.items():
+        os.makedirs(path, 0o755, exist_ok=True)
+        _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND, None)
+        _mount("none", path, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, None)
+        os.close(fd)
+    os.umask(old_umask)
     os.mkdir(SANDBOX_WORK, 0o755)
     _mount(f"/proc/self/fd/{work_fd}", SANDBOX_WORK, None, MS_BIND, None)
     os.close(work_fd)

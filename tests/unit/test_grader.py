@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 import tarfile
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -171,3 +173,21 @@ def test_sweep_empties_grading_cgroups_no_grading_runs_in() -> None:
             p.wait(timeout=10)
         for path in tree.paths.values():
             path.rmdir()
+
+
+def test_software_in_a_folder_the_sandbox_makes_private_is_bound_back(monkeypatch, tmp_path):
+    """A checkout and its venv under /tmp (CI clones there) would vanish under the sandbox's
+    private /tmp: nbgrader was 'No such file'. They are listed, outermost first, to be bound
+    back read-only."""
+    checkout = Path(tempfile.mkdtemp(dir="/tmp"))
+    try:
+        venv = checkout / ".venv"
+        (venv / "lib").mkdir(parents=True)
+        monkeypatch.setattr(grader.sys, "prefix", str(venv))
+        monkeypatch.setattr(grader.sys, "path", [str(venv / "lib"), str(tmp_path), ""])
+        listed = grader._software_under_tmp()
+        assert str(venv) in listed
+        assert str(venv / "lib") not in listed  # inside one already listed
+        assert all(p.startswith(("/tmp/", "/var/tmp/", "/dev/shm/", "/run/lock/")) for p in listed)
+    finally:
+        shutil.rmtree(checkout)
