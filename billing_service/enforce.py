@@ -157,7 +157,10 @@ class Enforcer:
                     out.append(("stop", sess, "balance used up"))
                     continue
             if app.idle_timeout > 0:
-                last = max(sess.last_busy_us or 0, sess.started_us)
+                # Not before this process has been up that long: while billing was down (or
+                # just restarted) nothing could mark the session busy, and the spools are
+                # still being flushed.
+                last = max(sess.last_busy_us or 0, sess.started_us, app.started_us)
                 if now - last > app.idle_timeout * MICRO:
                     out.append(("stop", sess, f"no live kernel for {app.idle_timeout:.0f}s"))
         silent = int(app.silent_timeout * MICRO)

@@ -72,3 +72,26 @@ def test_a_server_charged_by_nothing_lately_is_left_alone(engine) -> None:
     assert decisions(engine, user, idle_timeout=0) == []
     # (Idle that long, it is stopped as idle all the same, not for money.)
     assert decisions(engine, user) == [("stop", "no live kernel for 900s")]
+
+
+def test_a_billing_restart_stops_nobody_as_idle_before_it_could_hear_them(engine) -> None:
+    """Billing killed for 25 s while a kernel runs: on its restart nothing could have marked the
+    session busy meanwhile, and the reporter's spool is still being flushed. Idleness counts from
+    billing's own start at the earliest (a fresh-clone CI run caught the restarted service
+    stopping a live server as "no live kernel")."""
+    user = f"u{uuid.uuid4().hex[:8]}"
+    now = time.time()
+    feed(
+        engine,
+        [
+            server_start(user, now - 120, gpus=0),
+            kernel("kernel_start", user, "k", now - 120),
+            heartbeat(user, now - 30, ["k"]),
+        ],
+    )
+    just_up = int((now - 2) * 1_000_000)
+    assert decisions(engine, user, idle_timeout=15, started_us=just_up) == []
+    long_up = int((now - 600) * 1_000_000)
+    assert decisions(engine, user, idle_timeout=15, started_us=long_up) == [
+        ("stop", "no live kernel for 15s")
+    ]
