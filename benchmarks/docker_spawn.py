@@ -39,8 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from harness import REPO, VENV_BIN, Hub
 from spawn import pct, start_stock, stock_hub
 
-from gpulab.hub_config.catalog import DEFAULT_CATALOG
-from gpulab.spawners.docker import network_gateway
+from gpulab.catalog import DEFAULT_CATALOG
+from gpulab.spawners.docker.spawner import network_gateway
 
 DOCKER_SPAWNER_CONFIG = """
 c.JupyterHub.spawner_class = "dockerspawner.DockerSpawner"

@@ -46,7 +46,7 @@ from gpulab.billing_service.metering import ingest, rate_session
 from gpulab.billing_service.models import MICRO, LedgerEntry
 from gpulab.billing_service.rating import PriceBook, to_micro
 from gpulab.billing_service.schemas import ServerStop
-from gpulab.hub_config.catalog import load_catalog
+from gpulab.catalog import load_catalog
 
 TEMPLATES = Path(__file__).with_name("templates")
 # What the service cannot guess: where the hub's API is, its own token there, where it listens and

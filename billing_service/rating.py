@@ -39,8 +39,8 @@ from decimal import ROUND_FLOOR, ROUND_HALF_EVEN, Decimal, InvalidOperation
 from typing import Any
 
 from gpulab.billing_service.models import MICRO
-from gpulab.hub_config.catalog import Catalog, GpuType
-from gpulab.hub_config.catalog.price_history import PriceHistory, history_for
+from gpulab.catalog import Catalog, GpuType
+from gpulab.catalog.price_history import PriceHistory, history_for
 
 US_PER_HOUR = 3600 * MICRO
 # [start, end) in microseconds: a session's paid reservation, whose seconds are rated at 0.

@@ -1,5 +1,5 @@
 """Log-in for gpulab: NativeAuthenticator (sign-up in the browser) plus a bootstrapped admin,
-and LTI 1.3 launches from an LMS when ``GpulabLTI`` is configured (:mod:`gpulab.hub_config.lti`).
+and LTI 1.3 launches from an LMS when ``GpulabLTI`` is configured (:mod:`gpulab.hub_config.courses.lti`).
 
 On first start the hub writes a random admin password to the data dir; this authenticator creates
 the admin account with it, so there is never a fixed default password. Its ``get_handlers`` is
@@ -18,7 +18,7 @@ from tornado.httputil import url_concat
 from traitlets import Bool, Integer, Unicode
 
 from gpulab.hub_config import plugin
-from gpulab.hub_config.lti import GpulabLTI, LTILaunchHandler
+from gpulab.hub_config.courses.lti import GpulabLTI, LTILaunchHandler
 from gpulab.hub_config.signup_handlers import REPLACEMENTS as SIGNUP_REPLACEMENTS
 
 

@@ -13,8 +13,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpulab.hub_config.courses.lti import configure_from_env as configure_lti
 from gpulab.hub_config.data_dir import admin_password, make_private_data_dir, secret_file
-from gpulab.hub_config.lti import configure_from_env as configure_lti
 from gpulab.hub_config.origin import configure_origin, route_servers_to_services, users_host
 from gpulab.hub_config.plugin import configure_plugin
 
@@ -194,7 +194,7 @@ def configure(c, settings: Settings | None = None) -> None:
 def configure_docker(c, s: Settings) -> None:
     """Run every server in a container (``gpulab-docker``); the hub must be reachable from them."""
     # dockerspawner and the Docker SDK are needed only by a Docker node.
-    from gpulab.spawners.docker import network_gateway
+    from gpulab.spawners.docker.spawner import network_gateway
 
     c.JupyterHub.spawner_class = "gpulab-docker"
     c.DockerSpawner.network_name = s.docker_network

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from gpulab.hub_config.catalog import App, Catalog
+from gpulab.catalog import App, Catalog
 from gpulab.spawners.options import PRICING, app_gpu_types
 
 

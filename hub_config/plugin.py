@@ -25,7 +25,9 @@ from tornado.httpclient import AsyncHTTPClient
 
 from gpulab.hub_config import api, overrides
 from gpulab.hub_config.api import reservations
-from gpulab.hub_config.billing_hooks import configure_billing
+from gpulab.hub_config.billing.hooks import configure_billing
+from gpulab.hub_config.billing.notices import notices_for
+from gpulab.hub_config.billing.observer import ActivityObserver
 from gpulab.hub_config.courses import autograde as course_autograde
 from gpulab.hub_config.courses import bookings as course_bookings
 from gpulab.hub_config.courses import dashboard as course_dashboard
@@ -33,8 +35,6 @@ from gpulab.hub_config.courses import groups as course_groups
 from gpulab.hub_config.courses import handlers as course_handlers
 from gpulab.hub_config.courses.assignments import configure_assignments
 from gpulab.hub_config.home import TEMPLATES as HOME_TEMPLATES
-from gpulab.hub_config.notices import notices_for
-from gpulab.hub_config.observer import ActivityObserver
 from gpulab.hub_config.origin import install_host_guard
 from gpulab.hub_config.scopes import (
     CUSTOM_SCOPES,

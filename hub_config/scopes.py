@@ -2,7 +2,7 @@
 
 Handlers check these with JupyterHub's RBAC (``needs_scope``); nothing in gpulab checks an admin
 flag by hand. :func:`base_roles` is what ``configure(c)`` loads; billing adds its own role through
-:mod:`gpulab.hub_config.billing_hooks`.
+:mod:`gpulab.hub_config.billing.hooks`.
 """
 
 from __future__ import annotations

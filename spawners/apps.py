@@ -15,7 +15,7 @@ from typing import Any
 
 from traitlets import HasTraits
 
-from gpulab.hub_config.catalog import App
+from gpulab.catalog import App
 from gpulab.spawners.inside.launcher import ENV_APP_SERVERS
 from gpulab.spawners.options import app_gpu_types
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from gpulab.hub_config.catalog import Catalog
+from gpulab.catalog import Catalog
 from gpulab.spawners.options import ServerOptions
 
 COURSE_KEY = "gpulab_course"

@@ -25,7 +25,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from gpulab.hub_config.catalog import DEFAULT_APP, App, Catalog
+from gpulab.catalog import DEFAULT_APP, App, Catalog
 
 PRICING = ("on-demand", "spot")
 FIELDS = (

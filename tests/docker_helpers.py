@@ -16,7 +16,7 @@ import pytest
 from conftest import require
 from harness import REPO, VENV_BIN, Hub, HubFactory
 
-from gpulab.hub_config.catalog import DEFAULT_CATALOG
+from gpulab.catalog import DEFAULT_CATALOG
 
 GPULAB = str(VENV_BIN / "gpulab")
 LABEL_HUB = "org.gpulab.hub-id"

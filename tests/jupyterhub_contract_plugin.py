@@ -25,7 +25,7 @@ import jupyterhub.spawner
 import pytest
 from traitlets import default
 
-from gpulab.spawners.local import GpuLocalSpawner
+from gpulab.spawners.local.spawner import GpuLocalSpawner
 
 WAIT = os.environ.get("GPULAB_CONTRACT_WAIT", "1") == "1"
 DESELECT = set(json.loads(os.environ.get("GPULAB_CONTRACT_DESELECT", "[]")))

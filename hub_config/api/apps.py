@@ -26,7 +26,7 @@ from tornado import web
 
 from gpulab.hub_config.api.base import GpulabAPIHandler
 from gpulab.hub_config.app_probe import probe_app
-from gpulab.hub_config.billing_hooks import hourly_price
+from gpulab.hub_config.billing.hooks import hourly_price
 from gpulab.hub_config.courses.groups import CourseError
 from gpulab.hub_config.courses.staff import check_staff_start
 from gpulab.hub_config.home import GpulabHome

@@ -12,7 +12,7 @@ from jupyterhub.scopes import needs_scope
 from tornado import web
 
 from gpulab.hub_config.api.base import GpulabAPIHandler
-from gpulab.hub_config.notices import notices_for
+from gpulab.hub_config.billing.notices import notices_for
 
 
 class NoticesHandler(GpulabAPIHandler):

@@ -6,8 +6,3 @@
 - :mod:`.recovery`: claiming containers after a hub restart; removing the unclaimed.
 - :mod:`.labels`: what every container's labels say.
 """
-
-from gpulab.spawners.docker.agent import AGENT_SOURCE
-from gpulab.spawners.docker.spawner import GpuDockerSpawner, network_gateway
-
-__all__ = ["AGENT_SOURCE", "GpuDockerSpawner", "network_gateway"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpulab.hub_config.catalog import Catalog
+from gpulab.catalog import Catalog
 from gpulab.spawners.images import (
     LABEL_CUDA,
     LABEL_DATASETS,

@@ -28,7 +28,7 @@ from dockerspawner import DockerSpawner
 from jupyterhub.traitlets import ByteSpecification
 from traitlets import Bool, Float, Integer, Unicode, default, validate
 
-from gpulab.hub_config.catalog import App
+from gpulab.catalog import App
 from gpulab.spawners.docker.agent import ContainerAgentMixin
 from gpulab.spawners.docker.images import image_status
 from gpulab.spawners.docker.labels import (

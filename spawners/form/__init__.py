@@ -27,7 +27,7 @@ from typing import Any
 from jinja2 import Environment, PackageLoader, StrictUndefined
 from markupsafe import Markup
 
-from gpulab.hub_config.catalog import Catalog
+from gpulab.catalog import Catalog
 from gpulab.spawners.courses import Course, allowed_choices, student_courses
 from gpulab.spawners.images import ImageStatus
 from gpulab.spawners.market.hub import SpotMarket

@@ -25,7 +25,7 @@ from typing import Any
 
 from jupyterhub.traitlets import ByteSpecification
 
-from gpulab.hub_config.catalog import DEFAULT_APP, Catalog
+from gpulab.catalog import DEFAULT_APP, Catalog
 from gpulab.spawners.kubernetes.settings import LABEL_VALUE, KubernetesSettings
 from gpulab.spawners.options import OptionsError, ServerOptions, parse_options
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from gpulab.hub_config.catalog import Catalog
+from gpulab.catalog import Catalog
 from gpulab.spawners.kubernetes.profiles import profile_list
 from gpulab.spawners.kubernetes.settings import KubernetesSettings
 

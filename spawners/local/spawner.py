@@ -34,7 +34,7 @@ from jupyterhub.spawner import LocalProcessSpawner
 from jupyterhub.utils import random_port
 from traitlets import Bool, Float, Integer, List, Unicode, default, validate
 
-from gpulab.hub_config.catalog import App
+from gpulab.catalog import App
 from gpulab.spawners.images import ImageStatus
 from gpulab.spawners.inside.agent import signal_opted_in
 from gpulab.spawners.inside.launcher import enter_sandbox

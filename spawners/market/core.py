@@ -6,7 +6,7 @@ is what the hub runs.
 
 Prices are :class:`~decimal.Decimal` per card-hour, quantised to the catalog's cent.
 
-Billing's seam: ``gpulab.hub_config.catalog.price_history.price_at`` answers the spot price in
+Billing's seam: ``gpulab.catalog.price_history.price_at`` answers the spot price in
 force for a GPU type at any second, from the durable history.
 """
 

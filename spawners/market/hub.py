@@ -31,7 +31,7 @@ from decimal import Decimal
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from gpulab.hub_config.catalog.price_history import history_for, market_dir
+from gpulab.catalog.price_history import history_for, market_dir
 from gpulab.spawners.market.admission import queued, reclaiming, refused, spot_problems
 from gpulab.spawners.market.config import SpotMarketConfig
 from gpulab.spawners.market.core import Order, Schedule, TypeBook, decide, spot_price, utilization

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from traitlets import Unicode, validate
 from traitlets.config import LoggingConfigurable
 
-from gpulab.hub_config.catalog import Catalog, slugify
+from gpulab.catalog import Catalog, slugify
 
 SIM_NAMESPACE = uuid.UUID("6c0b7f0e-2f55-4f7e-9a77-0a9b7c3f5e11")
 SIM_SPEC_RE = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9 _.-]*?)\s*:\s*(\d+)\s*$")

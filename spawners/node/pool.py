@@ -17,7 +17,7 @@ from typing import Any
 from traitlets import Float, Instance, Unicode, default
 from traitlets.config import SingletonConfigurable
 
-from gpulab.hub_config.catalog import Catalog, load_catalog
+from gpulab.catalog import Catalog, load_catalog
 from gpulab.spawners.node.allocator import GpuAllocator
 from gpulab.spawners.node.inventory import GpuDevice, GpuInventory
 

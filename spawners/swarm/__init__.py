@@ -5,8 +5,3 @@
 - :mod:`.cluster`: :class:`SwarmCluster`, the nodes' cards (generic resources, GPU-type labels)
   read into the pool every few seconds, and the nodes' own engines for ``docker exec``.
 """
-
-from gpulab.spawners.swarm.cluster import SwarmCluster, read_cluster
-from gpulab.spawners.swarm.spawner import GpuSwarmSpawner
-
-__all__ = ["GpuSwarmSpawner", "SwarmCluster", "read_cluster"]

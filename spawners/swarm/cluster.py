@@ -28,7 +28,7 @@ from docker.utils import kwargs_from_env
 from traitlets import Dict, Float, Unicode, validate
 from traitlets.config import SingletonConfigurable
 
-from gpulab.hub_config.catalog import Catalog
+from gpulab.catalog import Catalog
 from gpulab.spawners.node.inventory import GpuDevice
 from gpulab.spawners.node.pool import GpuPool
 

@@ -18,7 +18,7 @@ from gpulab.billing_service.models import (
 )
 from gpulab.billing_service.rating import PriceBook
 from gpulab.billing_service.schemas import parse_batch
-from gpulab.hub_config.catalog import load_catalog
+from gpulab.catalog import load_catalog
 
 PRICES = PriceBook(load_catalog())
 TRIAL = 10_000_000

@@ -190,7 +190,7 @@ def test_initdb_roles_in_a_real_postgresql(cfg: dict) -> None:
 
 
 def test_servers_reach_billing_through_the_proxy(cfg: dict, monkeypatch) -> None:
-    from gpulab.hub_config.billing_hooks import configure_billing
+    from gpulab.hub_config.billing.hooks import configure_billing
 
     henv = cfg["services"]["hub"]["environment"]
     proxy = command_options(cfg["services"]["proxy"]["command"])

@@ -11,7 +11,7 @@ import pytest
 from docker_helpers import container_of, start_docker_hub
 from harness import Hub, wait_for
 
-from gpulab.hub_config.catalog import load_catalog
+from gpulab.catalog import load_catalog
 
 HOME = Path("/home/jovyan")
 PLANTED = "open('/home/jovyan/hijacked', 'w').write('the agent ran my code')\n"

@@ -20,7 +20,7 @@ from billing.client import Billing
 from docker_helpers import container_of, start_docker_hub
 from harness import Hub, wait_for
 
-from gpulab.spawners.docker import AGENT_SOURCE
+from gpulab.spawners.docker.agent import AGENT_SOURCE
 
 WARNING = 3
 HOME = Path("/home/jovyan")

@@ -295,7 +295,7 @@ def test_killing_the_hub_leaves_billing_running(ext) -> None:
 
 
 def test_hub_refuses_external_billing_without_a_valid_url_and_token(monkeypatch) -> None:
-    from gpulab.hub_config.billing_hooks import configure_billing
+    from gpulab.hub_config.billing.hooks import configure_billing
 
     monkeypatch.setenv("GPULAB_BILLING_EXTERNAL_URL", "http://billing:10101")
     monkeypatch.delenv("GPULAB_BILLING_API_TOKEN", raising=False)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from gpu_helpers import CUDA_UUID_CODE, nvidia_smi_list, this_gpu_catalog
 
-from gpulab.hub_config.catalog import DEFAULT_CATALOG, load_catalog
+from gpulab.catalog import DEFAULT_CATALOG, load_catalog
 from gpulab.spawners.node.inventory import GpuInventory
 
 pytestmark = pytest.mark.gpu

@@ -33,8 +33,8 @@ import pytest
 from conftest import require
 from harness import REPO, passable_for_accounts
 
-from gpulab.hub_config.catalog import load_catalog
-from gpulab.spawners.local import GpuLocalSpawner
+from gpulab.catalog import load_catalog
+from gpulab.spawners.local.spawner import GpuLocalSpawner
 from gpulab.spawners.options import parse_options
 
 # The plugin module lives at the top of tests/.

@@ -8,7 +8,7 @@ import signal
 import pytest
 from harness import Hub, KernelError, wait_for
 
-from gpulab.spawners.local import pid_alive
+from gpulab.spawners.local.spawner import pid_alive
 
 
 def forkserver_pid(hub: Hub) -> int:

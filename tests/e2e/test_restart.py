@@ -10,8 +10,8 @@ import time
 
 from harness import Hub, wait_for
 
-from gpulab.hub_config.catalog import load_catalog
-from gpulab.spawners.local import pid_alive
+from gpulab.catalog import load_catalog
+from gpulab.spawners.local.spawner import pid_alive
 from gpulab.spawners.node.inventory import parse_simulate_spec, simulated_devices
 
 

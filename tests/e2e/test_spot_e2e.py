@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from harness import PASSWORD, Hub, WebSession, approved_user, browser_log_in, wait_for
 
-from gpulab.hub_config.catalog.price_history import price_at
+from gpulab.catalog.price_history import price_at
 
 WARNING = 3
 

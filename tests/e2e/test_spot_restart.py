@@ -7,7 +7,7 @@ from decimal import Decimal
 
 from harness import wait_for
 
-from gpulab.hub_config.catalog.price_history import price_at
+from gpulab.catalog.price_history import price_at
 
 WARNING = 12
 

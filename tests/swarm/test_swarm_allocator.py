@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpulab.hub_config.catalog import load_catalog
+from gpulab.catalog import load_catalog
 from gpulab.spawners.node.allocator import GpuAllocator, NoCapacity
 from gpulab.spawners.node.inventory import GpuDevice
 from gpulab.spawners.swarm.cluster import SwarmCluster, read_cluster

@@ -23,7 +23,7 @@ import pytest
 from harness import VENV_BIN
 from swarm_helpers import SwarmCluster
 
-from gpulab.hub_config.catalog import DEFAULT_CATALOG
+from gpulab.catalog import DEFAULT_CATALOG
 
 # Three nodes: the hub's, one to fill, one whose engine is sometimes unreachable.
 SWARM_NODES = [("a100-80g", 1), ("a100-80g", 1), ("a100-80g", 1)]

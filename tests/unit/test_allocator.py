@@ -11,7 +11,7 @@ import sys
 import pytest
 from harness import wait_for
 
-from gpulab.hub_config.catalog import load_catalog
+from gpulab.catalog import load_catalog
 from gpulab.spawners.node.allocator import GpuAllocator, NoCapacity
 from gpulab.spawners.node.inventory import parse_simulate_spec, simulated_devices
 

@@ -8,7 +8,7 @@ from decimal import Decimal
 
 import pytest
 
-from gpulab.hub_config.catalog import DEFAULT_CATALOG, CatalogError, load_catalog, parse_catalog
+from gpulab.catalog import DEFAULT_CATALOG, CatalogError, load_catalog, parse_catalog
 from gpulab.hub_config.launch_plan import LaunchRefused, plan_launch
 from gpulab.spawners.apps import server_proxy_entry
 from gpulab.spawners.options import OptionsError, app_gpu_types, parse_options

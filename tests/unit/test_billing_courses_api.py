@@ -17,8 +17,8 @@ from billing.scenario import heartbeat, kernel
 from billing.service import Client, make_service, serve
 
 from gpulab.billing_service.models import MICRO
-from gpulab.hub_config.billing_hooks import BillingHooks, course_refusal
-from gpulab.hub_config.catalog import load_catalog
+from gpulab.catalog import load_catalog
+from gpulab.hub_config.billing.hooks import BillingHooks, course_refusal
 from gpulab.spawners.mixin import SpawnError
 from gpulab.spawners.options import parse_options
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from traitlets.config import Config
 
-from gpulab.hub_config.billing_hooks import _free_port_besides, _hub_ports
+from gpulab.hub_config.billing.hooks import _free_port_besides, _hub_ports
 
 
 def test_billing_port_avoids_the_hubs_own_ports() -> None:

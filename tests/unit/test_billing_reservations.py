@@ -53,7 +53,7 @@ from gpulab.billing_service.models import (
     ServerSession,
 )
 from gpulab.billing_service.rating import PriceBook
-from gpulab.hub_config.catalog import load_catalog
+from gpulab.catalog import load_catalog
 
 MONDAY = datetime(2026, 6, 1, tzinfo=UTC).timestamp()
 HOUR = 3600

@@ -36,8 +36,8 @@ from gpulab.billing_service.metering import ingest
 from gpulab.billing_service.models import MICRO
 from gpulab.billing_service.rating import US_PER_HOUR, PriceBook
 from gpulab.billing_service.schemas import parse_batch
-from gpulab.hub_config.catalog import load_catalog
-from gpulab.hub_config.catalog.price_history import PRICES_FILE, PriceHistory, market_dir
+from gpulab.catalog import load_catalog
+from gpulab.catalog.price_history import PRICES_FILE, PriceHistory, market_dir
 
 CATALOG = load_catalog()
 PRICES = PriceBook(CATALOG)

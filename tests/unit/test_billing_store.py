@@ -30,7 +30,7 @@ from gpulab.billing_service.metering import ingest
 from gpulab.billing_service.models import MICRO, Event, KernelSpan, ServerSession
 from gpulab.billing_service.rating import PriceBook, format_money, round_div
 from gpulab.billing_service.schemas import BatchError, parse_batch
-from gpulab.hub_config.catalog import load_catalog
+from gpulab.catalog import load_catalog
 
 PRICES = PriceBook(load_catalog())
 TRIAL = 10 * MICRO

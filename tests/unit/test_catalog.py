@@ -8,7 +8,7 @@ from decimal import Decimal
 
 import pytest
 
-from gpulab.hub_config.catalog import DEFAULT_CATALOG, CatalogError, load_catalog, parse_catalog
+from gpulab.catalog import DEFAULT_CATALOG, CatalogError, load_catalog, parse_catalog
 
 
 def default_data() -> dict:

@@ -6,7 +6,7 @@ import subprocess
 
 from harness import VENV_BIN
 
-from gpulab.hub_config.cli import build_parser
+from gpulab.hub_config.cli.main import build_parser
 
 
 def gpulab(*args: str, cwd) -> subprocess.CompletedProcess:

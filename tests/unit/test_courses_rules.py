@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpulab.hub_config.catalog import load_catalog
+from gpulab.catalog import load_catalog
 from gpulab.hub_config.courses.groups import CourseError, staff_scopes
 from gpulab.hub_config.courses.roster import parse_roster
 from gpulab.spawners.courses import (

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 from traitlets.config import Config
 
-from gpulab.hub_config.catalog import DEFAULT_CATALOG
+from gpulab.catalog import DEFAULT_CATALOG
 from gpulab.spawners.form import render_form
 from gpulab.spawners.market.hub import SpotMarket
 from gpulab.spawners.node.pool import GpuPool

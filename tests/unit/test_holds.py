@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from gpulab.hub_config.catalog import load_catalog
+from gpulab.catalog import load_catalog
 from gpulab.spawners.node.allocator import GpuAllocator, NoCapacity
 from gpulab.spawners.node.holds import Hold, new_hold_id
 from gpulab.spawners.node.inventory import parse_simulate_spec, simulated_devices

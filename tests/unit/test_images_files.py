@@ -22,8 +22,8 @@ import yaml
 from conftest import require
 from harness import REPO
 
-from gpulab.hub_config.catalog import load_catalog
-from gpulab.hub_config.images_cli import PARENTS
+from gpulab.catalog import load_catalog
+from gpulab.hub_config.cli.images import PARENTS
 
 IMAGES = REPO / "images"
 START_SCRIPTS = sorted(IMAGES.glob("*/start-*"))

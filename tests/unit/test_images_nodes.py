@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from harness import VENV_BIN
 
-from gpulab.hub_config import images_nodes
-from gpulab.hub_config.images_nodes import (
+from gpulab.hub_config.cli import images_nodes
+from gpulab.hub_config.cli.images_nodes import (
     NodesUsageError,
     Progress,
     SwarmNode,

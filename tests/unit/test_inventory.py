@@ -7,7 +7,7 @@ import logging
 import pynvml
 import pytest
 
-from gpulab.hub_config.catalog import load_catalog
+from gpulab.catalog import load_catalog
 from gpulab.spawners.node.inventory import GpuInventory, SimulateSpecError, parse_simulate_spec
 
 CATALOG = load_catalog()

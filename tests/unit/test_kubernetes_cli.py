@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpulab.hub_config.catalog import load_catalog
-from gpulab.hub_config.cli import main
+from gpulab.catalog import load_catalog
+from gpulab.hub_config.cli.main import main
 from gpulab.spawners.kubernetes.profiles import profile_list
 from gpulab.spawners.kubernetes.settings import KubernetesSettings, make_settings
 

@@ -26,7 +26,7 @@ from kubernetes_asyncio.config import kube_config
 from kubespawner import KubeSpawner
 from kubespawner.objects import make_pod
 
-from gpulab.hub_config.catalog import load_catalog
+from gpulab.catalog import load_catalog
 from gpulab.spawners.kubernetes.profiles import (
     A_CURRENCY,
     A_MAX_PRICE,

@@ -8,27 +8,29 @@ import pytest
 from jupyterhub import orm, scopes
 
 from gpulab.hub_config.courses import groups
-from gpulab.hub_config.courses.roster import USERNAME_RE
-from gpulab.hub_config.lti import (
+from gpulab.hub_config.courses.lti import (
+    CoursePlan,
+    GpulabLTI,
+    LTIError,
+    configure_from_env,
+    course_for,
+    create_tables,
+    use_nonce,
+    username_for,
+)
+from gpulab.hub_config.courses.lti_claims import (
     CONTEXT_CLAIM,
     DEPLOYMENT_CLAIM,
     MESSAGE_TYPE_CLAIM,
     RESOURCE_LINK_CLAIM,
     ROLES_CLAIM,
     VERSION_CLAIM,
-    CoursePlan,
-    GpulabLTI,
-    LTIError,
-    configure_from_env,
-    course_for,
     course_role,
     course_slug,
-    create_tables,
     normalize_username,
-    use_nonce,
     username_candidates,
-    username_for,
 )
+from gpulab.hub_config.courses.roster import USERNAME_RE
 from gpulab.hub_config.scopes import CUSTOM_SCOPES
 from gpulab.spawners.options import COURSE_RE
 

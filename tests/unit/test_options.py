@@ -6,7 +6,7 @@ from decimal import Decimal
 
 import pytest
 
-from gpulab.hub_config.catalog import load_catalog
+from gpulab.catalog import load_catalog
 from gpulab.spawners.options import OptionsError, options_from_form, parse_options
 
 CATALOG = load_catalog()

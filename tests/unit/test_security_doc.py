@@ -18,7 +18,8 @@ DOC = REPO / "docs" / "security.md"
 def _hub_routes() -> list[str]:
     from nativeauthenticator import NativeAuthenticator
 
-    from gpulab.hub_config import lti, plugin
+    from gpulab.hub_config import plugin
+    from gpulab.hub_config.courses import lti
 
     native = [p for p, *_ in NativeAuthenticator.get_handlers(None, None)]
     return [

@@ -14,8 +14,8 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from gpulab.hub_config.catalog import load_catalog
-from gpulab.hub_config.catalog.price_history import PriceHistory, price_at
+from gpulab.catalog import load_catalog
+from gpulab.catalog.price_history import PriceHistory, price_at
 from gpulab.spawners.local.checkpoint import run_checkpoint
 from gpulab.spawners.market.core import (
     REASON_HOLD,
@@ -218,7 +218,7 @@ def test_price_change_is_on_disk_before_record_returns(tmp_path) -> None:
     """A writer SIGKILLed right after recording: the price is in the file."""
     code = (
         "import os, signal, sys; from decimal import Decimal;"
-        "from gpulab.hub_config.catalog.price_history import PriceHistory;"
+        "from gpulab.catalog.price_history import PriceHistory;"
         f"h = PriceHistory({str(tmp_path / 'p.jsonl')!r});"
         "h.record('rtx-4090', 1000.0, Decimal('0.42'));"
         "os.kill(os.getpid(), signal.SIGKILL)"

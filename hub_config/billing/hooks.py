@@ -32,7 +32,7 @@ from urllib.parse import urlparse
 from jupyterhub.utils import random_port
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
-from gpulab.hub_config.catalog import Catalog
+from gpulab.catalog import Catalog
 from gpulab.hub_config.data_dir import secret_file
 from gpulab.hub_config.scopes import (
     COURSE_MANAGE_SCOPE,
@@ -416,7 +416,7 @@ def configure_billing(c, data_dir: str, catalog: str, roles: list[dict]) -> None
     c.Spawner.pre_allocate_hook = hooks.before_start
     c.Spawner.afford_hook = hooks.check_balance
     c.Spawner.post_stop_hook = hooks.after_stop
-    # What the hub observes in each server is billed too (hub_config/observer.py).
+    # What the hub observes in each server is billed too (hub_config/billing/observer.py).
     c.ActivityObserver.report_hook = hooks.report_events
     c.SpotMarket.compensation_hook = hooks.compensate
     c.GpulabHome.balance_hook = hooks.balance

@@ -8,8 +8,8 @@
 Nothing here imports anything else of gpulab.
 """
 
-from gpulab.hub_config.catalog.apps import DEFAULT_APP, App, StoreModel
-from gpulab.hub_config.catalog.models import (
+from gpulab.catalog.apps import DEFAULT_APP, App, StoreModel
+from gpulab.catalog.models import (
     DEFAULT_CATALOG,
     Catalog,
     CatalogError,

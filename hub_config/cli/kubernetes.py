@@ -17,7 +17,7 @@ import argparse
 import os
 import sys
 
-from gpulab.hub_config.catalog import CatalogError, load_catalog
+from gpulab.catalog import CatalogError, load_catalog
 
 
 def add_kubernetes_parser(sub) -> None:

@@ -24,9 +24,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gpulab.hub_config.catalog import Catalog, CatalogError, load_catalog
+from gpulab.catalog import Catalog, CatalogError, load_catalog
 
-IMAGES_DIR = Path(__file__).resolve().parent.parent / "images"
+IMAGES_DIR = Path(__file__).resolve().parents[2] / "images"
 # Images built on top of another catalog image; the parent's tag is passed as BASE_IMAGE (each
 # Dockerfile's `ARG BASE_IMAGE=` default names the same parent: tests/unit/test_images_files.py).
 PARENTS = {"pytorch": "base", "sd-webui": "pytorch", "comfyui": "pytorch"}
@@ -236,7 +236,7 @@ def _swarm_usage_error(args: argparse.Namespace) -> str:
 
 
 def _cmd_nodes(args: argparse.Namespace, catalog: Catalog, slugs: list[str]) -> int:
-    from gpulab.hub_config.images_nodes import NodesUsageError, run_nodes
+    from gpulab.hub_config.cli.images_nodes import NodesUsageError, run_nodes
 
     tags = {s: catalog.images[s].docker_image for s in slugs if catalog.images[s].docker_image}
     for s in slugs:

@@ -12,15 +12,15 @@ import sys
 from pathlib import Path
 from urllib.parse import urlparse
 
+from gpulab.catalog import CatalogError, load_catalog
 from gpulab.hub_config import origin
-from gpulab.hub_config.catalog import CatalogError, load_catalog
+from gpulab.hub_config.cli.images import add_images_parser, cmd_images
+from gpulab.hub_config.cli.kubernetes import add_kubernetes_parser, cmd_kubernetes
+from gpulab.hub_config.cli.models import add_models_parser, cmd_models
 from gpulab.hub_config.data_dir import admin_password, make_private_data_dir
-from gpulab.hub_config.images_cli import add_images_parser, cmd_images
-from gpulab.hub_config.kubernetes_cli import add_kubernetes_parser, cmd_kubernetes
-from gpulab.hub_config.models_cli import add_models_parser, cmd_models
 from gpulab.spawners.node.inventory import GpuInventory, SimulateSpecError, parse_simulate_spec
 
-CONFIG_FILE = Path(__file__).with_name("jupyterhub_config.py")
+CONFIG_FILE = Path(__file__).resolve().parent.parent / "jupyterhub_config.py"
 DEMO_POOL = "RTX-4090:4,A100-80G:2,H100-80G:1"
 
 

@@ -17,7 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gpulab.hub_config.catalog import CatalogError, load_catalog
+from gpulab.catalog import CatalogError, load_catalog
 
 TINY = "tiny-sd"
 # The builder lives in gpulab's diffusers WebUI (extensions/gpulab_sd_webui), which already

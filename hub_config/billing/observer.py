@@ -36,7 +36,7 @@ from traitlets import Any as AnyTrait
 from traitlets import Bool, Float, Integer, TraitError, validate
 from traitlets.config import SingletonConfigurable
 
-from gpulab.hub_config.notices import Notices
+from gpulab.hub_config.billing.notices import Notices
 from gpulab.spawners.activity import ActivityTracker, Span
 from gpulab.spawners.market.hub_client import server_path
 
