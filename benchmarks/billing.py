@@ -40,7 +40,7 @@ from gpulab.billing_service.models import (  # noqa: E402
 )
 from gpulab.billing_service.rating import PriceBook  # noqa: E402
 from gpulab.billing_service.schemas import parse_batch  # noqa: E402
-from gpulab.hub_config.catalog import load_catalog  # noqa: E402
+from gpulab.catalog import load_catalog  # noqa: E402
 
 PRICES = PriceBook(load_catalog())
 TRIAL = 10 * MICRO

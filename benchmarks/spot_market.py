@@ -27,7 +27,7 @@ from collections import Counter
 from datetime import datetime, timedelta
 from decimal import Decimal
 
-from gpulab.hub_config.catalog import load_catalog
+from gpulab.catalog import load_catalog
 from gpulab.spawners.market.core import Order, Schedule, TypeBook, decide, spot_price, utilization
 
 TICK = 10.0  # simulated seconds between ticks (the hub's upper bound)
