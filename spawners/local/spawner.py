@@ -6,7 +6,7 @@ hub's readiness check succeeds at once; if the server exits first, the spawn fai
 and the server's last log lines instead of JupyterHub's opaque error (``wait_until_listening``).
 
 It keeps LocalProcessSpawner's contract, checked by running JupyterHub's own spawner tests on it
-(tests/test_jupyterhub_spawner_contract.py): ``start()`` returns (ip, port), ``shell_cmd`` and
+(tests/e2e/test_jupyterhub_spawner_contract.py): ``start()`` returns (ip, port), ``shell_cmd`` and
 ``popen_kwargs`` apply (such servers start with Popen, not the fork server), and ``clear_state()``
 clears all that gpulab saved.
 """

@@ -1,6 +1,6 @@
 """``gpulab-swarm``: every server a Docker Swarm service, on the node that holds its cards.
 
-It is :class:`~gpulab.spawners.docker.GpuDockerSpawner` (same options, allocation, labels,
+It is :class:`~gpulab.spawners.docker.spawner.GpuDockerSpawner` (same options, allocation, labels,
 progress, limits, datasets and models read-only, non-root user, no capabilities, images never
 pulled at spawn time) whose object is a service instead of a container (dockerspawner's
 ``SwarmSpawner``):

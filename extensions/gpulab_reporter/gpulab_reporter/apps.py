@@ -7,7 +7,7 @@ passes it a mutable ``state`` dict as handler kwargs; while the app's process is
 crashed process as a new pid). We reach those dicts through Tornado's public routing API
 (``Application.default_router`` -> nested ``RuleRouter`` -> ``Rule.target_kwargs``), so nothing
 here imports jupyter-server-proxy or touches its handler classes: a server without it simply has
-no apps. ``tests/test_billing_e2e.py`` runs a real app through a real hub, so an upgrade of
+no apps. ``tests/e2e/test_billing_e2e.py`` runs a real app through a real hub, so an upgrade of
 jupyter-server-proxy or simpervisor that changes this shape fails that test loudly.
 """
 
