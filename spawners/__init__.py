@@ -1,4 +1,12 @@
-"""GPUs and the servers that use them: the node's pool (``node/``), the spawn contract
-(``options.py``), the spot market (``market/``), the spawn form (``form/``), the spawner classes
-(``mixin.py``, ``local/``, ``docker/``) and the code run inside servers (``inside/``).
+"""GPUs and the servers that use them, floor by floor (the contract "Floors of the spawners" in
+pyproject.toml places every module):
+
+- spawner classes: ``local/`` (the embedded default), ``docker/`` (production), ``swarm/`` and
+  ``kubernetes/`` (many nodes);
+- ``mixin.py``: what every gpulab spawner shares (options, allocation, GPU environment, state);
+- ``form/`` and ``apps.py``: the spawn form, and what a one-click app gets;
+- ``market/`` and ``courses.py``: the spot market, and who pays for a course server;
+- ``node/``, ``options.py``, ``images.py``, ``activity.py``, ``agent_reports.py``: the node's GPU
+  pool, the spawn contract, images present, observed activity;
+- ``inside/``: code run inside users' servers (stdlib only; imports nothing of gpulab).
 """
