@@ -13,6 +13,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpulab.catalog import settings as table
 from gpulab.hub_config.courses.lti import configure_from_env as configure_lti
 from gpulab.hub_config.data_dir import admin_password, make_private_data_dir, secret_file
 from gpulab.hub_config.origin import configure_origin, route_servers_to_services, users_host
@@ -59,31 +60,40 @@ class Settings:
 
     @classmethod
     def from_env(cls, env: os._Environ | dict | None = None) -> Settings:
+        """The settings in ``env`` (default: this process's), parsed and checked by the settings
+        table (gpulab.catalog.settings); a bad value stops the hub, naming the variable."""
         env = os.environ if env is None else env
-        return cls(
-            data_dir=Path(env.get("GPULAB_DATA_DIR") or ".gpulab").resolve(),
-            ip=env.get("GPULAB_IP", "127.0.0.1"),
-            port=int(env.get("GPULAB_PORT", "8000")),
-            hub_port=int(env.get("GPULAB_HUB_PORT", "8081")),
-            proxy_api_port=int(env.get("GPULAB_PROXY_API_PORT", "8001")),
-            simulate_gpus=env.get("GPULAB_SIMULATE_GPUS", ""),
-            catalog=env.get("GPULAB_CATALOG", ""),
-            admin_name=env.get("GPULAB_ADMIN_USER", "admin"),
-            admin_token=env.get("GPULAB_ADMIN_TOKEN", ""),
-            open_signup=env.get("GPULAB_OPEN_SIGNUP", "0") == "1",
-            unsafe_signup_without_isolation=env.get("GPULAB_UNSAFE_SIGNUP_WITHOUT_ISOLATION", "0")
-            == "1",
-            db_url=env.get("GPULAB_DB_URL", ""),
-            spawner=env.get("GPULAB_SPAWNER", "local"),
-            docker_network=env.get("GPULAB_DOCKER_NETWORK", "bridge"),
-            hub_ip=env.get("GPULAB_HUB_IP", ""),
-            hub_connect_ip=env.get("GPULAB_HUB_CONNECT_IP", ""),
-            proxy_api_url=env.get("GPULAB_PROXY_API_URL", ""),
-            swarm_manager=env.get("GPULAB_SWARM_MANAGER", ""),
-            swarm_node_engines=env.get("GPULAB_SWARM_NODE_ENGINES", ""),
-            swarm_shared_home=env.get("GPULAB_SWARM_SHARED_HOME", ""),
-            subdomain_host=env.get("GPULAB_SUBDOMAIN_HOST", ""),
-        )
+        try:
+            simulate = table.get("GPULAB_SIMULATE_GPUS", env)
+            engines = table.get("GPULAB_SWARM_NODE_ENGINES", env)
+            return cls(
+                data_dir=Path(table.get("GPULAB_DATA_DIR", env)).resolve(),
+                ip=table.get("GPULAB_IP", env),
+                port=table.get("GPULAB_PORT", env),
+                hub_port=table.get("GPULAB_HUB_PORT", env),
+                proxy_api_port=table.get("GPULAB_PROXY_API_PORT", env),
+                # `gpulab up` resolves "auto" to a spec (or none) before the hub starts.
+                simulate_gpus="" if simulate in ("auto", "none") else simulate,
+                catalog=table.get("GPULAB_CATALOG", env),
+                admin_name=table.get("GPULAB_ADMIN_USER", env),
+                admin_token=table.get("GPULAB_ADMIN_TOKEN", env),
+                open_signup=table.get("GPULAB_OPEN_SIGNUP", env),
+                unsafe_signup_without_isolation=table.get(
+                    "GPULAB_UNSAFE_SIGNUP_WITHOUT_ISOLATION", env
+                ),
+                db_url=table.get("GPULAB_DB_URL", env),
+                spawner=table.get("GPULAB_SPAWNER", env),
+                docker_network=table.get("GPULAB_DOCKER_NETWORK", env),
+                hub_ip=table.get("GPULAB_HUB_IP", env),
+                hub_connect_ip=table.get("GPULAB_HUB_CONNECT_IP", env),
+                proxy_api_url=table.get("GPULAB_PROXY_API_URL", env),
+                swarm_manager=table.get("GPULAB_SWARM_MANAGER", env),
+                swarm_node_engines=json.dumps(engines) if engines is not None else "",
+                swarm_shared_home=table.get("GPULAB_SWARM_SHARED_HOME", env),
+                subdomain_host=table.get("GPULAB_SUBDOMAIN_HOST", env),
+            )
+        except table.SettingError as e:
+            raise SystemExit(str(e)) from None
 
     def users_host(self) -> str:
         """The checked ``subdomain_host`` the hub gets ("" when turned off with "none")."""
@@ -230,16 +240,9 @@ def configure_swarm(c, s: Settings) -> None:
         c.SwarmCluster.manager_url = s.swarm_manager
     if s.swarm_node_engines:
         try:
-            engines = json.loads(s.swarm_node_engines)
-        except ValueError as e:
-            raise SystemExit(f"GPULAB_SWARM_NODE_ENGINES: not valid JSON: {e}") from None
-        if not isinstance(engines, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in engines.items()
-        ):
-            raise SystemExit(
-                "GPULAB_SWARM_NODE_ENGINES: must be a JSON object of node id, name or hostname "
-                'to Docker URL, e.g. {"gpu-box-2": "tcp://10.0.0.12:2376"}'
-            )
+            engines = table.setting("GPULAB_SWARM_NODE_ENGINES").parse(s.swarm_node_engines)
+        except table.SettingError as e:
+            raise SystemExit(str(e)) from None
         c.SwarmCluster.node_engines = engines
     c.GpuSwarmSpawner.shared_home_path = s.swarm_shared_home
     c.GpuInventory.use_nvml = "no"

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from urllib.parse import urlparse
 
-from gpulab.catalog import CatalogError, load_catalog
+from gpulab.catalog import CatalogError, load_catalog, settings
 from gpulab.hub_config import origin
 from gpulab.hub_config.cli.images import add_images_parser, cmd_images
 from gpulab.hub_config.cli.kubernetes import add_kubernetes_parser, cmd_kubernetes
@@ -21,92 +21,79 @@ from gpulab.hub_config.data_dir import admin_password, make_private_data_dir
 from gpulab.spawners.node.inventory import GpuInventory, SimulateSpecError, parse_simulate_spec
 
 CONFIG_FILE = Path(__file__).resolve().parent.parent / "jupyterhub_config.py"
-DEMO_POOL = "RTX-4090:4,A100-80G:2,H100-80G:1"
+DEMO_POOL = settings.DEMO_POOL
 
 
-def _port(value: str) -> int:
-    port = int(value)
-    if not 0 < port < 65536:
-        raise argparse.ArgumentTypeError(f"port must be 1-65535, not {port}")
-    return port
+# How --help names a flag's value, where its name alone does not say.
+METAVARS = {"--simulate-gpus": "SPEC", "--subdomain-host": "URL"}
+
+
+def add_setting_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags of the settings table (gpulab.catalog.settings), with its help and defaults.
+
+    Each flag defaults to None: :func:`resolve_settings` fills in the environment's value or the
+    table's default afterwards, so that ``gpulab config`` can say where each value came from."""
+    for s in settings.TABLE:
+        if not s.flag:
+            continue
+        shown = s.shown_default()
+        if s.kind == "str" and shown == "(unset)":
+            shown = "empty"
+        kw: dict = {
+            "default": None,
+            "help": f"{s.help} (default {shown}) [env {s.name}]",
+        }
+        if s.kind == "bool":
+            kw["action"] = "store_true"
+        else:
+            kw["type"] = _flag_type(s)
+            if s.choices:
+                kw["choices"] = s.choices
+            if s.flag in METAVARS:
+                kw["metavar"] = METAVARS[s.flag]
+        parser.add_argument(s.flag, dest=_dest(s), **kw)
+
+
+def _dest(s: settings.Setting) -> str:
+    return s.flag.removeprefix("--").replace("-", "_")
+
+
+def _flag_type(s: settings.Setting):
+    def parse(value: str):
+        try:
+            return s.parse(value, label="value")
+        except settings.SettingError as e:
+            raise argparse.ArgumentTypeError(str(e).removeprefix("value: ")) from None
+
+    parse.__name__ = s.kind  # argparse names the type in some messages
+    return parse
+
+
+def resolve_settings(args: argparse.Namespace, env=None) -> list[settings.Effective]:
+    """Fill every flag left out with the environment's value, else the table's default; the
+    settings with their sources. :class:`SettingError` names a bad variable."""
+    given = {
+        s.name: getattr(args, _dest(s))
+        for s in settings.TABLE
+        if s.flag and getattr(args, _dest(s), None) is not None
+    }
+    rows = settings.effective(env, given)
+    for row in rows:
+        if row.setting.flag:
+            setattr(args, _dest(row.setting), row.value)
+    return rows
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpulab", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="start the platform (JupyterHub + GPU spawner + SQLite)")
-    up.add_argument(
-        "--ip",
-        default=os.environ.get("GPULAB_IP", "127.0.0.1"),
-        help="address browsers connect to (default 127.0.0.1; 0.0.0.0 for every interface)",
-    )
-    up.add_argument(
-        "--port",
-        type=_port,
-        default=int(os.environ.get("GPULAB_PORT", "8000")),
-        help="port browsers connect to: the proxy's public port (default 8000)",
-    )
-    up.add_argument(
-        "--hub-port",
-        type=_port,
-        default=int(os.environ.get("GPULAB_HUB_PORT", "8081")),
-        help="the hub's own port, behind the proxy (default 8081)",
-    )
-    up.add_argument(
-        "--proxy-api-port",
-        type=_port,
-        default=int(os.environ.get("GPULAB_PROXY_API_PORT", "8001")),
-        help="configurable-http-proxy's REST API port on 127.0.0.1 (default 8001)",
-    )
-    up.add_argument(
-        "--data-dir",
-        default=os.environ.get("GPULAB_DATA_DIR", ".gpulab"),
-        help="state: hub database, homes, allocation ledger, logs (default ./.gpulab)",
-    )
-    up.add_argument(
-        "--simulate-gpus",
-        default=os.environ.get("GPULAB_SIMULATE_GPUS", "auto"),
-        metavar="SPEC",
-        help=f"simulated GPUs, e.g. 'A100-80G:2,RTX-4090:4'; 'auto' (default): {DEMO_POOL} "
-        "when NVML finds no GPU; 'none': never",
-    )
-    up.add_argument("--catalog", default=os.environ.get("GPULAB_CATALOG", ""), help="catalog TOML")
-    up.add_argument(
-        "--open-signup",
-        action="store_true",
-        default=os.environ.get("GPULAB_OPEN_SIGNUP") == "1",
-        help="let new sign-ups log in without admin approval",
-    )
-    up.add_argument(
-        "--unsafe-signup-without-isolation",
-        action="store_true",
-        default=os.environ.get("GPULAB_UNSAFE_SIGNUP_WITHOUT_ISOLATION") == "1",
-        help="allow sign-up even though this hub does not run as root, so every local server "
-        "runs as this one Unix user: each user could read and change every other user's "
-        "files, kernels and tokens, and the hub's own secrets (off by default)",
-    )
-    up.add_argument(
-        "--spawner",
-        choices=("local", "docker", "swarm"),
-        default=os.environ.get("GPULAB_SPAWNER", "local"),
-        help="run servers as local processes (default), in Docker containers from the "
-        "catalog's preloaded images, or as Docker Swarm services on GPU nodes (GPULAB_HUB_IP, "
-        "GPULAB_SWARM_MANAGER, GPULAB_SWARM_NODE_ENGINES, GPULAB_SWARM_SHARED_HOME)",
-    )
-    up.add_argument(
-        "--subdomain-host",
-        default=os.environ.get("GPULAB_SUBDOMAIN_HOST", ""),
-        metavar="URL",
-        help="the hub's public URL whose subdomains serve users' servers, each on an origin of "
-        "its own: alice's at NAME.HOST (needs wildcard DNS, and a wildcard certificate for "
-        "https), e.g. https://hub.example.org; default http://localhost:PORT (browsers resolve "
-        "*.localhost to this machine); 'none' serves users' pages on the hub's own origin, "
-        "where any user's page can act as whoever opens it (unsafe)",
-    )
+    add_setting_flags(up)
     up.add_argument("jupyterhub_args", nargs="*", help="extra JupyterHub arguments (after --)")
     add_images_parser(sub)
     add_models_parser(sub)
     add_kubernetes_parser(sub)
+    add_config_parser(sub)
     return parser
 
 
@@ -126,6 +113,11 @@ def resolve_simulation(spec: str, catalog_path: str) -> str:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
+    try:
+        resolve_settings(args)
+    except settings.SettingError as e:
+        print(f"gpulab: {e}", file=sys.stderr)
+        return 2
     data_dir = Path(args.data_dir).resolve()
     if args.spawner == "swarm":
         if args.simulate_gpus not in ("auto", "none"):
@@ -201,6 +193,65 @@ def cmd_up(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_config_parser(sub) -> None:
+    p = sub.add_parser(
+        "config",
+        help="print the effective GPULAB_* settings and where each came from",
+        description="The effective GPULAB_* settings (the flags of `gpulab up` are accepted "
+        "too, to see what they would change) and where each came from: the table's default, "
+        "the environment, or a flag. Bad values are listed and the exit status is 2.",
+    )
+    p.add_argument(
+        "--all", action="store_true", help="add the internal hand-overs and the test knobs"
+    )
+    p.add_argument(
+        "--markdown",
+        action="store_true",
+        help="print the README's settings table (generated from the declaration) instead",
+    )
+    add_setting_flags(p)
+
+
+def cmd_config(args: argparse.Namespace, env=None, out=None) -> int:
+    out = out or sys.stdout
+    if args.markdown:
+        out.write(settings.markdown())
+        return 0
+    env = os.environ if env is None else env
+    bad = settings.problems(env)
+    bad_names = {m.split(":", 1)[0] for m in bad}
+    # Report every bad variable at once, and show the rest as they are.
+    clean = {k: v for k, v in env.items() if k not in bad_names}
+    rows = resolve_settings(args, clean)
+    if args.all:
+        given = {r.setting.name: r.value for r in rows if r.source.startswith("flag")}
+        rows = settings.effective(clean, given, settings.SCOPES)
+    table = [
+        (r.setting.name, f"{env[r.setting.name]!r} NOT ALLOWED", "environment")
+        if r.setting.name in bad_names
+        else (r.setting.name, r.shown(), r.source)
+        for r in rows
+    ]
+    width = max(len(name) for name, _, _ in table) + 2
+    vwidth = min(40, max(len(value) for _, value, _ in table)) + 2
+    print("gpulab config: the effective GPULAB_* settings and where each came from", file=out)
+    group = None
+    for r, (name, value, source) in zip(rows, table, strict=True):
+        if r.setting.group != group:
+            group = r.setting.group
+            print(f"\n{group}", file=out)
+        print(f"  {name:<{width}}{value:<{vwidth}}{source}", file=out)
+    unknown = settings.undeclared(env)
+    if unknown:
+        print("\nnot gpulab settings (a typo?): " + ", ".join(unknown), file=out)
+    if bad:
+        print("", file=sys.stderr)
+        for message in bad:
+            print(f"gpulab: {message}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "up":
@@ -211,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_models(args)
     if args.command == "kubernetes":
         return cmd_kubernetes(args)
+    if args.command == "config":
+        return cmd_config(args)
     return 2
 
 

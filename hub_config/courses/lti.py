@@ -62,6 +62,7 @@ from traitlets import Int, List, Set
 from traitlets import Unicode as UnicodeTrait
 from traitlets.config import LoggingConfigurable
 
+from gpulab.catalog import settings
 from gpulab.hub_config.courses import groups
 from gpulab.hub_config.courses.lti_claims import (
     CONTEXT_CLAIM,
@@ -237,25 +238,20 @@ class CoursePlan:
     role: str | None
 
 
+# The GPULAB_LTI_* variables (declared in gpulab.catalog.settings) -> GpulabLTI traits.
 ENV = {
-    "GPULAB_LTI_ISSUER": ("issuer", False),
-    "GPULAB_LTI_CLIENT_IDS": ("client_ids", True),
-    "GPULAB_LTI_AUTHORIZE_URL": ("authorize_url", False),
-    "GPULAB_LTI_JWKS_URL": ("jwks_endpoint", False),
-    "GPULAB_LTI_DEPLOYMENT_IDS": ("deployment_ids", True),
+    s.name: s.traitlets[0].split(".", 1)[1]
+    for s in settings.TABLE
+    if s.traitlets and s.traitlets[0].startswith("GpulabLTI.")
 }
 
 
 def configure_from_env(c: Any, env: Mapping[str, str]) -> None:
     """``GPULAB_LTI_*`` variables (lists comma-separated) into ``c.GpulabLTI``; unset: nothing."""
-    for var, (trait, many) in ENV.items():
-        value = env.get(var, "").strip()
+    for var, trait in ENV.items():
+        value = settings.get(var, env)
         if value:
-            setattr(
-                c.GpulabLTI,
-                trait,
-                {v.strip() for v in value.split(",") if v.strip()} if many else value,
-            )
+            setattr(c.GpulabLTI, trait, set(value) if isinstance(value, tuple) else value)
 
 
 class GpulabLTI(LoggingConfigurable):
