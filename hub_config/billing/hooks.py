@@ -19,7 +19,6 @@ import importlib.util
 import json
 import logging
 import os
-import shlex
 import sys
 import time
 import uuid
@@ -32,7 +31,7 @@ from urllib.parse import urlparse
 from jupyterhub.utils import random_port
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
-from gpulab.catalog import Catalog
+from gpulab.catalog import Catalog, settings
 from gpulab.hub_config.data_dir import secret_file
 from gpulab.hub_config.scopes import (
     COURSE_MANAGE_SCOPE,
@@ -372,12 +371,14 @@ def configure_billing(c, data_dir: str, catalog: str, roles: list[dict]) -> None
     ``GPULAB_REPORTER_MAX_BACKOFF``.
     """
 
-    if os.environ.get("GPULAB_BILLING", "1") == "0":
+    if not settings.get("GPULAB_BILLING"):
         return
-    min_minutes = os.environ.get("GPULAB_BILLING_MIN_MINUTES", "10")
+    min_minutes = settings.setting("GPULAB_BILLING_MIN_MINUTES").text(
+        settings.get("GPULAB_BILLING_MIN_MINUTES")
+    )
     # Checked before anything is registered, as the external mode's settings are.
     server_url_setting = _server_url_setting()
-    if os.environ.get("GPULAB_BILLING_EXTERNAL_URL"):
+    if settings.get("GPULAB_BILLING_EXTERNAL_URL"):
         service, server_url = _external_service()
     else:
         service, server_url = _managed_service(c, data_dir, catalog, min_minutes)
@@ -426,8 +427,8 @@ def configure_billing(c, data_dir: str, catalog: str, roles: list[dict]) -> None
     server_env = dict(c.Spawner.environment) if "environment" in c.Spawner else {}
     server_env["GPULAB_BILLING_URL"] = server_url
     for key in ("GPULAB_REPORTER_HEARTBEAT", "GPULAB_REPORTER_MAX_BACKOFF"):
-        if os.environ.get(key):
-            server_env[key] = os.environ[key]
+        if settings.is_set(key):
+            server_env[key] = settings.setting(key).text(settings.get(key))
     # The usage reporter runs in every server the hub starts: its jupyter-config/ data file
     # enables it. An installed wheel puts that file in PREFIX/etc/jupyter (always read); for the
     # source checkout (``pip install -e``, which installs no data files) point Jupyter at it.
@@ -447,15 +448,9 @@ def _server_url_setting() -> str:
     default (the service's own address). A path is allowed, and expected: the proxy's route is
     ``/services/billing/`` under the hub's base URL."""
 
-    url = os.environ.get("GPULAB_BILLING_SERVER_URL", "").strip()
+    url = settings.get("GPULAB_BILLING_SERVER_URL")  # SettingError (a ValueError) if bad
     if not url:
         return ""
-    parsed = urlparse(url)
-    if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        raise ValueError(
-            f"GPULAB_BILLING_SERVER_URL: {url!r}; expected the http(s) URL servers reach the "
-            "billing service at, e.g. http://proxy:8000/services/billing/"
-        )
     # Servers append api/v1/... to it, as to the default.
     return url.rstrip("/") + "/"
 
@@ -463,14 +458,10 @@ def _server_url_setting() -> str:
 def _external_service() -> tuple[dict[str, Any], str]:
     """The service entry for a billing service the hub does not start, and the URL servers use."""
 
-    url = os.environ["GPULAB_BILLING_EXTERNAL_URL"].rstrip("/")
-    parsed = urlparse(url)
-    if parsed.scheme not in ("http", "https") or not parsed.hostname or parsed.path:
-        raise ValueError(
-            f"GPULAB_BILLING_EXTERNAL_URL: {url!r}; expected http(s)://HOST:PORT with no path "
-            "(the service serves under /services/billing/), e.g. http://billing:10101"
-        )
-    token = os.environ.get("GPULAB_BILLING_API_TOKEN", "")
+    # http(s)://HOST:PORT with no path (the service serves under /services/billing/): the table
+    # refuses anything else, naming the variable.
+    url = settings.get("GPULAB_BILLING_EXTERNAL_URL")
+    token = settings.get("GPULAB_BILLING_API_TOKEN")
     if len(token) < 16:
         raise ValueError(
             "GPULAB_BILLING_API_TOKEN: required with GPULAB_BILLING_EXTERNAL_URL, at least 16 "
@@ -478,7 +469,7 @@ def _external_service() -> tuple[dict[str, Any], str]:
             "JUPYTERHUB_API_TOKEN; e.g. `openssl rand -hex 32`)"
         )
     for key in _MANAGED_ONLY:
-        if os.environ.get(key):
+        if settings.is_set(key):
             log.warning(
                 "%s is ignored with GPULAB_BILLING_EXTERNAL_URL: set it on the service", key
             )
@@ -520,8 +511,8 @@ def _managed_service(
     # still running keep reporting to the same URL, and the service keeps the same identity.
     data = Path(data_dir)
     port_file = data / "billing-port"
-    if os.environ.get("GPULAB_BILLING_PORT"):
-        port = int(os.environ["GPULAB_BILLING_PORT"])
+    if settings.get("GPULAB_BILLING_PORT"):
+        port = settings.get("GPULAB_BILLING_PORT")
     elif port_file.exists():
         port = int(port_file.read_text())
     else:
@@ -541,8 +532,8 @@ def _managed_service(
         "GPULAB_CATALOG": catalog,
         "GPULAB_BILLING_MIN_MINUTES": min_minutes,
     }
-    if os.environ.get("GPULAB_BILLING_DB_URL"):
-        env["GPULAB_BILLING_DB_URL"] = os.environ["GPULAB_BILLING_DB_URL"]
+    if settings.get("GPULAB_BILLING_DB_URL"):
+        env["GPULAB_BILLING_DB_URL"] = settings.get("GPULAB_BILLING_DB_URL")
     service = {
         "url": f"http://{listen}:{port}",
         "api_token": token,
@@ -550,7 +541,7 @@ def _managed_service(
             sys.executable,
             "-m",
             "gpulab.billing_service",
-            *shlex.split(os.environ.get("GPULAB_BILLING_ARGS", "")),
+            *settings.get("GPULAB_BILLING_ARGS"),
         ],
         "environment": env,
     }
