@@ -47,6 +47,7 @@ from gpulab.billing_service.models import MICRO, LedgerEntry
 from gpulab.billing_service.rating import PriceBook, to_micro
 from gpulab.billing_service.schemas import ServerStop
 from gpulab.catalog import load_catalog
+from gpulab.catalog import settings as table
 
 TEMPLATES = Path(__file__).with_name("templates")
 # What the service cannot guess: where the hub's API is, its own token there, where it listens and
@@ -76,7 +77,7 @@ class BillingService(Application):
 
     @default("data_dir")
     def _default_data_dir(self) -> str:
-        return os.environ.get("GPULAB_DATA_DIR") or ".gpulab"
+        return table.get("GPULAB_DATA_DIR")
 
     db_url = Unicode(
         config=True,
@@ -86,7 +87,7 @@ class BillingService(Application):
 
     @default("db_url")
     def _default_db_url(self) -> str:
-        return os.environ.get("GPULAB_BILLING_DB_URL") or (
+        return table.get("GPULAB_BILLING_DB_URL") or (
             f"sqlite:///{Path(self.data_dir).resolve() / 'billing.sqlite'}"
         )
 
@@ -94,7 +95,7 @@ class BillingService(Application):
 
     @default("catalog_path")
     def _default_catalog(self) -> str:
-        return os.environ.get("GPULAB_CATALOG", "")
+        return table.get("GPULAB_CATALOG")
 
     market_data_dir = Unicode(
         config=True,
@@ -108,7 +109,7 @@ class BillingService(Application):
     def _default_market_data_dir(self) -> str:
         # Run on its own (docker-compose), the service has a data dir of its own and sees the
         # hub's through a read-only mount.
-        return os.environ.get("GPULAB_HUB_DATA_DIR") or self.data_dir
+        return table.get("GPULAB_HUB_DATA_DIR") or self.data_dir
 
     trial_credit = Unicode(
         "",
@@ -153,7 +154,7 @@ class BillingService(Application):
 
     @default("start_minutes")
     def _default_start_minutes(self) -> float:
-        return float(os.environ.get("GPULAB_BILLING_MIN_MINUTES") or 10)
+        return table.get("GPULAB_BILLING_MIN_MINUTES")
 
     idle_timeout = Float(
         900.0,
@@ -492,11 +493,11 @@ class BillingService(Application):
         Only a service the hub started (it sets ``GPULAB_HUB_PID``) watches: an external one
         (its own container, a systemd unit) outlives hub restarts and is stopped by its own
         supervisor; its parent (e.g. tini, a shell) says nothing about the hub."""
-        if not os.environ.get("GPULAB_HUB_PID"):
+        parent = table.get("GPULAB_HUB_PID")
+        if not parent:
             return
         # The hub says who it is: a hub killed while we were still starting must not leave us
         # waiting for a parent we never had.
-        parent = int(os.environ["GPULAB_HUB_PID"])
         while os.getppid() == parent:  # noqa: ASYNC110 (no event tells us the parent died)
             await asyncio.sleep(1)
         self.log.warning("the hub (pid %i) is gone; stopping", parent)

@@ -21,6 +21,8 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from gpulab.catalog import settings
+
 PRICES_FILE = "spot-prices.jsonl"
 
 
@@ -134,7 +136,7 @@ def price_at(gpu_type: str, t: float, data_dir: str | os.PathLike | None = None)
     hub process and in any other process on the node (it reads the history file in the data dir,
     default ``$GPULAB_DATA_DIR``). Raises :class:`LookupError` when no price was in force at ``t``.
     """
-    data_dir = data_dir or os.environ.get("GPULAB_DATA_DIR") or ".gpulab"
+    data_dir = data_dir or settings.get("GPULAB_DATA_DIR")
     price = history_for(data_dir).price_at(gpu_type, t)
     if price is None:
         raise LookupError(f"no spot price recorded for {gpu_type} at or before t={t}")

@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
-from gpulab.catalog import Catalog, CatalogError, load_catalog
+from gpulab.catalog import Catalog, CatalogError, load_catalog, settings
 
 IMAGES_DIR = Path(__file__).resolve().parents[2] / "images"
 # Images built on top of another catalog image; the parent's tag is passed as BASE_IMAGE (each
@@ -42,7 +41,11 @@ def add_images_parser(sub) -> None:
         help="list the catalog's Docker images on this node; build or pull missing ones",
         description=__doc__.splitlines()[0],
     )
-    p.add_argument("--catalog", default=os.environ.get("GPULAB_CATALOG", ""), help="catalog TOML")
+    p.add_argument(
+        "--catalog",
+        default=settings.get("GPULAB_CATALOG"),
+        help=f"{settings.setting('GPULAB_CATALOG').help} [env GPULAB_CATALOG]",
+    )
     how = p.add_mutually_exclusive_group()
     how.add_argument("--build", action="store_true", help="build missing images (images/SLUG)")
     how.add_argument("--pull", action="store_true", help="pull missing images from a registry")

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+from gpulab.catalog import settings
 from gpulab.spawners.docker.images import ENGINE_SCHEMES, NodeEngine, engine_client, image_id
 
 # A node's name for people, as the hub reads it (spawners/swarm/cluster.py): engines may share a
@@ -585,7 +586,11 @@ def run_nodes(args, tags: Mapping[str, str], out: TextIO = sys.stdout) -> int:
         args.node_engine or [],
         args.node_engines,
         args.node_tls,
-        os.environ.get("GPULAB_SWARM_NODE_ENGINES") or None,
+        # The hub's own setting, checked by the settings table (a JSON object of strings).
+        settings.setting("GPULAB_SWARM_NODE_ENGINES").text(
+            settings.get("GPULAB_SWARM_NODE_ENGINES")
+        )
+        or None,
     )
     registry = parse_registry(args.registry) if args.registry else None
     client = manager_client(args.docker_host)

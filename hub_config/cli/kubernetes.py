@@ -14,10 +14,9 @@ cluster: see docs/kubernetes.md for what is tested and what is on paper.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
-from gpulab.catalog import CatalogError, load_catalog
+from gpulab.catalog import CatalogError, load_catalog, settings
 
 
 def add_kubernetes_parser(sub) -> None:
@@ -26,7 +25,11 @@ def add_kubernetes_parser(sub) -> None:
         help="print zero-to-jupyterhub profiles and PriorityClasses generated from the catalog",
     )
     p.add_argument("what", choices=("values", "priority-classes"), help="what to print")
-    p.add_argument("--catalog", default=os.environ.get("GPULAB_CATALOG", ""), help="catalog TOML")
+    p.add_argument(
+        "--catalog",
+        default=settings.get("GPULAB_CATALOG"),
+        help=f"{settings.setting('GPULAB_CATALOG').help} [env GPULAB_CATALOG]",
+    )
     p.add_argument(
         "--set",
         action="append",

@@ -11,13 +11,12 @@ operator's to provide (their licenses differ); gpulab never downloads one.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-from gpulab.catalog import CatalogError, load_catalog
+from gpulab.catalog import CatalogError, load_catalog, settings
 
 TINY = "tiny-sd"
 # The builder lives in gpulab's diffusers WebUI (extensions/gpulab_sd_webui), which already
@@ -29,10 +28,14 @@ def add_models_parser(sub) -> None:
     p = sub.add_parser(
         "models", help="list the catalog's model store on this node; make the tiny demo model"
     )
-    p.add_argument("--catalog", default=os.environ.get("GPULAB_CATALOG", ""), help="catalog TOML")
+    p.add_argument(
+        "--catalog",
+        default=settings.get("GPULAB_CATALOG"),
+        help=f"{settings.setting('GPULAB_CATALOG').help} [env GPULAB_CATALOG]",
+    )
     p.add_argument(
         "--data-dir",
-        default=os.environ.get("GPULAB_DATA_DIR", ".gpulab"),
+        default=settings.get("GPULAB_DATA_DIR"),
         help="the hub's data dir, where data: sources live (default ./.gpulab)",
     )
     p.add_argument(

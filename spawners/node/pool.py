@@ -17,7 +17,7 @@ from typing import Any
 from traitlets import Float, Instance, Unicode, default
 from traitlets.config import SingletonConfigurable
 
-from gpulab.catalog import Catalog, load_catalog
+from gpulab.catalog import Catalog, load_catalog, settings
 from gpulab.spawners.node.allocator import GpuAllocator
 from gpulab.spawners.node.inventory import GpuDevice, GpuInventory
 
@@ -51,7 +51,7 @@ class GpuPool(SingletonConfigurable):
 
     @default("data_dir")
     def _default_data_dir(self) -> str:
-        return os.environ.get("GPULAB_DATA_DIR") or os.path.abspath(".gpulab")
+        return os.path.abspath(settings.get("GPULAB_DATA_DIR"))
 
     @default("catalog")
     def _default_catalog(self) -> Catalog:
