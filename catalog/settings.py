@@ -712,6 +712,11 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+def _default_cell(s: Setting) -> str:
+    shown = s.shown_default()
+    return shown if s.default_text or shown.startswith("(") else f"`{shown}`"
+
+
 def markdown() -> str:
     """The README's settings section body (between :data:`BEGIN` and :data:`END`)."""
     lines = []
@@ -724,11 +729,11 @@ def markdown() -> str:
         lines += ["| Variable | Flag | Type | Default | Meaning |", "|---|---|---|---|---|"]
         for s in rows:
             flag = f"`{s.flag}`" if s.flag else ""
-            meaning = s.help[0].upper() + s.help[1:]
+            meaning = s.help
             if s.traitlets:
                 meaning += " (" + ", ".join(f"`{t}`" for t in s.traitlets) + ")"
             lines.append(
-                f"| `{s.name}` | {flag} | {_cell(s.expected)} | {_cell(s.shown_default())} "
+                f"| `{s.name}` | {flag} | {_cell(s.expected)} | {_cell(_default_cell(s))} "
                 f"| {_cell(meaning)} |"
             )
         lines.append("")
