@@ -24,6 +24,7 @@ import json
 import os
 import random
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -32,10 +33,12 @@ from jupyterhub.scopes import needs_scope
 from traitlets import Float, Int
 from traitlets.config import SingletonConfigurable
 
+from gpulab.catalog import Catalog
 from gpulab.hub_config.courses import groups
 from gpulab.hub_config.courses.groups import CourseError
 from gpulab.hub_config.courses.handlers import CourseAPIHandler
 from gpulab.hub_config.scopes import COURSE_MANAGE_SCOPE, COURSE_READ_SCOPE
+from gpulab.spawners.courses import Course
 from gpulab.spawners.market.hub import SpotMarket
 from gpulab.spawners.market.hub_client import HubClient
 from gpulab.spawners.node.allocator import NoCapacity
@@ -245,6 +248,81 @@ def booking_json(hold: Hold, used: int, now: float) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True)
+class BookingAsk:
+    """A lab-session booking as asked, checked whole: the type, the cards and the window."""
+
+    gpu_type: str
+    cards: int
+    start: float
+    end: float
+
+
+def parse_booking(
+    body: dict, course: Course, catalog: Catalog, keeper: BookingKeeper, now: float
+) -> BookingAsk:
+    """The booking ``body`` asks for, or :class:`CourseError` naming the first wrong field.
+
+    Pure (no pool, no request), so every refusal is tested without a hub: a known type the
+    course allows, whole cards, a window that is not over, not longer than a session or
+    ``max_window_hours``, and not further ahead than ``max_days_ahead``.
+    """
+    unknown = sorted(set(body) - set(FIELDS))
+    if unknown:
+        raise CourseError(400, unknown[0], f"unknown field; allowed: {', '.join(FIELDS)}")
+    gpu_type = body.get("gpu_type")
+    allowed = [g for g in course.limits.allowed("gpu_types", catalog) if g != "none"]
+    if gpu_type not in catalog.gpu_types:
+        raise CourseError(
+            400, "gpu_type", f"unknown GPU type {gpu_type!r}; allowed: {', '.join(allowed)}"
+        )
+    if gpu_type not in allowed:
+        raise CourseError(
+            403,
+            "gpu_type",
+            f"course {course.name} does not allow {gpu_type!r}; allowed: "
+            f"{', '.join(allowed) or 'none'}",
+        )
+    cards = body.get("cards")
+    if isinstance(cards, bool) or not isinstance(cards, int) or cards < 1:
+        raise CourseError(400, "cards", f"must be a whole number of at least 1, not {cards!r}")
+    start = _parse_time("start", body.get("start"))
+    if "end" in body and "minutes" in body:
+        raise CourseError(400, "end", "give end or minutes, not both")
+    if "end" in body:
+        end = _parse_time("end", body["end"])
+    else:
+        minutes = body.get("minutes")
+        if isinstance(minutes, bool) or not isinstance(minutes, int | float) or minutes <= 0:
+            raise CourseError(
+                400, "minutes", f"must be a positive number of minutes, not {minutes!r}"
+            )
+        end = start + float(minutes) * 60
+    if end <= now:
+        raise CourseError(400, "start", f"the window {_iso(start)}-{_iso(end)} is over")
+    if end <= start:
+        raise CourseError(400, "end", "must be after start")
+    if end - start > keeper.max_minutes * 60:
+        raise CourseError(
+            400, "minutes", f"a lab session lasts at most {keeper.max_minutes} minutes"
+        )
+    if end - start > keeper.max_window_hours * 3600:
+        raise CourseError(
+            400,
+            "minutes",
+            f"a lab-session booking covers at most {keeper.max_window_hours:g} hours "
+            f"(BookingKeeper.max_window_hours); this one asks {(end - start) / 3600:.2f}",
+        )
+    if start > now + keeper.max_days_ahead * 86400:
+        raise CourseError(
+            400,
+            "start",
+            f"lab sessions are booked at most {keeper.max_days_ahead} days ahead "
+            "(BookingKeeper.max_days_ahead)",
+        )
+    return BookingAsk(gpu_type=gpu_type, cards=cards, start=start, end=end)
+
+
 class BookingsAPIHandler(CourseAPIHandler):
     @property
     def keeper(self) -> BookingKeeper:
@@ -269,62 +347,10 @@ class BookingsAPIHandler(CourseAPIHandler):
     def post(self, group_name: str) -> None:
         group, course = self.course(group_name)
         body = self.json_object_body()
-        unknown = sorted(set(body) - set(FIELDS))
-        if unknown:
-            raise CourseError(400, unknown[0], f"unknown field; allowed: {', '.join(FIELDS)}")
-        catalog = self.pool.catalog
-        gpu_type = body.get("gpu_type")
-        allowed = [g for g in course.limits.allowed("gpu_types", catalog) if g != "none"]
-        if gpu_type not in catalog.gpu_types:
-            raise CourseError(
-                400, "gpu_type", f"unknown GPU type {gpu_type!r}; allowed: {', '.join(allowed)}"
-            )
-        if gpu_type not in allowed:
-            raise CourseError(
-                403,
-                "gpu_type",
-                f"course {course.name} does not allow {gpu_type!r}; allowed: "
-                f"{', '.join(allowed) or 'none'}",
-            )
-        cards = body.get("cards")
-        if isinstance(cards, bool) or not isinstance(cards, int) or cards < 1:
-            raise CourseError(400, "cards", f"must be a whole number of at least 1, not {cards!r}")
         now = time.time()
-        start = _parse_time("start", body.get("start"))
-        if "end" in body and "minutes" in body:
-            raise CourseError(400, "end", "give end or minutes, not both")
-        if "end" in body:
-            end = _parse_time("end", body["end"])
-        else:
-            minutes = body.get("minutes")
-            if isinstance(minutes, bool) or not isinstance(minutes, int | float) or minutes <= 0:
-                raise CourseError(
-                    400, "minutes", f"must be a positive number of minutes, not {minutes!r}"
-                )
-            end = start + float(minutes) * 60
         keeper = self.keeper
-        if end <= now:
-            raise CourseError(400, "start", f"the window {_iso(start)}-{_iso(end)} is over")
-        if end <= start:
-            raise CourseError(400, "end", "must be after start")
-        if end - start > keeper.max_minutes * 60:
-            raise CourseError(
-                400, "minutes", f"a lab session lasts at most {keeper.max_minutes} minutes"
-            )
-        if end - start > keeper.max_window_hours * 3600:
-            raise CourseError(
-                400,
-                "minutes",
-                f"a lab-session booking covers at most {keeper.max_window_hours:g} hours "
-                f"(BookingKeeper.max_window_hours); this one asks {(end - start) / 3600:.2f}",
-            )
-        if start > now + keeper.max_days_ahead * 86400:
-            raise CourseError(
-                400,
-                "start",
-                f"lab sessions are booked at most {keeper.max_days_ahead} days ahead "
-                "(BookingKeeper.max_days_ahead)",
-            )
+        ask = parse_booking(body, course, self.pool.catalog, keeper, now)
+        gpu_type, cards, start, end = ask.gpu_type, ask.cards, ask.start, ask.end
         warning = SpotMarket.instance(config=self.settings["config"]).warning_seconds
         use_from = max(now, start - keeper.prestart_seconds)
         margin = max(keeper.hold_margin_seconds, warning + 5)
