@@ -51,6 +51,8 @@ def nvml_gpus() -> int:
         return 0
 
 
+# Before pytest-xdist's own hook, which reads the groups (--dist loadgroup).
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     # `gpu` tests are the one kind that may skip under CI: no machine there has a GPU.
     if nvml_gpus() == 0:
@@ -58,6 +60,29 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip)
+    group_modules_with_shared_fixtures(items)
+
+
+SHARED_SCOPES = {"module", "class", "package"}
+
+
+def group_modules_with_shared_fixtures(items) -> None:
+    """In a parallel run (``--dist loadgroup``), the tests of a module that shares a fixture
+    between its tests (a module's hub, browser, billing service, Docker image) go to one worker,
+    in order, so that the fixture is made once, as in a serial run; the other tests are handed
+    out one by one. A module that names its own ``xdist_group`` (tests that must not run side by
+    side with others of that group: the test swarm, grading) keeps it."""
+    shared: set[str] = set()
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        if info is None or item.get_closest_marker("xdist_group"):
+            continue
+        if any(d.scope in SHARED_SCOPES for defs in info.name2fixturedefs.values() for d in defs):
+            shared.add(item.nodeid.split("::")[0])
+    for item in items:
+        module = item.nodeid.split("::")[0]
+        if module in shared and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(module))
 
 
 @pytest.fixture(scope="session")
@@ -129,31 +154,78 @@ LEFTOVER_GRACE = 5.0
 # The session's marker and its snapshot of the machine's processes at the start.
 _LEFTOVER_STATE = pytest.StashKey[tuple[str, set]]()
 # The per-user accounts (jupyter-NAME) that existed before the session.
-_ACCOUNTS = pytest.StashKey[set[str]]()
+_ACCOUNTS = pytest.StashKey[dict[str, str]]()
 ACCOUNT_PREFIX = "jupyter-"
+# What the workers of a parallel run found and the ids of their hubs, gathered by the controller.
+_WORKER_LEFTOVERS = pytest.StashKey[list[str]]()
+_WORKER_HUB_IDS = pytest.StashKey[set[str]]()
+
+
+def worker_id(config) -> str | None:
+    """``gw0``... in a pytest-xdist worker; None in the controller of a parallel run or a serial
+    one. (Not PYTEST_XDIST_WORKER: a pytest a test starts inherits that variable.)"""
+    return getattr(config, "workerinput", {}).get("workerid")
 
 
 def pytest_sessionstart(session) -> None:
-    marker = uuid.uuid4().hex
+    worker = worker_id(session.config)
+    # A worker's marker extends its controller's (inherited: the controller sets it before it
+    # starts them), so that the controller's final check recognises every worker's processes.
+    inherited = os.environ.get(leftovers.SESSION_ENV)
+    if worker and inherited:
+        marker = f"{inherited}-{worker}"
+    else:
+        marker = uuid.uuid4().hex
     # Inherited by every process the session starts (see leftovers.py).
     os.environ[leftovers.SESSION_ENV] = marker
     session.stash[_LEFTOVER_STATE] = (marker, leftovers.snapshot())
     session.stash[_ACCOUNTS] = _gpulab_accounts()
+    if os.geteuid() == 0 and worker is None:
+        # pytest-xdist makes each worker's temp dir inside this one, which pytest makes 0700:
+        # the users' accounts must pass through it (as homes_reachable below, for a serial run).
+        session.config._tmp_path_factory.getbasetemp().chmod(0o711)
 
 
-def _gpulab_accounts() -> set[str]:
-    return {p.pw_name for p in pwd.getpwall() if p.pw_name.startswith(ACCOUNT_PREFIX)}
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's
+def pytest_testnodedown(node, error) -> None:
+    """(Controller) a worker finished: keep what its own check found, and its hubs' ids."""
+    output = getattr(node, "workeroutput", None) or {}
+    name = getattr(getattr(node, "gateway", None), "id", "worker")
+    stash = node.config.stash
+    stash.setdefault(_WORKER_LEFTOVERS, []).extend(
+        f"[{name}] {line}" for line in output.get("gpulab_leftovers", [])
+    )
+    stash.setdefault(_WORKER_HUB_IDS, set()).update(output.get("gpulab_hub_ids", []))
 
 
-def _remove_new_accounts(session) -> None:
+def _gpulab_accounts() -> dict[str, str]:
+    """The per-user accounts now, and their homes."""
+    return {p.pw_name: p.pw_dir for p in pwd.getpwall() if p.pw_name.startswith(ACCOUNT_PREFIX)}
+
+
+def _remove_new_accounts(session, paths: list[str]) -> None:
     """The per-user accounts the session's hubs made (one per test user) go with it: a machine
-    that runs the suite again and again must not fill up with them."""
+    that runs the suite again and again must not fill up with them. Only those new since the
+    session started *and* with their home in one of the session's folders (``paths``): another
+    worker's, or anyone else's on a shared machine, are not the session's to remove."""
     if os.geteuid() != 0 or _ACCOUNTS not in session.stash:
         return
     userdel = shutil.which("userdel", path="/usr/sbin:/sbin") or shutil.which("userdel")
-    for name in sorted(_gpulab_accounts() - session.stash[_ACCOUNTS]):
+    dirs = [p.rstrip("/") + "/" for p in paths]
+    before = session.stash[_ACCOUNTS]
+    for name, home in sorted(_gpulab_accounts().items()):
+        if name in before or not any(f"{home.rstrip('/')}/".startswith(d) for d in dirs):
+            continue
         if userdel:
             subprocess.run([userdel, name], capture_output=True, check=False, timeout=60)
+
+
+def _session_paths(session) -> list[str]:
+    paths = [str(d) for d in harness.STARTED_DATA_DIRS]
+    factory = getattr(session.config, "_tmp_path_factory", None)
+    if factory is not None and factory._basetemp is not None:
+        paths.append(str(factory._basetemp))
+    return paths
 
 
 @pytest.hookimpl(trylast=True)  # after pytest's own finish hook has torn down session fixtures
@@ -161,21 +233,26 @@ def pytest_sessionfinish(session, exitstatus) -> None:
     if _LEFTOVER_STATE not in session.stash:
         return
     marker, before = session.stash[_LEFTOVER_STATE]
-    data_dirs = list(harness.STARTED_DATA_DIRS)
-    hub_ids = set()
-    for d in data_dirs:
+    hub_ids = set(session.config.stash.get(_WORKER_HUB_IDS, set()))
+    for d in harness.STARTED_DATA_DIRS:
         try:
             hub_ids.add((d / "hub-id").read_text().strip())
         except OSError:
             pass
-    paths = [str(d) for d in data_dirs]
-    factory = getattr(session.config, "_tmp_path_factory", None)
-    if factory is not None and factory._basetemp is not None:
-        paths.append(str(factory._basetemp))
+    paths = _session_paths(session)
+    # A worker checks its own (its marker, hubs and temp dir); the controller, once every worker
+    # is done, the whole run: every worker's marker extends its own, and their temp dirs are in
+    # its own.
     found = leftovers.settle(leftovers.find(before, marker, hub_ids, paths), LEFTOVER_GRACE)
     leftovers.kill(found)
-    _remove_new_accounts(session)
+    _remove_new_accounts(session, paths)
     lines = [str(p) for p in found] + leftovers.containers(hub_ids)
+    if worker_id(session.config):
+        # A worker's report would never reach the terminal: its controller reports it.
+        session.config.workeroutput["gpulab_leftovers"] = lines
+        session.config.workeroutput["gpulab_hub_ids"] = sorted(hub_ids)
+        return
+    lines = session.config.stash.get(_WORKER_LEFTOVERS, []) + lines
     if not lines:
         return
     text = "Still running after the session (now killed or removed):\n" + "\n".join(

@@ -106,7 +106,48 @@ def _keep_localhost_domain_cookies() -> None:
     wrap("domain_return_ok", lambda domain: domain)
 
 
+def _worker_ports() -> range | None:
+    """This pytest-xdist worker's own share of the ports below the kernel's ephemeral range, or
+    None outside a parallel run.
+
+    A port from ``bind(0)`` is free when asked for, not when the hub binds it a moment later: with
+    several workers starting hubs at once, another worker (or any ``connect()``, or JupyterHub's
+    own ``random_port`` for a server) could take it in between. Below the ephemeral range nobody
+    is handed a port by the kernel, and each worker probes only its own slice."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if not (worker.startswith("gw") and worker[2:].isdigit() and count.isdigit()):
+        return None
+    try:
+        ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral = 32768
+    low, high = 15000, min(ephemeral, 32768)
+    span = (high - low) // max(int(count), 1)
+    if span < 100:
+        return None
+    start = low + int(worker[2:]) * span
+    return range(start, start + span)
+
+
+_PORTS = _worker_ports()
+_next_port = 0
+
+
 def free_port() -> int:
+    """A loopback port nobody listens on; in a parallel run, one of this worker's own ports (each
+    handed out once before any is tried again)."""
+    global _next_port
+    if _PORTS is not None:
+        for _ in range(len(_PORTS)):
+            port = _PORTS[_next_port % len(_PORTS)]
+            _next_port += 1
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -1,5 +1,10 @@
 """What a test session leaves running: its processes and containers still there at the end.
 
+In a parallel run (pytest-xdist) each worker is a session of its own, with its own marker
+(``CONTROLLER-gwN``), temp dir and hubs, and checks only those: another worker's live servers are
+never blamed. The controller then checks the whole run once more, machine-wide, after every
+worker has finished: any process carrying its marker or a worker's, or naming the run's temp dir.
+
 conftest.py takes a snapshot of the machine's processes when the session starts and, once every
 fixture is torn down, asks ``find`` for the processes that are new *and* the session's own. Other
 people's processes on a shared machine are never blamed, even those started meanwhile: a process
@@ -116,6 +121,12 @@ def _ancestors() -> set[int]:
     return out
 
 
+def of_session(value: str | None, marker: str) -> bool:
+    """Whether a process's ``SESSION_ENV`` is ``marker``'s: the marker itself, or one of its
+    pytest-xdist workers' (``MARKER-gw0``: a parallel run's controller checks them all)."""
+    return value is not None and (value == marker or value.startswith(f"{marker}-"))
+
+
 def find(
     before: set[tuple[int, int]], marker: str, hub_ids: set[str], paths: list[str]
 ) -> list[Leftover]:
@@ -133,7 +144,7 @@ def find(
         env = _environ(pid)
         where = f"{cmdline} {_cwd(pid)}/"
         if (
-            env.get(SESSION_ENV) == marker
+            of_session(env.get(SESSION_ENV), marker)
             or env.get(HUB_ENV) in hub_ids
             or any(d in where for d in dirs)
         ):

@@ -34,6 +34,10 @@ from compose_helpers import LISTEN, PROBE, command_options, compose_config, serv
 from conftest import require
 from harness import REPO, wait_for
 
+# The multi-engine test swarm (network namespaces, a bridge, extra dockerds, heavy on a 2-core
+# machine): its modules run one after another on one worker of a parallel run.
+pytestmark = pytest.mark.xdist_group("swarm")
+
 STACK = REPO / "docker-stack.yml"
 # The only variables the stack needs from the operator's shell (secrets come from Docker secrets):
 # the socket's group and the hub node's address, where servers on GPU nodes reach the hub.

@@ -26,9 +26,16 @@ import pytest
 from course_helpers import NBGRADER_SOURCE
 from harness import Hub, Kernel, wait_for
 
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0, reason="sandboxed autograding needs a root hub (per-user accounts, cgroups)"
-)
+# Grading sandboxes share the machine's "gpulab-grading" cgroups and grading uids: a hub's grading
+# sweeps orphaned groups and the tests count those machine-wide, so gradings never run side by side
+# (one worker of a parallel run runs these modules one after another).
+pytestmark = [
+    pytest.mark.skipif(
+        os.geteuid() != 0,
+        reason="sandboxed autograding needs a root hub (per-user accounts, cgroups)",
+    ),
+    pytest.mark.xdist_group("grading"),
+]
 
 ASSIGNMENT = "ps1"
 TIME_LIMIT = 45

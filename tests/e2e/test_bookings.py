@@ -54,12 +54,12 @@ def test_a_booked_class_starts_ready_and_takes_cards_from_nobody_else(lab_hub: H
     hub = lab_hub
     make_course(hub, "ml101", ["prof"], gpu_types=["none", "rtx-4090"])
     t_token = token_for(hub, "prof")
-    r = roster(hub, "ml101", "username,role\nann,student\nbob,student\n", t_token)
+    r = roster(hub, "ml101", "username,role\nann,student\nbea,student\n", t_token)
     assert r.status_code == 200, r.text
     hub.create_user("ondemand")
-    hub.create_user("spotty")
+    hub.create_user("spotter")
     hub.spawn_ready("ondemand", {"gpu": "rtx-4090"})
-    hub.spawn_ready("spotty", {"gpu": "rtx-4090", "pricing": "spot"})
+    hub.spawn_ready("spotter", {"gpu": "rtx-4090", "pricing": "spot"})
 
     start = time.time() + 120
     # Bad input names the field and holds nothing.
@@ -95,16 +95,16 @@ def test_a_booked_class_starts_ready_and_takes_cards_from_nobody_else(lab_hub: H
         assert hub.server("late") is None
 
     # The spot server on a booked card gets the usual warning, then stops.
-    warned = wait_for(lambda: preemptions(hub, "spotty"), 30, 0.5, "spotty's warning")
+    warned = wait_for(lambda: preemptions(hub, "spotter"), 30, 0.5, "spotter's warning")
     assert warned[-1]["reason"] == "reserved"
-    wait_for(lambda: hub.server("spotty") is None, WARNING + 60, 0.5, "the spot server to stop")
+    wait_for(lambda: hub.server("spotter") is None, WARNING + 60, 0.5, "the spot server to stop")
     assert hub.server("ondemand") is not None  # on-demand servers are never reclaimed
 
     # The students' servers start before the window and are ready when it opens.
     ready_at: dict[str, float] = {}
 
     def both_ready() -> bool:
-        for name in ("ann", "bob"):
+        for name in ("ann", "bea"):
             s = hub.server(name)
             if s and s["ready"] and name not in ready_at:
                 ready_at[name] = time.time()
@@ -113,19 +113,19 @@ def test_a_booked_class_starts_ready_and_takes_cards_from_nobody_else(lab_hub: H
     wait_for(both_ready, max(start - time.time(), 1) + 5, 0.5, "the students' servers")
     assert max(ready_at.values()) < start, (ready_at, start)
     info = hub.api("GET", "/gpulab/courses/ml101", token=t_token).json()
-    for name in ("ann", "bob"):
+    for name in ("ann", "bea"):
         srv = info["servers"][name]
         assert (srv["gpu_type"], srv["cards"], srv["course"]) == ("rtx-4090", 1, "ml101")
     wait_for(lambda: time.time() >= start, 130, 0.5, "the window to open")
     listed = hub.api("GET", "/gpulab/courses/ml101/bookings", token=t_token).json()
     (b,) = listed["bookings"]
     assert (b["state"], b["cards_in_use"]) == ("open", 2)
-    for name in ("ann", "bob"):
+    for name in ("ann", "bea"):
         assert hub.server(name)["ready"]
     # Cancel the rest of the class (the teacher ends it early): the hold goes, the servers stay.
     r = hub.api("DELETE", f"/gpulab/courses/ml101/bookings/{b['id']}", token=t_token)
     assert r.status_code == 204, r.text
-    for name in ("ann", "bob", "ondemand"):
+    for name in ("ann", "bea", "ondemand"):
         hub.stop_server(name)
 
 

@@ -25,6 +25,10 @@ from swarm_helpers import SwarmCluster
 
 from gpulab.catalog import DEFAULT_CATALOG
 
+# The multi-engine test swarm (network namespaces, a bridge, extra dockerds, heavy on a 2-core
+# machine): its modules run one after another on one worker of a parallel run.
+pytestmark = pytest.mark.xdist_group("swarm")
+
 # Three nodes: the hub's, one to fill, one whose engine is sometimes unreachable.
 SWARM_NODES = [("a100-80g", 1), ("a100-80g", 1), ("a100-80g", 1)]
 TINY = "gpulab-test-tiny:1"

@@ -31,6 +31,10 @@ from swarm_helpers import (
     swarm_hub_settings,
 )
 
+# The multi-engine test swarm (network namespaces, a bridge, extra dockerds, heavy on a 2-core
+# machine): its modules run one after another on one worker of a parallel run.
+pytestmark = pytest.mark.xdist_group("swarm")
+
 SWARM_NODES = [("a100-80g", 2), ("a100-80g", 2)]
 
 

@@ -15,6 +15,11 @@ from harness import wait_for
 
 from gpulab.spawners.local import grader
 
+# Grading sandboxes share the machine's "gpulab-grading" cgroups and grading uids: a hub's grading
+# sweeps orphaned groups and the tests count those machine-wide, so gradings never run side by side
+# (one worker of a parallel run runs these modules one after another).
+pytestmark = pytest.mark.xdist_group("grading")
+
 
 def tar_of(*members: tuple[str, bytes | None, bytes]) -> bytes:
     """A tar of (name, link target or None, content) entries."""
