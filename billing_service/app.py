@@ -294,7 +294,7 @@ class BillingService(Application):
     def _balance(self, user: str, course: str | None = None) -> dict[str, Any]:
         now = time.time_ns() // 1000
         with self.engine.begin() as conn:
-            ledger.ensure_account(conn, user, self.trial_micro, now)
+            ledger.ensure(conn, ledger.user(user), now, trial_micro=self.trial_micro)
             info = statements.balance_info(
                 conn,
                 self.prices,
@@ -322,19 +322,11 @@ class BillingService(Application):
         with self.engine.begin() as conn:  # rolled back, course row and all, on an error
             # Write first (SQLite's write lock) and lock the row (PostgreSQL), so that two
             # concurrent changes of different fields both stay.
-            courses.ensure(conn, course, now)
-            courses.lock(conn, [course])
+            ledger.ensure(conn, ledger.pool(course), now)
+            ledger.lock(conn, [ledger.pool(course)])
             current = courses.Settings.of(courses.get(conn, course))
             settings = courses.parse_settings(body, current)
             courses.put_settings(conn, course, settings, now, actor)
-
-    def credit_course(
-        self, course: str, kind: str, amount: int, key: str, note: str, actor: str
-    ) -> tuple[Any, bool]:
-        with self.engine.begin() as conn:
-            return courses.credit(
-                conn, course, kind, amount, key, time.time_ns() // 1000, note=note, actor=actor
-            )
 
     def reserve(self, req: reservations.Request, actor: str) -> dict[str, Any]:
         """Record and charge a prepaid reservation once per id (``reservations``): its record,
@@ -349,10 +341,7 @@ class BillingService(Application):
             for sid in tagged:
                 rate_session(conn, sid, self.prices, now)
             out = statements.reservation_json(row, self.catalog.currency)
-            if req.kind == "user":
-                balance = ledger.balance(conn, req.name) or 0
-            else:
-                balance = courses.balance(conn, req.name)
+            balance = ledger.balance(conn, ledger.AccountId(req.kind, req.name)) or 0
             out["created"] = created
             out["balance"] = statements.money(balance)
             return out
@@ -364,12 +353,13 @@ class BillingService(Application):
         ]
 
     def credit(
-        self, user: str, kind: str, amount: int, key: str, note: str, actor: str
+        self, account: ledger.AccountId, kind: str, amount: int, key: str, note: str, actor: str
     ) -> tuple[ledger.Entry, bool]:
+        """A top-up or adjustment of a user's or a pool's balance, once per ``key``."""
         with self.engine.begin() as conn:
             return ledger.credit(
                 conn,
-                user,
+                account,
                 kind,
                 amount,
                 key,

@@ -39,7 +39,7 @@ from sqlalchemy import Connection, select
 
 from gpulab.billing_service import courses, ledger, reservations
 from gpulab.billing_service.metering import session_intervals
-from gpulab.billing_service.models import MICRO, LedgerEntry, ServerSession
+from gpulab.billing_service.models import MICRO, ServerSession
 from gpulab.billing_service.rating import (
     PriceBook,
     bid_of,
@@ -137,13 +137,13 @@ def compensate(
     actor: str,
     now_us: int,
     until_us: int,
-) -> tuple[LedgerEntry, bool]:
+) -> tuple[ledger.Entry, bool]:
     """Credit whoever paid for ``sess`` once per ``key`` (see :func:`split`): (the owner's
     ledger entry, whether it was made now).
 
     Raises ``ledger.IdempotencyConflict`` when the key was used for another session or kind."""
     stored_key = f"{KIND}:{key}"
-    row = conn.execute(select(LedgerEntry).where(LedgerEntry.idempotency_key == stored_key)).first()
+    row = ledger.entry(conn, "user", stored_key)
     if row is None:
         amount = rule.amount(conn, prices, sess, until_us)
         pool_part, own_part = split(conn, sess, amount)
@@ -160,7 +160,7 @@ def compensate(
             text += f"; {note}"
         entry_id = ledger.post(
             conn,
-            sess.user,
+            ledger.user(sess.user),
             KIND,
             own_part,
             now_us,
@@ -169,15 +169,15 @@ def compensate(
             note=text,
             actor=actor,
         )
-        row = conn.execute(
-            select(LedgerEntry).where(LedgerEntry.idempotency_key == stored_key)
-        ).one()
+        row = ledger.entry(conn, "user", stored_key)
+        assert row is not None
         if entry_id is not None:
             if pool_part:
-                # Same transaction, same key (its own table): made exactly when the owner's is.
-                courses.post(
+                # Same transaction, same key (the pool's own book): made exactly when the
+                # owner's is.
+                ledger.post(
                     conn,
-                    sess.course,
+                    ledger.pool(sess.course),
                     KIND,
                     pool_part,
                     now_us,
@@ -188,7 +188,7 @@ def compensate(
                     actor=actor,
                 )
             return row, True
-    if (row.kind, row.user, row.session_id) != (KIND, sess.user, sess.id):
+    if (row.kind, row.account, row.session_id) != (KIND, ledger.user(sess.user), sess.id):
         raise ledger.IdempotencyConflict(
             f"idempotency_key {key!r} was already used for a {row.kind} of {row.user}'s "
             f"session {row.session_id}"

@@ -34,8 +34,9 @@ holds ``-course_micro`` and the student's ledger ``-personal_micro`` for it, pos
 transaction. All splits of one course happen with the course's row locked (PostgreSQL ``FOR
 UPDATE``; SQLite has one writer), so two servers of one student never pass the cap together.
 
-The pool lives in its own tables (``courses``, ``course_ledger``): it is not an account, so a
-user named e.g. ``course:ml101`` has an account of their own and nothing of the pool.
+The pool is the ledger's account ``course:C`` (``ledger``: one post and credit path, one set of
+rules for users and pools; its rows stay in ``courses`` and ``course_ledger``). A user named e.g.
+``course:ml101`` is the account ``user:course:ml101`` and has nothing of the pool.
 
 A course's prepaid reservations (``reservations``, account ``course:C``) are paid from the pool
 when made (its ledger's kind ``reservation``). A course session's seconds inside the paid
@@ -53,11 +54,11 @@ from typing import Any
 
 from sqlalchemy import Connection, func, select, update
 
+from gpulab.billing_service import ledger
 from gpulab.billing_service.models import (
     MICRO,
     Course,
     CourseCharge,
-    CourseLedgerEntry,
     ServerSession,
 )
 from gpulab.billing_service.rating import (
@@ -74,7 +75,6 @@ from gpulab.billing_service.sql import insert_ignore
 
 PERIODS = ("week", "term")
 OVERFLOWS = ("personal", "refuse")
-CREDIT_KINDS = ("topup", "adjustment")
 SETTINGS_FIELDS = ("cap", "period", "term_start", "term_end", "overflow")
 OUTSIDE = -1  # the period key of time outside every period (outside the term)
 DAY_US = 86_400 * MICRO
@@ -90,10 +90,6 @@ class SettingsError(ValueError):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")
         self.field = field
-
-
-class IdempotencyConflict(ValueError):
-    """The idempotency key was used before for a different pool credit."""
 
 
 def check_name(course: Any) -> str:
@@ -242,38 +238,8 @@ def get(conn: Connection, course: str):
     return conn.execute(select(Course).where(Course.name == course)).first()
 
 
-def ensure(conn: Connection, course: str, now_us: int) -> None:
-    """Create the course with the default settings (cap 0, week, personal) on first sight."""
-    conn.execute(
-        insert_ignore(conn, Course, ["name"]).values(
-            name=course,
-            balance_micro=0,
-            cap_micro=0,
-            period="week",
-            term_start=None,
-            term_end=None,
-            overflow="personal",
-            created_us=now_us,
-            updated_us=now_us,
-            updated_by="",
-        )
-    )
-
-
-def lock(conn: Connection, names: Iterable[str]) -> None:
-    """Lock these courses' rows, in one order (PostgreSQL; SQLite has a single writer)."""
-    names = sorted(set(names))
-    if names and conn.dialect.name == "postgresql":
-        conn.execute(
-            select(Course.name)
-            .where(Course.name.in_(names))
-            .order_by(Course.name)
-            .with_for_update()
-        ).all()
-
-
 def put_settings(conn: Connection, course: str, settings: Settings, now_us: int, actor: str):
-    ensure(conn, course, now_us)
+    ledger.ensure(conn, ledger.pool(course), now_us)
     conn.execute(
         update(Course)
         .where(Course.name == course)
@@ -289,46 +255,6 @@ def put_settings(conn: Connection, course: str, settings: Settings, now_us: int,
     )
 
 
-def post(
-    conn: Connection,
-    course: str,
-    kind: str,
-    amount_micro: int,
-    now_us: int,
-    *,
-    session_id: int | None = None,
-    user: str = "",
-    key: str | None = None,
-    note: str = "",
-    actor: str = "",
-) -> int | None:
-    """Append one pool entry and move the pool's balance by the same amount, atomically; None if
-    ``key`` was used before."""
-    entry_id = conn.execute(
-        insert_ignore(conn, CourseLedgerEntry, ["idempotency_key"])
-        .values(
-            course=course,
-            kind=kind,
-            amount_micro=amount_micro,
-            created_us=now_us,
-            session_id=session_id,
-            user=user,
-            idempotency_key=key,
-            note=note,
-            actor=actor,
-        )
-        .returning(CourseLedgerEntry.id)
-    ).scalar()
-    if entry_id is None:
-        return None
-    conn.execute(
-        update(Course)
-        .where(Course.name == course)
-        .values(balance_micro=Course.balance_micro + amount_micro)
-    )
-    return entry_id
-
-
 def credit(
     conn: Connection,
     course: str,
@@ -339,37 +265,10 @@ def credit(
     *,
     note: str = "",
     actor: str = "",
-) -> tuple[Any, bool]:
-    """Top up (or adjust) a pool once per idempotency key: (the entry, whether made now)."""
-    ensure(conn, course, now_us)
-    stored = f"credit:{key}"
-    created = (
-        post(conn, course, kind, amount_micro, now_us, key=stored, note=note, actor=actor)
-        is not None
-    )
-    row = conn.execute(
-        select(CourseLedgerEntry).where(CourseLedgerEntry.idempotency_key == stored)
-    ).one()
-    if not created and (row.course, row.kind, row.amount_micro) != (course, kind, amount_micro):
-        raise IdempotencyConflict(
-            f"idempotency_key {key!r} was already used for {row.kind} of {row.amount_micro} "
-            f"micro-units to course {row.course}"
-        )
-    return row, created
-
-
-def balance(conn: Connection, course: str) -> int:
-    return conn.execute(select(Course.balance_micro).where(Course.name == course)).scalar() or 0
-
-
-def recompute_balance(conn: Connection, course: str) -> int:
-    """The pool's balance as its ledger says (for audits; must equal ``balance``)."""
-    return int(
-        conn.execute(
-            select(func.coalesce(func.sum(CourseLedgerEntry.amount_micro), 0)).where(
-                CourseLedgerEntry.course == course
-            )
-        ).scalar()
+) -> tuple[ledger.Entry, bool]:
+    """``ledger.credit`` to course ``course``'s pool (kept for callers that name a course)."""
+    return ledger.credit(
+        conn, ledger.pool(course), kind, amount_micro, key, now_us, note=note, actor=actor
     )
 
 
@@ -428,7 +327,7 @@ def settle(
     course = sess.course
     row = get(conn, course)
     settings = Settings.of(row)
-    pool_left = max(0, row.balance_micro if row is not None else 0)
+    pool_left = ledger.available(conn, ledger.pool(course))
     target = period_amounts(prices, sess, merged, amount, settings, prepaid)
     existing = {
         r.period_start_us: r
@@ -487,9 +386,9 @@ def settle(
                 .values(**values)
             )
     if course_delta:
-        post(
+        ledger.post(
             conn,
-            course,
+            ledger.pool(course),
             "charge",
             -course_delta,
             now_us,

@@ -267,12 +267,12 @@ class CreditsHandler(BaseHandler):
         kind, amount, key, note = parse_credit(self.json_body())
         try:
             entry, created = await self.billing.run_db(
-                self.billing.credit, name, kind, amount, f"credit:{key}", note, self.model["name"]
+                self.billing.credit, ledger.user(name), kind, amount, key, note, self.model["name"]
             )
         except ledger.IdempotencyConflict as e:
             raise web.HTTPError(409, "%s", str(e)) from None
         out = entry.to_json()
-        out["idempotency_key"] = key
+        out["idempotency_key"] = key  # as the caller gave it (stored as credit:KEY)
         out["created"] = created
         out["balance"] = (await self.billing.balance(name))["balance"]
         self.write_json(out, 201 if created else 200)
@@ -393,9 +393,15 @@ class CourseCreditsHandler(BaseHandler):
         kind, amount, key, note = parse_credit(self.json_body())
         try:
             entry, created = await self.billing.run_db(
-                self.billing.credit_course, course, kind, amount, key, note, self.model["name"]
+                self.billing.credit,
+                ledger.pool(course),
+                kind,
+                amount,
+                key,
+                note,
+                self.model["name"],
             )
-        except courses.IdempotencyConflict as e:
+        except ledger.IdempotencyConflict as e:
             raise web.HTTPError(409, "%s", str(e)) from None
         info = await self.billing.read(self.billing.course_info, course)
         self.write_json(

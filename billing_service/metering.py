@@ -133,7 +133,7 @@ def _apply(
     floors: dict[str, int],
 ) -> None:
     for user in sorted({ev.user for ev in new}):
-        ledger.ensure_account(conn, user, trial_micro, now_us)
+        ledger.ensure(conn, ledger.user(user), now_us, trial_micro=trial_micro)
 
     resession: set[tuple[str, str]] = set()
     spans: dict[tuple[str, str, str], list] = {}
@@ -271,9 +271,10 @@ def _apply(
                 )
             ).scalars()
         )
-        for name in sorted(names):
-            courses.ensure(conn, name, now_us)
-        courses.lock(conn, names)
+        pools = [ledger.pool(name) for name in sorted(names)]
+        for pool in pools:
+            ledger.ensure(conn, pool, now_us)
+        ledger.lock(conn, pools)
     for sid in sorted(affected):
         rate_session(conn, sid, prices, now_us)
 
@@ -387,7 +388,13 @@ def rate_session(conn: Connection, sid: int, prices: PriceBook, now_us: int) -> 
         personal = courses.settle(conn, prices, sess, merged, amount, now_us, prepaid)
     if personal:
         ledger.post(
-            conn, sess.user, "charge", -personal, now_us, session_id=sid, note=f"session {sid}"
+            conn,
+            ledger.user(sess.user),
+            "charge",
+            -personal,
+            now_us,
+            session_id=sid,
+            note=f"session {sid}",
         )
     if delta or billed != sess.billed_us:
         conn.execute(

@@ -123,10 +123,20 @@ class LedgerEntry(Base):
     )
 
 
+# The rules a course starts with (``courses.Settings()``): no cap, weekly, overflow personal.
+COURSE_DEFAULTS = {
+    "cap_micro": 0,
+    "period": "week",
+    "term_start": None,
+    "term_end": None,
+    "overflow": "personal",
+}
+
+
 class Course(Base):
-    """A course's credit pool and its rules. The pool is not an account: no user name reaches
-    it (``accounts`` and ``ledger`` never hold it); its balance always equals the sum of its
-    ``course_ledger`` entries and moves only by an atomic ``balance = balance + amount``."""
+    """A course's credit pool (the ledger's account ``course:C``) and its rules. No user name
+    reaches it (``accounts`` and ``ledger`` never hold it); its balance always equals the sum of
+    its ``course_ledger`` entries and moves only through ``ledger.post``."""
 
     __tablename__ = "courses"
 

@@ -40,8 +40,8 @@ from typing import Any
 
 from sqlalchemy import Connection, select
 
-from gpulab.billing_service import courses, ledger
-from gpulab.billing_service.models import MICRO, Account, Reservation, ServerSession
+from gpulab.billing_service import ledger
+from gpulab.billing_service.models import MICRO, Reservation, ServerSession
 from gpulab.billing_service.rating import (
     COURSE_RE,
     US_PER_HOUR,
@@ -249,9 +249,10 @@ def create(
     names = {c for _, c in tagged if c is not None}
     if req.kind == "course":
         names.add(req.name)
-    for name in sorted(names):
-        courses.ensure(conn, name, now_us)
-    courses.lock(conn, names)
+    pools = [ledger.pool(name) for name in sorted(names)]
+    for pool in pools:
+        ledger.ensure(conn, pool, now_us)
+    ledger.lock(conn, pools)
     currency = prices.catalog.currency
     what = (
         f"reservation {req.id}: {req.cards} x {req.gpu_type} for "
@@ -259,31 +260,26 @@ def create(
         f"{from_micro(price)}/card-hour = {currency} {shown(amount)}"
     )
     note = f"{what} ({window_text(req.start_us, req.end_us)})"
-    if req.kind == "user":
-        ledger.ensure_account(conn, req.name, trial_micro, now_us)
-        q = select(Account.balance_micro).where(Account.user == req.name)
-        if conn.dialect.name == "postgresql":
-            q = q.with_for_update()
-        balance = conn.execute(q).scalar() or 0
-        if balance < amount:
-            raise PaymentRequired(
-                f"Your balance ({currency} {shown(balance)}) cannot prepay {what}; "
-                f"top up {currency} {shown(amount - balance)} or reserve less."
-            )
-        ledger.post(
-            conn, req.name, KIND, -amount, now_us, key=f"{KIND}:{req.id}", note=note, actor=actor
+    account = ledger.AccountId(req.kind, req.name)  # type: ignore[arg-type]
+    ledger.ensure(conn, account, now_us, trial_micro=trial_micro)
+    try:
+        # The whole amount or nothing (the account's row locked while it decides).
+        ledger.pay(
+            conn, account, KIND, amount, now_us, key=f"{KIND}:{req.id}", note=note, actor=actor
         )
-    else:
-        balance = courses.balance(conn, req.name)
-        if balance < amount:
-            raise PaymentRequired(
-                f"The credit pool of course {req.name} ({currency} {shown(balance)}) cannot "
-                f"prepay {what}; top up the pool by {currency} {shown(amount - balance)} or "
-                "reserve less."
+    except ledger.InsufficientFunds as e:
+        have, short = shown(e.balance_micro), shown(amount - e.balance_micro)
+        if req.kind == "user":
+            message = (
+                f"Your balance ({currency} {have}) cannot prepay {what}; "
+                f"top up {currency} {short} or reserve less."
             )
-        courses.post(
-            conn, req.name, KIND, -amount, now_us, key=f"{KIND}:{req.id}", note=note, actor=actor
-        )
+        else:
+            message = (
+                f"The credit pool of course {req.name} ({currency} {have}) cannot prepay "
+                f"{what}; top up the pool by {currency} {short} or reserve less."
+            )
+        raise PaymentRequired(message) from None
     return row, True, [sid for sid, _ in tagged]
 
 

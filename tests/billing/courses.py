@@ -8,7 +8,7 @@ from types import SimpleNamespace
 from sqlalchemy import func, select
 
 from billing.scenario import server_start
-from gpulab.billing_service import courses, ledger
+from gpulab.billing_service import ledger
 from gpulab.billing_service.metering import ingest
 from gpulab.billing_service.models import (
     CourseCharge,
@@ -65,7 +65,8 @@ def audit(engine, course: str, users: list[str]) -> None:
     """Money is neither lost nor counted twice: every balance is the sum of its ledger, every
     course session's charge is split exactly once, and each side's share is in its ledger."""
     with engine.connect() as conn:
-        assert courses.balance(conn, course) == courses.recompute_balance(conn, course)
+        pool_id = ledger.pool(course)
+        assert (ledger.balance(conn, pool_id) or 0) == ledger.recompute_balance(conn, pool_id)
         for user in users:
             assert ledger.balance(conn, user) == ledger.recompute_balance(conn, user)
         for sess in conn.execute(select(ServerSession).where(ServerSession.user.in_(users))).all():
@@ -120,7 +121,7 @@ def enforcer_app(engine, **settings):
 def pool(engine, course: str) -> int:
     """A course's pool balance (micro)."""
     with engine.connect() as conn:
-        return courses.balance(conn, course)
+        return ledger.balance(conn, ledger.pool(course)) or 0
 
 
 def balance(engine, user: str) -> int:

@@ -145,7 +145,7 @@ def test_a_course_sessions_compensation_goes_back_to_whoever_paid(
     with engine.begin() as conn:
         sess = find_session(conn, user, "", None)
         assert courses.paid_by(conn, [sess.id])[sess.id] == (pool_paid, own_paid)
-        pool_before = courses.balance(conn, course)
+        pool_before = ledger.balance(conn, ledger.pool(course))
         own_before = ledger.balance(conn, user)
         entry, created = compensate(
             conn,
@@ -161,9 +161,11 @@ def test_a_course_sessions_compensation_goes_back_to_whoever_paid(
             until_us=0,
         )
         assert created and entry.amount_micro == own_paid
-        assert courses.balance(conn, course) == pool_before + pool_paid
+        assert ledger.balance(conn, ledger.pool(course)) == pool_before + pool_paid
         assert ledger.balance(conn, user) == own_before + own_paid
-        assert courses.balance(conn, course) == courses.recompute_balance(conn, course)
+        assert ledger.balance(conn, ledger.pool(course)) == ledger.recompute_balance(
+            conn, ledger.pool(course)
+        )
         assert ledger.balance(conn, user) == ledger.recompute_balance(conn, user)
         # A replay credits nobody again.
         _, created = compensate(
@@ -180,5 +182,5 @@ def test_a_course_sessions_compensation_goes_back_to_whoever_paid(
             until_us=0,
         )
         assert not created
-        assert courses.balance(conn, course) == pool_before + pool_paid
+        assert ledger.balance(conn, ledger.pool(course)) == pool_before + pool_paid
         assert ledger.balance(conn, user) == own_before + own_paid

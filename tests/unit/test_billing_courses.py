@@ -251,7 +251,7 @@ def test_a_user_named_like_the_pool_gets_nothing_of_it(engine) -> None:
     # impossible: reporters cannot send server_start) and gets an account of their own.
     feed(engine, run_kernel(attacker, None, MONDAY + 3600, 3600))
     with engine.begin() as conn:
-        ledger.ensure_account(conn, course, TRIAL, 0)  # a user named like the course, too
+        ledger.ensure(conn, course, 0, trial_micro=TRIAL)  # a user named like the course, too
         # An admin's top-up of the user "course:COURSE" goes to that user, not the pool.
         ledger.credit(conn, attacker, "topup", 5 * MICRO, uuid.uuid4().hex, 0, trial_micro=TRIAL)
     assert balance(engine, attacker) == TRIAL - 2_100_000 + 5 * MICRO
@@ -280,9 +280,9 @@ def test_pool_topups_are_idempotent(engine) -> None:
     with engine.begin() as conn:
         again, created = courses.credit(conn, course, "topup", 5 * MICRO, key, 0)
     assert not created and again.id == entry.id
-    with pytest.raises(courses.IdempotencyConflict), engine.begin() as conn:
+    with pytest.raises(ledger.IdempotencyConflict), engine.begin() as conn:
         courses.credit(conn, course, "topup", 7 * MICRO, key, 0)
-    with pytest.raises(courses.IdempotencyConflict), engine.begin() as conn:
+    with pytest.raises(ledger.IdempotencyConflict), engine.begin() as conn:
         courses.credit(conn, course_name(), "topup", 5 * MICRO, key, 0)
     assert pool(engine, course) == 5 * MICRO
     audit(engine, course, [])

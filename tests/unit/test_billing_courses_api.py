@@ -163,10 +163,10 @@ def test_the_balance_api_says_where_a_student_stands(service) -> None:
 
 
 def _pool_paid(service) -> int:
-    from gpulab.billing_service import courses
+    from gpulab.billing_service import ledger
 
     with service.engine.connect() as conn:
-        return 50 * MICRO - courses.balance(conn, COURSE)
+        return 50 * MICRO - ledger.balance(conn, ledger.pool(COURSE))
 
 
 # ---- the hub's refusals ------------------------------------------------------------------------
