@@ -63,12 +63,9 @@ from gpulab.billing_service.models import (
 )
 from gpulab.billing_service.rating import (
     COURSE_RE,
-    US_PER_HOUR,
-    PriceBook,
-    Window,
-    bid_of,
+    OUTSIDE,
+    Charge,
     paid_by_course,
-    rated_pricing,
     to_micro,
 )
 from gpulab.billing_service.sql import insert_ignore
@@ -76,7 +73,6 @@ from gpulab.billing_service.sql import insert_ignore
 PERIODS = ("week", "term")
 OVERFLOWS = ("personal", "refuse")
 SETTINGS_FIELDS = ("cap", "period", "term_start", "term_end", "overflow")
-OUTSIDE = -1  # the period key of time outside every period (outside the term)
 DAY_US = 86_400 * MICRO
 WEEK_US = 7 * DAY_US
 # The Unix epoch was a Thursday: weeks start 3 days before a multiple of 7 days (1969-12-29).
@@ -238,6 +234,11 @@ def get(conn: Connection, course: str):
     return conn.execute(select(Course).where(Course.name == course)).first()
 
 
+def settings(conn: Connection, course: str) -> Settings:
+    """The course's rules now (the defaults for a course billing has not seen)."""
+    return Settings.of(get(conn, course))
+
+
 def put_settings(conn: Connection, course: str, settings: Settings, now_us: int, actor: str):
     ledger.ensure(conn, ledger.pool(course), now_us)
     conn.execute(
@@ -285,50 +286,14 @@ def used(conn: Connection, course: str, user: str, period_start_us: int) -> int:
     )
 
 
-def period_amounts(
-    prices: PriceBook,
-    sess,
-    merged: list[tuple[int, int]],
-    amount: int,
-    settings: Settings,
-    prepaid: Window | None = None,
-) -> dict[int, tuple[int, int]]:
-    """A session's ``amount`` split by the periods its billed seconds fall in:
-    {period start or OUTSIDE: (period end, micro)}. Each period but the latest gets its exact
-    amount rounded down, the latest the rest, so the parts add up to ``amount``. Seconds inside
-    ``prepaid`` (a paid reservation) are rated 0 and so count towards no cap."""
-    pricing = rated_pricing(sess.pricing, sess.options)
-    bid = bid_of(sess.options)
-    parts: list[tuple[int, int, int, int]] = []  # (last second, key, end, micro)
-    for key, (end, pieces) in settings.cut(merged).items():
-        rated = prices.rate(sess.gpu_type, sess.gpus, pricing, pieces, bid, prepaid)
-        parts.append((max(b for _, b in pieces), key, end, rated.exact // US_PER_HOUR))
-    out = {key: (end, micro) for _, key, end, micro in parts}
-    if parts:
-        _, key, end, micro = max(parts)
-        out[key] = (end, micro + amount - sum(p[3] for p in parts))
-    elif amount:
-        out[OUTSIDE] = (0, amount)
-    return out
-
-
-def settle(
-    conn: Connection,
-    prices: PriceBook,
-    sess,
-    merged: list[tuple[int, int]],
-    amount: int,
-    now_us: int,
-    prepaid: Window | None = None,
-) -> int:
-    """Split a course session's (re-rated) ``amount`` between the pool and the student, post the
-    pool's part to the pool's ledger, and return the change of the student's part (the caller
-    posts it to the student's ledger). The course's row must be locked by the caller."""
+def settle(conn: Connection, sess, settings: Settings, charge: Charge, now_us: int) -> int:
+    """Split a course session's (re-rated) charge, already cut by ``settings``' periods
+    (``rating.rate_charge``), between the pool and the student: post the pool's part to the pool
+    (``ledger``) and return the change of the student's part (the caller posts it to the
+    student). The course's row must be locked by the caller."""
     course = sess.course
-    row = get(conn, course)
-    settings = Settings.of(row)
     pool_left = ledger.available(conn, ledger.pool(course))
-    target = period_amounts(prices, sess, merged, amount, settings, prepaid)
+    target = charge.periods
     existing = {
         r.period_start_us: r
         for r in conn.execute(select(CourseCharge).where(CourseCharge.session_id == sess.id)).all()
@@ -369,22 +334,7 @@ def settle(
             "course_micro": c,
             "personal_micro": p,
         }
-        if old is None:
-            conn.execute(
-                insert_ignore(conn, CourseCharge, ["session_id", "period_start_us"]).values(
-                    session_id=sess.id,
-                    period_start_us=key,
-                    course=course,
-                    user=sess.user,
-                    **values,
-                )
-            )
-        else:
-            conn.execute(
-                update(CourseCharge)
-                .where(CourseCharge.session_id == sess.id, CourseCharge.period_start_us == key)
-                .values(**values)
-            )
+        _store_split(conn, sess, key, old is None, values)
     if course_delta:
         ledger.post(
             conn,
@@ -397,6 +347,26 @@ def settle(
             note=f"session {sess.id} of {sess.user}",
         )
     return personal_delta
+
+
+def _store_split(conn: Connection, sess, key: int, new: bool, values: dict[str, int]) -> None:
+    """Write who paid a course session's charge for one period (``course_charges``)."""
+    if new:
+        conn.execute(
+            insert_ignore(conn, CourseCharge, ["session_id", "period_start_us"]).values(
+                session_id=sess.id,
+                period_start_us=key,
+                course=sess.course,
+                user=sess.user,
+                **values,
+            )
+        )
+    else:
+        conn.execute(
+            update(CourseCharge)
+            .where(CourseCharge.session_id == sess.id, CourseCharge.period_start_us == key)
+            .values(**values)
+        )
 
 
 def paid_by(conn: Connection, session_ids: list[int]) -> dict[int, tuple[int, int]]:

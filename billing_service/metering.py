@@ -32,10 +32,9 @@ from gpulab.billing_service.bounds import Limits, Rejection, check
 from gpulab.billing_service.models import Event, KernelSpan, ServerSession
 from gpulab.billing_service.rating import (
     PriceBook,
-    bid_of,
     course_of,
     merge,
-    rated_pricing,
+    rate_charge,
     reservation_of,
 )
 from gpulab.billing_service.schemas import (
@@ -124,6 +123,27 @@ def ingest(
     )
 
 
+@dataclass
+class _Seen:
+    """What one batch says, gathered before anything is written (see ``_gather``)."""
+
+    resession: set[tuple[str, str]] = field(default_factory=set)  # servers started or stopped
+    spans: dict[tuple[str, str, str], list] = field(default_factory=dict)  # [first, last, name]
+    heartbeat: dict[tuple[str, str], list[int]] = field(default_factory=dict)
+    busy: dict[tuple[str, str], list[int]] = field(default_factory=dict)
+
+    def see(self, user: str, server: str, kernel: str, t: int, name: str = "") -> None:
+        """A kernel or app seen alive at ``t``: widen its span, and its server was busy then."""
+        cur = self.spans.get((user, server, kernel))
+        if cur is None:
+            self.spans[(user, server, kernel)] = [t, t, name]
+        else:
+            cur[0] = min(cur[0], t)
+            cur[1] = max(cur[1], t)
+            cur[2] = cur[2] or name
+        self.busy.setdefault((user, server), []).append(t)
+
+
 def _apply(
     conn: Connection,
     new: list,
@@ -132,100 +152,117 @@ def _apply(
     now_us: int,
     floors: dict[str, int],
 ) -> None:
+    """Apply the batch's new events, in order: accounts, sessions, spans, liveness, rating."""
     for user in sorted({ev.user for ev in new}):
         ledger.ensure(conn, ledger.user(user), now_us, trial_micro=trial_micro)
+    seen = _gather(conn, new, floors)
+    if seen.spans:
+        _store_spans(conn, seen.spans)
+    pairs = seen.resession | {(u, s) for u, s, _ in seen.spans} | set(seen.heartbeat)
+    sessions = _sessions_of(conn, pairs)
+    affected: set[int] = set()
+    for pair in sorted(seen.resession):
+        affected |= _restop(conn, pair, sessions.get(pair, []))
+    affected |= _assign_spans(conn, pairs, sessions, seen)
+    # Liveness marks for the idle culler and the burn rate.
+    for pair, times in seen.heartbeat.items():
+        _mark(conn, sessions.get(pair, []), times, ServerSession.last_heartbeat_us)
+    for pair, times in seen.busy.items():
+        _mark(conn, sessions.get(pair, []), times, ServerSession.last_busy_us)
+    if affected:
+        _lock_for_rating(conn, affected, now_us)
+    for sid in sorted(affected):
+        rate_session(conn, sid, prices, now_us)
 
-    resession: set[tuple[str, str]] = set()
-    spans: dict[tuple[str, str, str], list] = {}
-    heartbeat: dict[tuple[str, str], list[int]] = {}
-    busy: dict[tuple[str, str], list[int]] = {}
+
+def _gather(conn: Connection, new: list, floors: dict[str, int]) -> _Seen:
+    """Record the sessions the hub started, and gather the spans, heartbeats and busy times the
+    batch reports (nothing else is written here)."""
+    seen = _Seen()
 
     def t_of(ev) -> int:
         # A reporter's event from within the clock-skew allowance before its session's start
         # counts from the start, so its kernel can never land in the session before (bounds).
         return max(ev.t_us, floors.get(ev.id, ev.t_us))
 
-    def see(ev, kernel: str, name: str = "") -> None:
-        key = (ev.user, ev.server, kernel)
-        t = t_of(ev)
-        cur = spans.get(key)
-        if cur is None:
-            spans[key] = [t, t, name]
-        else:
-            cur[0] = min(cur[0], t)
-            cur[1] = max(cur[1], t)
-            cur[2] = cur[2] or name
-        busy.setdefault((ev.user, ev.server), []).append(t)
-
     for ev in new:
         if isinstance(ev, ServerStart):
-            conn.execute(
-                insert_ignore(conn, ServerSession, ["start_event"]).values(
-                    start_event=ev.id,
-                    user=ev.user,
-                    server=ev.server,
-                    gpu_type=ev.gpu,
-                    gpus=ev.gpus,
-                    pricing=ev.pricing,
-                    options=json.dumps(ev.options),
-                    course=course_of(ev.options),
-                    reservation=reservation_of(ev.options),
-                    started_us=ev.t_us,
-                    billed_us=0,
-                    charged_micro=0,
-                )
-            )
-            resession.add((ev.user, ev.server))
+            _record_start(conn, ev)
+            seen.resession.add((ev.user, ev.server))
         elif isinstance(ev, ServerStop):
-            resession.add((ev.user, ev.server))
+            seen.resession.add((ev.user, ev.server))
         elif isinstance(ev, ActivityEvent):
-            see(ev, ev.unit, "observed activity")
-            spans[(ev.user, ev.server, ev.unit)][0] = min(
-                spans[(ev.user, ev.server, ev.unit)][0], ev.first_us
-            )
+            seen.see(ev.user, ev.server, ev.unit, t_of(ev), "observed activity")
+            span = seen.spans[(ev.user, ev.server, ev.unit)]
+            span[0] = min(span[0], ev.first_us)
         elif isinstance(ev, KernelEvent | AppEvent):
-            see(ev, ev.unit, ev.name)
+            seen.see(ev.user, ev.server, ev.unit, t_of(ev), ev.name)
         elif isinstance(ev, Heartbeat):
-            heartbeat.setdefault((ev.user, ev.server), []).append(t_of(ev))
+            t = t_of(ev)
+            seen.heartbeat.setdefault((ev.user, ev.server), []).append(t)
             for kernel in ev.kernels:
-                see(ev, kernel)
+                seen.see(ev.user, ev.server, kernel, t)
             for app in ev.apps:
-                see(ev, APP_PREFIX + app)
+                seen.see(ev.user, ev.server, APP_PREFIX + app, t)
+    return seen
 
-    if spans:
-        upsert_span_extend(
-            conn,
-            KernelSpan,
-            [
-                {
-                    "user": u,
-                    "server": s,
-                    "kernel_id": k,
-                    "name": v[2],
-                    "first_us": v[0],
-                    "last_us": v[1],
-                }
-                for (u, s, k), v in sorted(spans.items())
-            ],
+
+def _record_start(conn: Connection, ev: ServerStart) -> None:
+    """A session, once per hub ``server_start`` (its id), with the mode, course and tag."""
+    conn.execute(
+        insert_ignore(conn, ServerSession, ["start_event"]).values(
+            start_event=ev.id,
+            user=ev.user,
+            server=ev.server,
+            gpu_type=ev.gpu,
+            gpus=ev.gpus,
+            pricing=ev.pricing,
+            options=json.dumps(ev.options),
+            course=course_of(ev.options),
+            reservation=reservation_of(ev.options),
+            started_us=ev.t_us,
+            billed_us=0,
+            charged_micro=0,
         )
+    )
 
-    pairs = resession | {(u, s) for u, s, _ in spans} | set(heartbeat)
-    sessions = _sessions_of(conn, pairs)
+
+def _store_spans(conn: Connection, spans: dict[tuple[str, str, str], list]) -> None:
+    upsert_span_extend(
+        conn,
+        KernelSpan,
+        [
+            {
+                "user": u,
+                "server": s,
+                "kernel_id": k,
+                "name": v[2],
+                "first_us": v[0],
+                "last_us": v[1],
+            }
+            for (u, s, k), v in sorted(spans.items())
+        ],
+    )
+
+
+def _assign_spans(
+    conn: Connection,
+    pairs: set[tuple[str, str]],
+    sessions: dict[tuple[str, str], list[tuple[int, int]]],
+    seen: _Seen,
+) -> set[int]:
+    """Assign spans to sessions: all spans of a server whose sessions changed, else the touched
+    ones. Returns the sessions whose spans changed (to re-rate)."""
     affected: set[int] = set()
-
-    for pair in sorted(resession):
-        affected |= _restop(conn, pair, sessions.get(pair, []))
-
-    # Assign spans to sessions: all spans of a pair whose sessions changed, else the touched ones.
     touched: dict[tuple[str, str], set[str]] = defaultdict(set)
-    for u, s, k in spans:
+    for u, s, k in seen.spans:
         touched[(u, s)].add(k)
     for pair in sorted(pairs):
         sess = sessions.get(pair, [])
         q = select(KernelSpan.kernel_id, KernelSpan.first_us, KernelSpan.session_id).where(
             KernelSpan.user == pair[0], KernelSpan.server == pair[1]
         )
-        if pair not in resession:
+        if pair not in seen.resession:
             if not touched.get(pair):
                 continue
             q = q.where(KernelSpan.kernel_id.in_(sorted(touched[pair])))
@@ -245,38 +282,33 @@ def _apply(
                     )
                     .values(session_id=sid)
                 )
+    return affected
 
-    # Liveness marks for the idle culler and the burn rate.
-    for pair, times in heartbeat.items():
-        _mark(conn, sessions.get(pair, []), times, ServerSession.last_heartbeat_us)
-    for pair, times in busy.items():
-        _mark(conn, sessions.get(pair, []), times, ServerSession.last_busy_us)
 
-    if affected and conn.dialect.name == "postgresql":
-        # Lock every session this batch re-rates, in one order, before any account row is
-        # touched: concurrent batches then queue instead of deadlocking.
+def _lock_for_rating(conn: Connection, affected: set[int], now_us: int) -> None:
+    """Lock what re-rating these sessions touches, in the one order every writer keeps: the
+    sessions (by id), then their courses' pools (``ledger.lock``), then accounts as posted.
+    Concurrent batches then queue instead of deadlocking."""
+    if conn.dialect.name == "postgresql":
         conn.execute(
             select(ServerSession.id)
             .where(ServerSession.id.in_(sorted(affected)))
             .order_by(ServerSession.id)
             .with_for_update()
         ).all()
-    if affected:
-        # Course sessions split their charge with their course's pool: the courses' rows are
-        # locked (after the sessions, in one order) while the batch decides who pays.
-        names = set(
-            conn.execute(
-                select(ServerSession.course).where(
-                    ServerSession.id.in_(sorted(affected)), ServerSession.course.is_not(None)
-                )
-            ).scalars()
-        )
-        pools = [ledger.pool(name) for name in sorted(names)]
-        for pool in pools:
-            ledger.ensure(conn, pool, now_us)
-        ledger.lock(conn, pools)
-    for sid in sorted(affected):
-        rate_session(conn, sid, prices, now_us)
+    # Course sessions split their charge with their course's pool: the pools are opened and
+    # locked while the batch decides who pays.
+    names = set(
+        conn.execute(
+            select(ServerSession.course).where(
+                ServerSession.id.in_(sorted(affected)), ServerSession.course.is_not(None)
+            )
+        ).scalars()
+    )
+    pools = [ledger.pool(name) for name in sorted(names)]
+    for pool in pools:
+        ledger.ensure(conn, pool, now_us)
+    ledger.lock(conn, pools)
 
 
 def _sessions_of(conn: Connection, pairs: set) -> dict[tuple[str, str], list[tuple[int, int]]]:
@@ -364,28 +396,23 @@ def session_intervals(conn: Connection, sess) -> list[tuple[int, int]]:
 
 
 def rate_session(conn: Connection, sid: int, prices: PriceBook, now_us: int) -> None:
-    """Re-rate one session from its spans and post the difference to the ledger; a course
-    session's difference is split between its course's pool and the student (``courses``)."""
+    """Re-rate one session from its spans and post the difference to the ledger: rated once
+    (``rating.rate_charge``, cut by its course's periods for a course session), then the
+    difference split between the course's pool and the student (``courses.settle``) or posted
+    to the user."""
     q = select(ServerSession).where(ServerSession.id == sid)
     if conn.dialect.name == "postgresql":
         q = q.with_for_update()
     sess = conn.execute(q).one()
     merged = merge(session_intervals(conn, sess))
-    billed = sum(b - a for a, b in merged)
     # Seconds inside the paid reservation the session runs on are rated at 0 (``reservations``).
     prepaid = reservations.prepaid_window(conn, sess) if sess.reservation else None
-    amount = prices.cost_micro(
-        sess.gpu_type,
-        sess.gpus,
-        rated_pricing(sess.pricing, sess.options),
-        merged,
-        bid_of(sess.options),
-        prepaid,
-    )
-    delta = amount - sess.charged_micro
+    rules = courses.settings(conn, sess.course) if sess.course is not None else None
+    charge = rate_charge(prices, sess, merged, prepaid, rules.cut if rules else None)
+    delta = charge.amount_micro - sess.charged_micro
     personal = delta
-    if sess.course is not None:
-        personal = courses.settle(conn, prices, sess, merged, amount, now_us, prepaid)
+    if rules is not None:
+        personal = courses.settle(conn, sess, rules, charge, now_us)
     if personal:
         ledger.post(
             conn,
@@ -396,9 +423,9 @@ def rate_session(conn: Connection, sid: int, prices: PriceBook, now_us: int) -> 
             session_id=sid,
             note=f"session {sid}",
         )
-    if delta or billed != sess.billed_us:
+    if delta or charge.billed_us != sess.billed_us:
         conn.execute(
             update(ServerSession)
             .where(ServerSession.id == sid)
-            .values(billed_us=billed, charged_micro=amount)
+            .values(billed_us=charge.billed_us, charged_micro=charge.amount_micro)
         )

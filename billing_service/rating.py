@@ -33,8 +33,8 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from decimal import ROUND_FLOOR, ROUND_HALF_EVEN, Decimal, InvalidOperation
 from typing import Any
 
@@ -43,6 +43,7 @@ from gpulab.catalog import Catalog, GpuType
 from gpulab.catalog.price_history import PriceHistory, history_for
 
 US_PER_HOUR = 3600 * MICRO
+OUTSIDE = -1  # the period key of a course session's time outside every period (its term)
 # [start, end) in microseconds: a session's paid reservation, whose seconds are rated at 0.
 Window = tuple[int, int]
 
@@ -303,6 +304,56 @@ class PriceBook:
     ) -> int:
         """The amount for these (disjoint) billed intervals, rounded once (see module doc)."""
         return self.rate(gpu_type, gpus, pricing, intervals, bid, prepaid).amount_micro
+
+
+# A course's periods (``courses.Settings.cut``): billed intervals cut at period boundaries,
+# {period start or OUTSIDE: (period end, pieces)}.
+PeriodCut = Callable[[Iterable[tuple[int, int]]], dict[int, tuple[int, list[tuple[int, int]]]]]
+
+
+@dataclass(frozen=True)
+class Charge:
+    """What a session costs now: its ``amount_micro`` (rounded once) and, for a course session,
+    that amount split by the periods its seconds fall in (``periods``: {period start or OUTSIDE:
+    (period end, micro)}, adding up to the amount)."""
+
+    amount_micro: int
+    billed_us: int
+    periods: dict[int, tuple[int, int]] = field(default_factory=dict)
+
+
+def rate_charge(
+    prices: PriceBook,
+    sess,
+    merged: list[tuple[int, int]],
+    prepaid: Window | None = None,
+    cut: PeriodCut | None = None,
+) -> Charge:
+    """Rate a session's merged billed intervals, in one place and in order:
+
+    1. the pricing its seconds are rated at (``rated_pricing``: education in a course) and its bid;
+    2. the amount of all of its billed time, rounded once (seconds inside ``prepaid``, the paid
+       reservation it runs on, at 0);
+    3. for a course session (``cut``, its course's periods), that amount split by period: each
+       period's exact amount rounded down, the latest period the rest, so the parts add up to the
+       amount (seconds inside ``prepaid`` cost 0 and so count towards no cap)."""
+    pricing = rated_pricing(sess.pricing, sess.options)
+    bid = bid_of(sess.options)
+    rated = prices.rate(sess.gpu_type, sess.gpus, pricing, merged, bid, prepaid)
+    amount = rated.amount_micro
+    if cut is None:
+        return Charge(amount, rated.billed_us)
+    parts: list[tuple[int, int, int, int]] = []  # (last second, key, end, micro)
+    for key, (end, pieces) in cut(merged).items():
+        exact = prices.rate(sess.gpu_type, sess.gpus, pricing, pieces, bid, prepaid).exact
+        parts.append((max(b for _, b in pieces), key, end, exact // US_PER_HOUR))
+    periods = {key: (end, micro) for _, key, end, micro in parts}
+    if parts:
+        _, key, end, micro = max(parts)
+        periods[key] = (end, micro + amount - sum(p[3] for p in parts))
+    elif amount:
+        periods[OUTSIDE] = (0, amount)
+    return Charge(amount, rated.billed_us, periods)
 
 
 def split_prepaid(

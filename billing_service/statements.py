@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -53,6 +54,26 @@ def mode_label(prices: PriceBook, gpu_type: str, gpus: int) -> str:
     return f"{gpu.display_name if gpu else gpu_type} x{gpus}"
 
 
+@dataclass
+class _Totals:
+    """What ``usage`` adds up over the sessions of a statement."""
+
+    kernel_us: int = 0
+    app_us: int = 0
+    observed_us: int = 0
+    billed_us: int = 0
+    amount: int = 0
+    course: int = 0  # paid by course pools
+    prepaid_us: int = 0
+    compensation: int = 0
+    per_app_us: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    # UTC day -> billed seconds and the charges posted that day
+    per_day: dict[str, dict[str, int]] = field(
+        default_factory=lambda: defaultdict(lambda: {"billed_us": 0, "charged_micro": 0})
+    )
+    spend: dict[int, daily.Day] = field(default_factory=dict)  # spend per day (``daily``)
+
+
 def usage(
     conn: Connection, prices: PriceBook, user: str, from_us: int, to_us: int
 ) -> dict[str, Any]:
@@ -60,183 +81,18 @@ def usage(
     kernel-seconds per kernel and app-seconds per app run (with the app's name), app-seconds per
     app; billed seconds and charges posted per UTC day (``days``), and the sessions' spend split
     at midnight (``daily``, see ``daily``), whose amounts add up to the total."""
-    sessions = conn.execute(
-        select(ServerSession)
-        .where(
-            ServerSession.user == user,
-            ServerSession.started_us < to_us,
-            func.coalesce(ServerSession.stopped_us, NEVER) >= from_us,
-        )
-        .order_by(ServerSession.started_us)
-    ).all()
-    by_session: dict[int, list] = defaultdict(list)
-    if sessions:
-        for span in conn.execute(
-            select(KernelSpan)
-            .where(KernelSpan.session_id.in_([s.id for s in sessions]))
-            .order_by(KernelSpan.first_us)
-        ).all():
-            by_session[span.session_id].append(span)
-
+    sessions = _sessions_in(conn, user, from_us, to_us)
+    spans = _spans_by_session(conn, sessions)
     split = courses.paid_by(conn, [s.id for s in sessions if s.course is not None])
     # Sessions on a paid reservation: their seconds inside it are prepaid (charged 0).
     tags = reservations.checks(conn, sessions)
-    total_prepaid_us = 0
-    total_course = 0
-    servers = []
-    per_day: dict[str, dict[str, int]] = defaultdict(lambda: {"billed_us": 0, "charged_micro": 0})
-    spend: dict[int, daily.Day] = {}
-    app_us: dict[str, int] = defaultdict(int)
-    total_kernel_us = total_app_us = total_observed_us = total_billed_us = total_amount = 0
-    for s in sessions:
-        hi = s.stopped_us if s.stopped_us is not None else NEVER
-        kernels, apps, observed = [], [], []
-        for k in by_session.get(s.id, []):
-            a, b = max(k.first_us, s.started_us), min(k.last_us, hi)
-            k_us = max(0, b - a)
-            if k.kernel_id.startswith(OBSERVED_PREFIX):
-                # What the hub itself saw running in the server (billed with the kernels).
-                total_observed_us += k_us
-                observed.append(
-                    {
-                        "span": k.kernel_id.removeprefix(OBSERVED_PREFIX),
-                        "first_seen": iso(k.first_us),
-                        "last_seen": iso(k.last_us),
-                        "observed_seconds": k_us / MICRO,
-                    }
-                )
-                continue
-            if k.kernel_id.startswith(APP_PREFIX):
-                run = k.kernel_id.removeprefix(APP_PREFIX)
-                # The app's catalog name (e.g. sd-webui) from its app_start/app_stop; a run only
-                # ever listed in heartbeats has none, and is named by its run id.
-                app = k.name or run
-                total_app_us += k_us
-                app_us[app] += k_us
-                apps.append(
-                    {
-                        "app_id": run,
-                        "app": app,
-                        "name": k.name,
-                        "first_seen": iso(k.first_us),
-                        "last_seen": iso(k.last_us),
-                        "app_seconds": k_us / MICRO,
-                    }
-                )
-                continue
-            total_kernel_us += k_us
-            kernels.append(
-                {
-                    "kernel_id": k.kernel_id,
-                    "name": k.name,
-                    "first_seen": iso(k.first_us),
-                    "last_seen": iso(k.last_us),
-                    "kernel_seconds": k_us / MICRO,
-                }
-            )
-        clipped = [
-            (max(k.first_us, s.started_us), min(k.last_us, hi)) for k in by_session.get(s.id, [])
-        ]
-        tag = tags.get(s.id)
-        prepaid = tag.window if tag is not None else None
-        prepaid_us = sum(b - a for a, b in split_prepaid(merge(clipped), prepaid)[0])
-        total_prepaid_us += prepaid_us
-        days = daily.session_days(prices, s, merge(clipped), prepaid)
-        daily.add_days(spend, days)
-        for day, d in days.items():
-            if d.billed_us:
-                per_day[daily.day_name(day)]["billed_us"] += d.billed_us
-        total_billed_us += s.billed_us
-        total_amount += s.charged_micro
-        # Who paid: a course session's charge is split between its pool and the student.
-        by_course, by_user = split.get(s.id, (0, 0)) if s.course else (0, s.charged_micro)
-        total_course += by_course
-        row = {
-            "session": s.id,
-            "server": s.server,
-            "mode": mode_label(prices, s.gpu_type, s.gpus),
-            "gpu_type": s.gpu_type,
-            "gpus": s.gpus,
-            "pricing": s.pricing,
-            "price_per_hour": str(
-                from_micro(
-                    prices.rate_micro_per_hour(
-                        s.gpu_type,
-                        s.gpus,
-                        rated_pricing(s.pricing, s.options),
-                        s.started_us,
-                        bid_of(s.options),
-                        prepaid,
-                    )
-                )
-            ),
-            "started": iso(s.started_us),
-            "stopped": iso(s.stopped_us),
-            "billed_seconds": s.billed_us / MICRO,
-            # Of the billed seconds, those inside the session's paid reservation (charged 0).
-            "prepaid_seconds": prepaid_us / MICRO,
-            "amount": money(s.charged_micro),
-            "course": s.course,
-            # The reservation the hub tagged the session with, and whether billing believed it
-            # (``applied``; else ``reason``, and the session was rated normally).
-            "reservation": None
-            if tag is None
-            else {
-                **tag.to_json(),
-                "from": iso(prepaid[0]) if prepaid else None,
-                "to": iso(prepaid[1]) if prepaid else None,
-                "prepaid_seconds": prepaid_us / MICRO,
-            },
-            "paid_by": {"course": money(by_course), "personal": money(by_user)},
-            "kernels": kernels,
-            "apps": apps,
-            "observed": observed,
-            "rates": rate_periods(
-                prices, s, merge(clipped), prepaid, tag.id if tag is not None else None
-            ),
-        }
-        if s.pricing == "spot":
-            row["spot"] = spot_summary(prices, s, merge(clipped), prepaid)
-        servers.append(row)
-    # Credits for work a platform reclaim lost, shown with the session they compensate.
-    comp_by_session: dict[int, list] = defaultdict(list)
-    if sessions:
-        for e in conn.execute(
-            select(LedgerEntry)
-            .where(
-                LedgerEntry.kind == "compensation",
-                LedgerEntry.session_id.in_([s.id for s in sessions]),
-            )
-            .order_by(LedgerEntry.id)
-        ).all():
-            comp_by_session[e.session_id].append(e)
-    total_comp = 0
-    for row in servers:
-        entries = comp_by_session.get(row["session"], [])
-        total_comp += sum(e.amount_micro for e in entries)
-        row["compensations"] = [
-            {"amount": money(e.amount_micro), "created": iso(e.created_us), "note": e.note}
-            for e in entries
-        ]
-    for created, amount in conn.execute(
-        select(LedgerEntry.created_us, LedgerEntry.amount_micro).where(
-            LedgerEntry.user == user,
-            LedgerEntry.kind == "charge",
-            LedgerEntry.created_us >= from_us,
-            LedgerEntry.created_us < to_us,
-        )
-    ).all():
-        per_day[iso(created)[:10]]["charged_micro"] += -amount
-    # The user's own prepaid reservations (``user:NAME``): charged when made, each its own line.
-    own = [
-        r
-        for r in conn.execute(
-            select(Reservation)
-            .where(Reservation.account == f"user:{user}")
-            .order_by(Reservation.start_us, Reservation.id)
-        ).all()
-        if (r.start_us < to_us and r.end_us > from_us) or from_us <= r.created_us < to_us
+    totals = _Totals()
+    servers = [
+        _server_row(prices, s, spans.get(s.id, []), tags.get(s.id), split, totals) for s in sessions
     ]
+    _add_compensations(conn, servers, totals)
+    _add_charges_per_day(conn, user, from_us, to_us, totals)
+    own = _own_reservations(conn, user, from_us, to_us)
     return {
         "user": user,
         "currency": prices.catalog.currency,
@@ -250,18 +106,18 @@ def usage(
                 "billed_seconds": v["billed_us"] / MICRO,
                 "charges": money(v["charged_micro"]),
             }
-            for day, v in sorted(per_day.items())
+            for day, v in sorted(totals.per_day.items())
         ],
         # The sessions' spend per day (the page's chart); adds up to total.amount exactly.
-        "daily": daily.daily(spend, from_us, to_us),
+        "daily": daily.daily(totals.spend, from_us, to_us),
         # App-seconds per app name, over every server (``total`` has their sum).
-        "apps": {name: app_us[name] / MICRO for name in sorted(app_us)},
+        "apps": {name: totals.per_app_us[name] / MICRO for name in sorted(totals.per_app_us)},
         "total": {
-            "kernel_seconds": total_kernel_us / MICRO,
-            "app_seconds": total_app_us / MICRO,
-            "observed_seconds": total_observed_us / MICRO,
-            "billed_seconds": total_billed_us / MICRO,
-            "amount": money(total_amount),
+            "kernel_seconds": totals.kernel_us / MICRO,
+            "app_seconds": totals.app_us / MICRO,
+            "observed_seconds": totals.observed_us / MICRO,
+            "billed_seconds": totals.billed_us / MICRO,
+            "amount": money(totals.amount),
         },
         # Hybrid billing: the user's own prepaid reservations (each charged when made, besides
         # ``total.amount``), their sum, and the billed seconds that fell inside a reservation
@@ -269,16 +125,187 @@ def usage(
         "reservations": [reservation_json(r, prices.catalog.currency) for r in own],
         "prepaid": {
             "reservations": money(sum(r.amount_micro for r in own)),
-            "seconds": total_prepaid_us / MICRO,
+            "seconds": totals.prepaid_us / MICRO,
         },
         # Who paid total.amount: course pools (course sessions, ``courses``) and the user.
         "paid_by": {
-            "course": money(total_course),
-            "personal": money(total_amount - total_course),
+            "course": money(totals.course),
+            "personal": money(totals.amount - totals.course),
         },
         # Credited for lost work (ledger kind ``compensation``), next to the total charged.
-        "compensation": money(total_comp),
+        "compensation": money(totals.compensation),
     }
+
+
+def _sessions_in(conn: Connection, user: str, from_us: int, to_us: int) -> list:
+    return conn.execute(
+        select(ServerSession)
+        .where(
+            ServerSession.user == user,
+            ServerSession.started_us < to_us,
+            func.coalesce(ServerSession.stopped_us, NEVER) >= from_us,
+        )
+        .order_by(ServerSession.started_us)
+    ).all()
+
+
+def _spans_by_session(conn: Connection, sessions: list) -> dict[int, list]:
+    by_session: dict[int, list] = defaultdict(list)
+    if sessions:
+        for span in conn.execute(
+            select(KernelSpan)
+            .where(KernelSpan.session_id.in_([s.id for s in sessions]))
+            .order_by(KernelSpan.first_us)
+        ).all():
+            by_session[span.session_id].append(span)
+    return by_session
+
+
+def _units(s, spans: list, totals: _Totals) -> tuple[list, list, list]:
+    """A session's spans as the statement lists them: (kernels, apps, observed), each clipped to
+    the session; their seconds are added to ``totals``."""
+    hi = s.stopped_us if s.stopped_us is not None else NEVER
+    kernels, apps, observed = [], [], []
+    for k in spans:
+        a, b = max(k.first_us, s.started_us), min(k.last_us, hi)
+        k_us = max(0, b - a)
+        seen = {"first_seen": iso(k.first_us), "last_seen": iso(k.last_us)}
+        if k.kernel_id.startswith(OBSERVED_PREFIX):
+            # What the hub itself saw running in the server (billed with the kernels).
+            totals.observed_us += k_us
+            span = k.kernel_id.removeprefix(OBSERVED_PREFIX)
+            observed.append({"span": span, **seen, "observed_seconds": k_us / MICRO})
+        elif k.kernel_id.startswith(APP_PREFIX):
+            run = k.kernel_id.removeprefix(APP_PREFIX)
+            # The app's catalog name (e.g. sd-webui) from its app_start/app_stop; a run only
+            # ever listed in heartbeats has none, and is named by its run id.
+            app = k.name or run
+            totals.app_us += k_us
+            totals.per_app_us[app] += k_us
+            apps.append(
+                {"app_id": run, "app": app, "name": k.name, **seen, "app_seconds": k_us / MICRO}
+            )
+        else:
+            totals.kernel_us += k_us
+            kernels.append(
+                {"kernel_id": k.kernel_id, "name": k.name, **seen, "kernel_seconds": k_us / MICRO}
+            )
+    return kernels, apps, observed
+
+
+def _server_row(
+    prices: PriceBook, s, spans: list, tag, split: dict[int, tuple[int, int]], totals: _Totals
+) -> dict[str, Any]:
+    """One session of the statement (``servers[]``), its figures added to ``totals``."""
+    kernels, apps, observed = _units(s, spans, totals)
+    hi = s.stopped_us if s.stopped_us is not None else NEVER
+    merged = merge([(max(k.first_us, s.started_us), min(k.last_us, hi)) for k in spans])
+    prepaid = tag.window if tag is not None else None
+    prepaid_us = sum(b - a for a, b in split_prepaid(merged, prepaid)[0])
+    totals.prepaid_us += prepaid_us
+    days = daily.session_days(prices, s, merged, prepaid)
+    daily.add_days(totals.spend, days)
+    for day, d in days.items():
+        if d.billed_us:
+            totals.per_day[daily.day_name(day)]["billed_us"] += d.billed_us
+    totals.billed_us += s.billed_us
+    totals.amount += s.charged_micro
+    # Who paid: a course session's charge is split between its pool and the student.
+    by_course, by_user = split.get(s.id, (0, 0)) if s.course else (0, s.charged_micro)
+    totals.course += by_course
+    price = prices.rate_micro_per_hour(
+        s.gpu_type,
+        s.gpus,
+        rated_pricing(s.pricing, s.options),
+        s.started_us,
+        bid_of(s.options),
+        prepaid,
+    )
+    row = {
+        "session": s.id,
+        "server": s.server,
+        "mode": mode_label(prices, s.gpu_type, s.gpus),
+        "gpu_type": s.gpu_type,
+        "gpus": s.gpus,
+        "pricing": s.pricing,
+        "price_per_hour": str(from_micro(price)),
+        "started": iso(s.started_us),
+        "stopped": iso(s.stopped_us),
+        "billed_seconds": s.billed_us / MICRO,
+        # Of the billed seconds, those inside the session's paid reservation (charged 0).
+        "prepaid_seconds": prepaid_us / MICRO,
+        "amount": money(s.charged_micro),
+        "course": s.course,
+        # The reservation the hub tagged the session with, and whether billing believed it
+        # (``applied``; else ``reason``, and the session was rated normally).
+        "reservation": None
+        if tag is None
+        else {
+            **tag.to_json(),
+            "from": iso(prepaid[0]) if prepaid else None,
+            "to": iso(prepaid[1]) if prepaid else None,
+            "prepaid_seconds": prepaid_us / MICRO,
+        },
+        "paid_by": {"course": money(by_course), "personal": money(by_user)},
+        "kernels": kernels,
+        "apps": apps,
+        "observed": observed,
+        "rates": rate_periods(prices, s, merged, prepaid, tag.id if tag is not None else None),
+    }
+    if s.pricing == "spot":
+        row["spot"] = spot_summary(prices, s, merged, prepaid)
+    return row
+
+
+def _add_compensations(conn: Connection, servers: list[dict[str, Any]], totals: _Totals) -> None:
+    """Credits for work a platform reclaim lost, shown with the session they compensate."""
+    by_session: dict[int, list] = defaultdict(list)
+    if servers:
+        for e in conn.execute(
+            select(LedgerEntry)
+            .where(
+                LedgerEntry.kind == "compensation",
+                LedgerEntry.session_id.in_([row["session"] for row in servers]),
+            )
+            .order_by(LedgerEntry.id)
+        ).all():
+            by_session[e.session_id].append(e)
+    for row in servers:
+        entries = by_session.get(row["session"], [])
+        totals.compensation += sum(e.amount_micro for e in entries)
+        row["compensations"] = [
+            {"amount": money(e.amount_micro), "created": iso(e.created_us), "note": e.note}
+            for e in entries
+        ]
+
+
+def _add_charges_per_day(
+    conn: Connection, user: str, from_us: int, to_us: int, totals: _Totals
+) -> None:
+    """The user's own charges posted in [from, to), per UTC day."""
+    for created, amount in conn.execute(
+        select(LedgerEntry.created_us, LedgerEntry.amount_micro).where(
+            LedgerEntry.user == user,
+            LedgerEntry.kind == "charge",
+            LedgerEntry.created_us >= from_us,
+            LedgerEntry.created_us < to_us,
+        )
+    ).all():
+        totals.per_day[iso(created)[:10]]["charged_micro"] += -amount
+
+
+def _own_reservations(conn: Connection, user: str, from_us: int, to_us: int) -> list:
+    """The user's own prepaid reservations (``user:NAME``) whose window overlaps [from, to) or
+    that were charged in it: each its own line of the statement."""
+    return [
+        r
+        for r in conn.execute(
+            select(Reservation)
+            .where(Reservation.account == f"user:{user}")
+            .order_by(Reservation.start_us, Reservation.id)
+        ).all()
+        if (r.start_us < to_us and r.end_us > from_us) or from_us <= r.created_us < to_us
+    ]
 
 
 def rate_periods(
