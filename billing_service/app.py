@@ -20,8 +20,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from jupyterhub.services.auth import HubOAuthCallbackHandler
-from jupyterhub.utils import url_path_join
 from sqlalchemy import select
 from tornado import web
 from tornado.httpserver import HTTPServer
@@ -29,10 +27,9 @@ from traitlets import Float, Int, List, Unicode, default, validate
 from traitlets.config import Application
 
 from gpulab.billing_service import (
+    api,
     compensation,
     courses,
-    csv_export,
-    handlers,
     ledger,
     reservations,
     statements,
@@ -451,25 +448,8 @@ class BillingService(Application):
     # ---- web ---------------------------------------------------------------------------------
 
     def make_app(self) -> web.Application:
-        p = self.prefix
-        api = url_path_join(p, "api/v1")
-        routes = [
-            (url_path_join(api, "events"), handlers.EventsHandler),
-            (url_path_join(api, r"users/([^/]+)/usage"), handlers.UsageHandler),
-            (url_path_join(api, r"users/([^/]+)/balance"), handlers.BalanceHandler),
-            (url_path_join(api, r"users/([^/]+)/credits"), handlers.CreditsHandler),
-            (url_path_join(api, r"users/([^/]+)/compensations"), handlers.CompensationsHandler),
-            (url_path_join(api, r"courses/([^/]+)"), handlers.CourseHandler),
-            (url_path_join(api, r"courses/([^/]+)/credits"), handlers.CourseCreditsHandler),
-            (url_path_join(api, "reservations"), handlers.ReservationsHandler),
-            (url_path_join(api, "admin/overview"), handlers.OverviewHandler),
-            (url_path_join(p, "oauth_callback"), HubOAuthCallbackHandler),
-            (url_path_join(p, "statement.csv"), csv_export.CsvHandler),
-            (p, handlers.StatementPage),
-            (p.rstrip("/"), web.RedirectHandler, {"url": p}),
-        ]
         return web.Application(
-            routes,
+            api.routes(self.prefix),
             billing=self,
             cookie_secret=os.urandom(32),
             template_path=str(TEMPLATES),

@@ -1,4 +1,5 @@
-"""The statement as CSV (``/services/billing/statement.csv``), for users and admins alike.
+"""The statement as CSV (``/services/billing/statement.csv``, served by ``api.pages``), for users
+and admins alike.
 
 One ``server`` row per session (its pricing, the price per card-hour it was rated at (the average
 for spot), its bid, capped seconds, billed seconds and amount), then a ``rate`` row per run of
@@ -29,11 +30,6 @@ import csv
 import io
 import re
 from typing import Any
-
-from tornado import web
-
-from gpulab.billing_service import statements
-from gpulab.billing_service.handlers import BaseHandler, month_start, now_us, parse_time
 
 # What a spreadsheet may take for the start of a formula (OWASP "CSV injection").
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
@@ -189,21 +185,3 @@ def render(usage: dict[str, Any]) -> str:
     for row in statement_rows(usage):
         w.writerow({k: safe_cell(v) for k, v in row.items()})
     return buf.getvalue()
-
-
-class CsvHandler(BaseHandler):
-    """``statement.csv?user=&from=&to=``: a user's own statement, or any user's for an admin."""
-
-    @web.authenticated
-    async def get(self) -> None:
-        name = self.get_argument("user", self.current_user["name"])
-        self.require_user(name)
-        now = now_us()
-        to_us = parse_time("to", self.get_argument("to", None), now)
-        from_us = parse_time("from", self.get_argument("from", None), month_start(now))
-        usage = await self.billing.read(statements.usage, self.billing.prices, name, from_us, to_us)
-        self.set_header("Content-Type", "text/csv; charset=utf-8")
-        # The file name carries the user name: keep it to characters a header cannot misread.
-        safe_name = re.sub(r"[^A-Za-z0-9._-]", "_", name)
-        self.set_header("Content-Disposition", f'attachment; filename="statement-{safe_name}.csv"')
-        self.finish(render(usage))

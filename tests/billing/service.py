@@ -13,7 +13,7 @@ from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 from tornado.httpserver import HTTPServer
 
 from billing.courses import PRICES, TRIAL
-from gpulab.billing_service import handlers
+from gpulab.billing_service.api import base
 from gpulab.billing_service.app import BillingService
 from gpulab.billing_service.db import make_engine, upgrade
 from gpulab.billing_service.models import MICRO
@@ -27,7 +27,7 @@ def make_service(tmp_path, monkeypatch, tokens: dict[str, dict]) -> BillingServi
         token = self.request.headers.get("Authorization", "").removeprefix("token ")
         return tokens.get(token)
 
-    monkeypatch.setattr(handlers.BaseHandler, "get_current_user", current_user)
+    monkeypatch.setattr(base.BaseHandler, "get_current_user", current_user)
     app = BillingService()
     app.catalog = PRICES.catalog
     app.prices = PRICES
