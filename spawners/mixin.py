@@ -1,7 +1,16 @@
 """What every gpulab spawner shares: option validation, GPU allocation, GPU env, state, progress.
 
 A concrete spawner (local processes, Docker) mixes this in and implements ``_launch`` (start the
-server with the given environment, return its URL) and its own stop/poll.
+server its :class:`~gpulab.spawners.request.SpawnRequest` describes, with the request's GPU
+environment, and return its URL) and its own stop/poll.
+
+A spawn is one :class:`SpawnRequest` (see :mod:`gpulab.spawners.request` for how the hub hands
+it over): gpulab's ``apply_user_options`` takes the one the hub's gate made for these options, or
+makes it (parse and course rules, once); a deployment that replaced ``apply_user_options`` gets
+it made by ``start`` from the gpulab fields of ``user_options``. The start then asks the balance
+(``afford_hook``) unless the gate did, tells billing (``pre_allocate_hook``), asks the market
+unless the gate did, allocates, and launches. The request is the spawner's own state
+(``gpulab_request``); nothing outside the spawner sets it.
 """
 
 from __future__ import annotations
@@ -10,7 +19,6 @@ import asyncio
 import inspect
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from typing import Any
 
 from tornado import web
@@ -19,15 +27,16 @@ from traitlets import Float, HasTraits, default
 
 from gpulab.spawners.activity import Observation
 from gpulab.spawners.apps import AppServersMixin
-from gpulab.spawners.courses import CourseRuleError, apply_course_rules, student_courses
+from gpulab.spawners.courses import CourseRuleError
 from gpulab.spawners.form import render_form
-from gpulab.spawners.market.admission import Admission, MarketAnswer
+from gpulab.spawners.market.admission import MarketAnswer
 from gpulab.spawners.market.hub import SpotMarket
 from gpulab.spawners.node.allocator import Allocation, NoCapacity, owner_key
 from gpulab.spawners.node.holds import accounts_for
 from gpulab.spawners.node.pool import GpuPool
 from gpulab.spawners.node.procs import ENV_ALLOC, ENV_HUB
 from gpulab.spawners.options import OptionsError, ServerOptions, options_from_form, parse_options
+from gpulab.spawners.request import CourseSeat, SpawnRequest, make_request, take
 
 
 class SpawnError(web.HTTPError):
@@ -38,28 +47,12 @@ class SpawnError(web.HTTPError):
         self.jupyterhub_message = message
 
 
-@dataclass(frozen=True)
-class CourseSeat:
-    """One course of a server's user, as the hub's ``course_seats_hook`` reports it: the user's
-    ``role`` in it (``student``, ``teacher`` or ``ta``) and the course's people by hub name."""
-
-    course: str
-    role: str
-    students: tuple[str, ...] = ()
-    staff: tuple[str, ...] = ()  # teachers and TAs
-
-    @property
-    def is_staff(self) -> bool:
-        return self.role in ("teacher", "ta")
-
-
 class GpuSpawnerMixin(AppServersMixin, HasTraits):
     """Mixin for a JupyterHub Spawner class (put it first in the bases)."""
 
-    gpulab_options: ServerOptions | None = None
-    # The reservation billing was told this start runs on (set by the pre-allocate hook): the
-    # allocation must then come from it.
-    gpulab_hold_id: str | None = None
+    # This server's spawn request (gpulab.spawners.request): made or taken by the spawner at
+    # its start, restored from its state after a hub restart, gone when the server stops.
+    gpulab_request: SpawnRequest | None = None
     allocation: Allocation | None = None
     # Human label of the running mode, e.g. "A100-80G x1 (simulated)" or "No GPU".
     mode_label: str = ""
@@ -68,30 +61,26 @@ class GpuSpawnerMixin(AppServersMixin, HasTraits):
     # The options of the last server, kept past its stop (clear_state empties the state): a
     # rejected request puts them back as the server's saved choices.
     _stopped_options: dict[str, Any] = {}  # replaced per stop, never mutated
-    # The spot market's answer for the spawn about to begin, from the hub's pre-check
-    # (hub_config.overrides.queue): used instead of asking the market again. Taken (and
-    # cleared) when the start begins, so it serves one start only.
-    gpulab_admission: Admission | None = None
-    # The user's courses at this start (course_seats_hook), for the spawner's nbgrader setup.
-    course_seats: tuple[CourseSeat, ...] = ()
 
     pre_allocate_hook = AnyTrait(
         None,
         allow_none=True,
         config=True,
-        help="""An async callable(spawner) awaited at the start of every start, after the options
-        are validated and before GPUs are allocated. Raise SpawnError to refuse the start with a
-        message for the user (gpulab's billing uses it to refuse starts the balance cannot pay).""",
+        help="""An async callable(spawner, request) awaited at every start with its SpawnRequest,
+        after the balance was asked (afford_hook) and before GPUs are allocated. Raise
+        SpawnError to refuse the start with a message for the user (gpulab's billing reports the
+        server's start here).""",
     )
 
     afford_hook = AnyTrait(
         None,
         allow_none=True,
         config=True,
-        help="""An async callable(spawner, options) that raises SpawnError (402) when the user
-        cannot pay for a server with these ServerOptions (gpulab's billing sets it). gpulab asks
-        it before anything is stopped, reserved or reclaimed for a request: a switch, a spot
-        market pre-check, a start.""",
+        help="""An async callable(spawner, request) asked once per SpawnRequest, before anything
+        is stopped, reserved or reclaimed for it (a switch, the hub's start gate, else the start
+        itself): raise SpawnError (402) when the user cannot pay for the request's options;
+        else return the id of the monthly reservation the server will run on, or None
+        (gpulab's billing sets it).""",
     )
 
     course_seats_hook = AnyTrait(
@@ -118,10 +107,38 @@ class GpuSpawnerMixin(AppServersMixin, HasTraits):
     def pool(self) -> GpuPool:
         return GpuPool.instance(config=self.config)
 
-    async def check_affordable(self, options: ServerOptions) -> None:
-        """Raise SpawnError (402) when the user cannot pay for ``options`` (see afford_hook)."""
-        if self.afford_hook is not None:
-            await self.afford_hook(self, options)
+    @property
+    def gpulab_options(self) -> ServerOptions | None:
+        """The options of this server's request (None before a start and after a stop)."""
+        return self.gpulab_request.options if self.gpulab_request is not None else None
+
+    @property
+    def course_seats(self) -> tuple[CourseSeat, ...]:
+        """The user's courses at this start (course_seats_hook), for nbgrader's setup."""
+        return self.gpulab_request.seats if self.gpulab_request is not None else ()
+
+    def spawn_request(self, raw: Any) -> SpawnRequest:
+        """The request for a spawn of ``raw`` options (parsed, the course rules applied); raise
+        SpawnError 400 naming the field, or the course rule's status. With gpulab's own
+        ``apply_user_options`` every key must be a gpulab option; a deployment's own hook owns
+        the keys that are not."""
+        own = type(self)._apply_gpulab_options
+        strict = getattr(self, "apply_user_options", own) is own
+        try:
+            return make_request(raw, self.pool.catalog, self.user, self.name or "", strict=strict)
+        except OptionsError as e:
+            raise SpawnError(400, f"Invalid spawn option {e}") from None
+        except CourseRuleError as e:
+            raise SpawnError(e.status, f"Not allowed: {e}") from None
+
+    async def check_affordable(self, request: SpawnRequest) -> SpawnRequest:
+        """``request`` as billing answers it (see afford_hook), asked once per request: paid,
+        with its reservation; raise SpawnError (402) when the user cannot pay."""
+        if request.refused is not None:
+            raise SpawnError(*request.refused)
+        if request.afforded or self.afford_hook is None:
+            return request
+        return request.paid(await self.afford_hook(self, request))
 
     # ---- node hooks, called by the hub's plugin ------------------------------------------------
 
@@ -169,20 +186,27 @@ class GpuSpawnerMixin(AppServersMixin, HasTraits):
 
     def _apply_gpulab_options(self, raw: dict[str, Any]) -> None:
         try:
-            options = parse_options(raw, self.pool.catalog)
-        except OptionsError as e:
+            request = self._take_or_make_request(raw)
+        except SpawnError:
             # user.spawn saved the bad options as "future defaults" before calling us; put the
             # last good ones back so a failed request changes nothing.
             self.orm_spawner.user_options = self._last_good_options()
-            raise SpawnError(400, f"Invalid spawn option {e}") from None
-        try:
-            options = apply_course_rules(options, student_courses(self.user), self.pool.catalog)
-        except CourseRuleError as e:
-            self.orm_spawner.user_options = self._last_good_options()
-            raise SpawnError(e.status, f"Not allowed: {e}") from None
-        self.gpulab_options = options
-        self.user_options = options.to_json()
-        self.orm_spawner.user_options = options.to_json()
+            raise
+        self.gpulab_request = request
+        self.user_options = request.options.to_json()
+        self.orm_spawner.user_options = request.options.to_json()
+
+    def _take_or_make_request(self, raw: Any) -> SpawnRequest:
+        """The request the hub's gate handed over for these options, else a new one."""
+        handed = take(self.owner, raw)
+        return handed if handed is not None else self.spawn_request(raw)
+
+    def _start_request(self) -> SpawnRequest:
+        """This start's request: the one apply_user_options made, or (a deployment's own hook
+        applied the options) made now from the gpulab fields of user_options."""
+        if self.gpulab_request is None:
+            self.gpulab_request = self._take_or_make_request(self.user_options)
+        return self.gpulab_request
 
     def _last_good_options(self) -> dict[str, Any]:
         if self.gpulab_options is not None:
@@ -195,14 +219,13 @@ class GpuSpawnerMixin(AppServersMixin, HasTraits):
     def owner(self) -> str:
         return owner_key(self.user.name, self.name)
 
-    def _allocate(self, admission: Admission | None = None) -> Allocation:
-        """Take this server's cards, once the spot market admits the spawn. ``admission``: its
-        answer for this spawn, if it was asked already (then it is not asked again)."""
-        opts = self.gpulab_options or parse_options(self.user_options, self.pool.catalog)
-        self.gpulab_options = opts
+    def _allocate(self, request: SpawnRequest) -> Allocation:
+        """Take this server's cards, once the spot market admits the spawn (the request's
+        admission, when the hub's gate asked the market already: it is not asked again)."""
+        opts = request.options
         refusal = None
-        if admission is not None and admission.options == opts.to_json():
-            refusal = admission.refusal
+        if request.admission is not None:
+            refusal = request.admission.refusal
         else:
             try:
                 # The spot market decides first: spot price vs bid, queueing, on-demand reclaims.
@@ -218,7 +241,7 @@ class GpuSpawnerMixin(AppServersMixin, HasTraits):
                 opts.gpus,
                 opts.pricing,
                 accounts=accounts_for(self.user.name, opts.course),
-                hold_id=self.gpulab_hold_id,
+                hold_id=request.hold_id,
             )
         except NoCapacity as e:
             raise SpawnError(409, str(e)) from None
@@ -351,9 +374,9 @@ class GpuSpawnerMixin(AppServersMixin, HasTraits):
         # Called on every stop path: clean stop, server found dead, failed spawn. Everything
         # gpulab_state() saves goes: a stopped server holds no GPUs, options or mode.
         self._release()
-        if self.gpulab_options is not None:
-            self._stopped_options = self.gpulab_options.to_json()
-        self.gpulab_options = None
+        if self.gpulab_request is not None:
+            self._stopped_options = self.gpulab_request.options.to_json()
+        self.gpulab_request = None
         self.mode_label = ""
         super().clear_state()
 
@@ -381,32 +404,40 @@ class GpuSpawnerMixin(AppServersMixin, HasTraits):
             self.allocation = alloc
         if state.get("options"):
             try:
-                self.gpulab_options = parse_options(state["options"], self.pool.catalog)
+                self.gpulab_request = self.restored_request(state["options"])
             except OptionsError as e:
                 self.log.warning("%s: stored options no longer valid: %s", self.owner, e)
         self.mode_label = state.get("mode_label", "")
+
+    def restored_request(self, options: dict[str, Any]) -> SpawnRequest:
+        """The request of a server that runs already (its saved options; raises OptionsError)."""
+        return SpawnRequest(
+            owner=self.owner, raw=options, options=parse_options(options, self.pool.catalog)
+        )
 
     # ---- the spawn ---------------------------------------------------------------------------
 
     async def gpulab_start(self) -> str | tuple[str, int]:
         """Allocate, then launch; on any failure end what was launched, then give the GPUs back."""
         self._progress_reset()
-        # Good for this start only, whatever happens to it.
-        admission, self.gpulab_admission = self.gpulab_admission, None
-        self.gpulab_hold_id = None
         try:
+            request = await self.check_affordable(self._start_request())
+            self.gpulab_request = request
             if self.pre_allocate_hook is not None:
-                await self.pre_allocate_hook(self)
-            self.course_seats = await self.gpulab_course_seats()
+                await self.pre_allocate_hook(self, request)
+            request = request.seated(await self.gpulab_course_seats())
+            self.gpulab_request = request
             self.emit_progress(10, "Allocating GPUs")
-            alloc = self._allocate(admission)
+            alloc = self._allocate(request)
             self.emit_progress(
                 20,
                 f"Allocated {self.mode_label}"
                 + (f": {', '.join(alloc.uuids)}" if alloc.uuids else ""),
             )
             t_alloc = time.perf_counter() - self._spawn_t0
-            url = await self._launch(self.gpu_env(alloc))
+            request = request.launched(self.gpu_env(alloc))
+            self.gpulab_request = request
+            url = await self._launch(request)
             total = time.perf_counter() - self._spawn_t0
             opts = self.gpulab_options
             what = "JupyterLab" if opts is None or opts.app == "jupyterlab" else "The server"
@@ -460,8 +491,9 @@ class GpuSpawnerMixin(AppServersMixin, HasTraits):
             seats = await seats
         return tuple(seats or ())
 
-    async def _launch(self, gpu_env: dict[str, str]) -> str | tuple[str, int]:
-        """Start the server with ``gpu_env`` added; return its URL or (ip, port), as start()."""
+    async def _launch(self, request: SpawnRequest) -> str | tuple[str, int]:
+        """Start the server ``request`` describes, with its GPU environment (``request.env``)
+        added; return its URL or (ip, port), as start()."""
         raise NotImplementedError
 
     # ---- observation, called by the hub's activity observer ------------------------------------

@@ -23,7 +23,7 @@ from gpulab.hub_config.courses.groups import CourseError
 from gpulab.hub_config.courses.staff import check_staff_start, mark_payer
 from gpulab.hub_config.scopes import READ_POOL_SCOPE
 from gpulab.spawners.node.allocator import RESERVED, NoCapacity, owner_key
-from gpulab.spawners.options import OptionsError, parse_options
+from gpulab.spawners.request import SpawnRequest, hand_over
 
 
 class PoolAPIHandler(GpulabAPIHandler):
@@ -77,10 +77,10 @@ class SwitchAPIHandler(GpulabAPIHandler):
         except CourseError as e:
             raise web.HTTPError(e.status, str(e)) from None
         mark_payer(spawner, actor)  # a staff switch is the pool's alone (courses/staff.py)
-        try:
-            options = parse_options(merged, self.pool.catalog)
-        except OptionsError as e:
-            raise web.HTTPError(400, f"Invalid spawn option {e}") from None
+        # The switch's spawn request (400 naming the field; the course rules): made once, and
+        # handed to the restarted server's start with the money already asked.
+        request = spawner.spawn_request(merged)
+        options = request.options
         if options.pricing == "spot":
             # The old server would be gone before the market could say no (price above the bid,
             # queueing): spot servers are started from the spawn page or the REST API instead.
@@ -90,23 +90,24 @@ class SwitchAPIHandler(GpulabAPIHandler):
                 "server (the market then answers with the current price or a queue place)",
             )
         # Money first: nothing is reserved or stopped for a mode the user cannot pay (402).
-        await spawner.check_affordable(options)
+        request = await spawner.check_affordable(request)
         owner = owner_key(user.name, "")
         try:
             self.pool.allocator.reserve(owner, options.gpu_type, options.gpus)
         except NoCapacity as e:
             raise web.HTTPError(409, str(e)) from None
         self.log.info("Switching %s to %s", owner, options.label(self.pool.catalog))
-        asyncio.get_running_loop().create_task(self._restart(user, options.to_json()))
+        asyncio.get_running_loop().create_task(self._restart(user, request))
         self.set_status(202)
         self.write(
             json.dumps({"options": options.to_json(), "progress_url": user.progress_url("")})
         )
 
-    async def _restart(self, user, options: dict) -> None:
+    async def _restart(self, user, request: SpawnRequest) -> None:
         try:
             await user.stop("")
-            await self.spawn_single_user(user, "", options=options)
+            hand_over(request)
+            await self.spawn_single_user(user, "", options=request.raw)
         except Exception:
             self.log.exception("Switching %s's server failed", user.name)
             # Whatever failed, the cards held for the new server go back at once.

@@ -1,11 +1,17 @@
 """The hub's side of billing, run inside the hub process (the billing service itself is
 :mod:`gpulab.billing_service`, a separate process that the hub reaches only over HTTP).
 
-- ``before_start`` (the spawner's ``pre_allocate_hook``): refuse a start, with a clear message,
-  when the balance cannot pay ``min_minutes`` of the requested mode; then report ``server_start``
-  with the mode, so the billing service knows what each second of that server costs. A server
-  of a course (option ``course``) is priced at the education price and paid by the course's pool
-  up to the student's cap first: billing's balance API says what is left (``?course=``).
+- ``check_balance`` (the spawner's ``afford_hook``, asked once per spawn request): refuse a
+  start, with a clear message, when the balance cannot pay ``min_minutes`` of the requested
+  mode; else answer the monthly reservation it runs on (prepaid), if any. A server of a course
+  (option ``course``) is priced at the education price and paid by the course's pool up to the
+  student's cap first: billing's balance API says what is left (``?course=``).
+- ``report_start`` (the spawner's ``pre_allocate_hook``): report ``server_start`` with the
+  request's mode, its reservation and who pays, so the billing service knows what each second
+  of that server costs.
+
+Both read the spawn's :class:`~gpulab.spawners.request.SpawnRequest` and set nothing on the
+spawner: the reservation they pick travels in the request (``hold_id``).
 - ``after_stop`` (JupyterHub's ``Spawner.post_stop_hook``): report ``server_stop``, which closes
   the server's session whether it stopped cleanly, was culled or was found dead.
 
@@ -39,11 +45,11 @@ from gpulab.hub_config.scopes import (
     READ_POOL_SCOPE,
     grant,
 )
-from gpulab.spawners.courses import payer_of
 from gpulab.spawners.market.hub import SpotMarket
 from gpulab.spawners.mixin import SpawnError
 from gpulab.spawners.node.holds import accounts_for
-from gpulab.spawners.options import ServerOptions, parse_options
+from gpulab.spawners.options import ServerOptions
+from gpulab.spawners.request import SpawnRequest
 
 log = logging.getLogger("gpulab.billing.hooks")
 
@@ -210,20 +216,16 @@ class BillingHooks:
         """Billing's balance record for ``user_name`` (for the hub's home page)."""
         return await self._call("GET", f"api/v1/users/{user_name}/balance")
 
-    async def before_start(self, spawner) -> None:
-        """Refuse a start the balance cannot pay; else tell billing what the server costs."""
-        catalog = spawner.pool.catalog
-        opts = spawner.gpulab_options or parse_options(spawner.user_options, catalog)
-        await self.check_balance(spawner, opts)
-        await self.report_start(spawner, opts)
-
-    async def check_balance(self, spawner, opts: ServerOptions) -> None:
-        """Raise SpawnError 402 when the balance cannot pay ``min_minutes`` of ``opts`` (503 when
-        billing cannot be asked): the spawner's ``afford_hook``."""
+    async def check_balance(self, spawner, request: SpawnRequest) -> str | None:
+        """Raise SpawnError 402 when the balance cannot pay ``min_minutes`` of the request's
+        options (503 when billing cannot be asked): the spawner's ``afford_hook``. Return the
+        monthly reservation the server runs on (prepaid: no balance asked), or None."""
+        opts = request.options
         catalog = spawner.pool.catalog
         name = spawner.user.name
-        if reservation_for(spawner, opts) is not None:
-            return  # prepaid: a server on the account's reservation costs nothing more
+        hold_id = reservation_for(spawner, opts)
+        if hold_id is not None:
+            return hold_id  # prepaid: a server on the account's reservation costs nothing more
         per_hour, price_kind = hourly_price(opts, catalog)
         need = per_hour * Decimal(str(self.min_minutes)) / 60
         path = f"api/v1/users/{name}/balance"
@@ -239,7 +241,7 @@ class BillingHooks:
             ) from None
         balance = Decimal(info["balance"]["exact"])
         cur = catalog.currency
-        staff_started = payer_of(name, spawner.name or "") == "course"
+        staff_started = request.paid_by == "course"
         if staff_started and not (opts.course and isinstance(info.get("course"), dict)):
             raise SpawnError(402, "A server course staff start is paid by a course's pool only.")
         if opts.course and isinstance(info.get("course"), dict):
@@ -255,7 +257,7 @@ class BillingHooks:
                         f"{opts.course}'s pool only, never by {name}'s own balance: {why}"
                     )
                 raise SpawnError(402, why)
-            return
+            return None
         if balance < need:
             raise SpawnError(
                 402,
@@ -264,18 +266,20 @@ class BillingHooks:
                 f"for {self.min_minutes:g} minutes). Top up, or choose {catalog.no_gpu.display_name} "
                 f"({cur} {catalog.no_gpu.price_per_hour}/h).",
             )
+        return None
 
-    async def report_start(self, spawner, opts: ServerOptions) -> None:
+    async def report_start(self, spawner, request: SpawnRequest) -> None:
+        """Tell billing the server starts, with what it costs: the spawner's
+        ``pre_allocate_hook``, after ``check_balance`` answered the request."""
         name = spawner.user.name
+        opts = request.options
         options = opts.to_json()
-        hold_id = reservation_for(spawner, opts)
-        if hold_id is not None:
+        if request.hold_id is not None:
             # A server of an account with a monthly reservation runs on it (prepaid): billing is
-            # told so, and the allocation is then bound to that reservation (gpulab_hold_id).
-            options["reservation"] = hold_id
-            spawner.gpulab_hold_id = hold_id
+            # told so, and the allocation is then bound to that reservation (request.hold_id).
+            options["reservation"] = request.hold_id
         options.pop("paid_by", None)
-        if payer_of(name, spawner.name or "") == "course" and opts.course:
+        if request.paid_by == "course" and opts.course:
             # Started by course staff (courses/staff.py): billing charges the pool only.
             options["paid_by"] = "course"
         event = {
@@ -414,7 +418,7 @@ def configure_billing(c, data_dir: str, catalog: str, roles: list[dict]) -> None
     hooks = BillingHooks(
         f"{service['url']}/services/billing/", service["api_token"], min_minutes=float(min_minutes)
     )
-    c.Spawner.pre_allocate_hook = hooks.before_start
+    c.Spawner.pre_allocate_hook = hooks.report_start
     c.Spawner.afford_hook = hooks.check_balance
     c.Spawner.post_stop_hook = hooks.after_stop
     # What the hub observes in each server is billed too (hub_config/billing/observer.py).

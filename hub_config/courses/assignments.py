@@ -13,7 +13,7 @@ from typing import Any
 from jupyterhub import orm
 
 from gpulab.hub_config.courses.groups import all_courses, students
-from gpulab.spawners.mixin import CourseSeat
+from gpulab.spawners.request import CourseSeat
 
 
 def course_seats(db: Any, name: str) -> list[CourseSeat]:

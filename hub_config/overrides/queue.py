@@ -1,9 +1,14 @@
-"""The gate every start passes: staff rights first, then the market, before JupyterHub's spawn.
+"""The gate every start passes: staff rights first, then money and the market, before
+JupyterHub's spawn.
 
 Shared by every path that starts a server (the spawn form's POST, the REST API, app launch):
 :func:`gate_start` checks the caller's right to start this server under the course its options
-name (``courses/staff.py``, 403 naming the rule) and then asks the market, so queued requests
-are not spawns and a request the caller may not make is neither spawned nor queued.
+name (``courses/staff.py``, 403 naming the rule), then makes the spawn's
+:class:`~gpulab.spawners.request.SpawnRequest` (options parsed and course rules applied, once),
+asks the balance and then the market, once each, so queued requests are not spawns and a request
+the caller may not make is neither spawned nor queued. The request, with those answers, is
+handed over to the spawner (:func:`gpulab.spawners.request.hand_over`): the hub sets nothing on
+the spawner object.
 """
 
 from __future__ import annotations
@@ -14,10 +19,9 @@ from tornado import web
 
 from gpulab.hub_config.courses.groups import CourseError
 from gpulab.hub_config.courses.staff import check_staff_start, mark_payer
-from gpulab.spawners.courses import CourseRuleError, apply_course_rules, student_courses
 from gpulab.spawners.market.admission import Admission, MarketAnswer
 from gpulab.spawners.market.hub import SpotMarket
-from gpulab.spawners.options import OptionsError, parse_options
+from gpulab.spawners.request import drop, hand_over
 
 
 async def gate_start(
@@ -38,35 +42,37 @@ async def gate_start(
 
 
 async def queue_instead_of_spawn(spawner: Any, raw_options: Any) -> dict[str, Any] | None:
-    """Ask the market before a spawn begins. When it queues the request, return the queue entry
-    (the caller answers "queued" and starts nothing); otherwise None: the spawn goes ahead.
+    """Ask the money and the market before a spawn begins. When the market queues the request,
+    return the queue entry (the caller answers "queued" and starts nothing); otherwise None: the
+    spawn goes ahead, with its request handed over to the spawner.
 
-    The market's answer is handed to the spawner (:class:`Admission`), whose start then does
-    not ask the market again: admission changes the market's state, so it runs once per spawn.
-    A refusal is raised by the spawner from that answer, so the user reads it as a failed spawn.
-    """
-    pool = getattr(spawner, "pool", None)
-    if pool is None or not hasattr(spawner, "owner"):
+    The balance is asked and the market's answer given once per spawn: the spawner's start uses
+    the handed-over request's answers (admission changes the market's state). A refusal (money
+    or market) travels in the request and is raised by the spawner, so the user reads it as a
+    failed spawn."""
+    if not hasattr(spawner, "spawn_request") or not hasattr(spawner, "owner"):
         return None  # not a gpulab spawner
+    drop(spawner.owner)  # an earlier request that never began is not this one
     try:
-        options = parse_options(raw_options or {}, pool.catalog)
-        # The course a student's server runs under decides what they may pay with (below).
-        options = apply_course_rules(options, student_courses(spawner.user), pool.catalog)
-    except (OptionsError, CourseRuleError):
+        request = spawner.spawn_request(raw_options or {})
+    except web.HTTPError:
         return None  # the spawn goes ahead and the spawner refuses it, naming the field
-    spawner.gpulab_admission = None
     try:
         # Money first: a request the user cannot pay must not queue, reserve or reclaim anything
         # (the spawn then goes ahead and is refused, 402, before it reaches the market).
-        await spawner.check_affordable(options)
-    except Exception:
+        request = await spawner.check_affordable(request)
+    except web.HTTPError as e:
+        message = getattr(e, "jupyterhub_message", None) or e.log_message or str(e)
+        hand_over(request.refuse(e.status_code, message))
         return None
+    except Exception:
+        return None  # the start asks again, and reports what went wrong
     market = SpotMarket.instance(config=spawner.config)
     try:
-        market.admit(spawner, options)
+        market.admit(spawner, request.options)
     except MarketAnswer as e:
         if e.status != 202:
-            spawner.gpulab_admission = Admission(options.to_json(), refusal=e)
+            hand_over(request.admitted(Admission(refusal=e)))
             return None
         entry = market.queued_entry(spawner.owner)
         if entry is not None:
@@ -75,7 +81,7 @@ async def queue_instead_of_spawn(spawner: Any, raw_options: Any) -> dict[str, An
                 "Queued %s for %s (no spawn started): %s", entry["id"], spawner.owner, e.message
             )
         return entry
-    spawner.gpulab_admission = Admission(options.to_json())
+    hand_over(request.admitted(Admission()))
     return None
 
 

@@ -23,7 +23,7 @@ from gpulab.spawners.docker.labels import (
 )
 from gpulab.spawners.node.allocator import Allocation
 from gpulab.spawners.node.pool import GpuPool
-from gpulab.spawners.options import OptionsError, parse_options
+from gpulab.spawners.options import OptionsError
 
 
 class RecoveryMixin:
@@ -91,16 +91,15 @@ class RecoveryMixin:
             return
         self.allocation = allocator.get(self.owner)
         self.mode_label = self._label(self.allocation)
-        if self.gpulab_options is None:
+        if self.gpulab_request is None:
             try:
-                self.gpulab_options = parse_options(
+                self.gpulab_request = self.restored_request(
                     {
                         "image": labels.get(L_IMAGE),
                         "gpu": gpu_type,
                         "gpus": len(uuids) or 1,
                         "pricing": alloc.pricing,
-                    },
-                    self.pool.catalog,
+                    }
                 )
             except OptionsError as e:
                 self.log.warning("%s: options from container labels: %s", self.owner, e)

@@ -50,7 +50,7 @@ from gpulab.spawners.images import ImageStatus
 from gpulab.spawners.mixin import GpuSpawnerMixin, SpawnError
 from gpulab.spawners.node.allocator import Allocation
 from gpulab.spawners.node.pool import GpuPool
-from gpulab.spawners.options import parse_options
+from gpulab.spawners.request import SpawnRequest
 
 DOCKER_SOCKETS = ("/var/run/docker.sock", "/run/docker.sock")
 
@@ -312,11 +312,10 @@ class GpuDockerSpawner(ContainerAgentMixin, RecoveryMixin, GpuSpawnerMixin, Dock
 
     # ---- environment and container config ----------------------------------------------------
 
-    _gpu_env: dict[str, str] | None = None
-
     def get_env(self) -> dict[str, str]:
         env = super().get_env()
-        env.update(self._gpu_env or {})
+        # The request's GPU environment, made by gpulab_start once the cards were allocated.
+        env.update(self.gpulab_request.env if self.gpulab_request is not None else {})
         opts = self.gpulab_options
         links = [
             [f"{self.datasets_mount}/{slug}", f"{self.home_mount}/datasets/{slug}"]
@@ -400,8 +399,7 @@ class GpuDockerSpawner(ContainerAgentMixin, RecoveryMixin, GpuSpawnerMixin, Dock
 
     async def start(self) -> str:
         # Check the image before anything is allocated: a missing image changes nothing.
-        opts = self.gpulab_options or parse_options(self.user_options, self.pool.catalog)
-        self.gpulab_options = opts
+        opts = self._start_request().options
         status = await self._in_executor(
             image_status, self.client, opts.image, self.pool.catalog.images[opts.image].docker_image
         )
@@ -410,14 +408,13 @@ class GpuDockerSpawner(ContainerAgentMixin, RecoveryMixin, GpuSpawnerMixin, Dock
         self._image_status = status
         return await self.gpulab_start()
 
-    async def _launch(self, gpu_env: dict[str, str]) -> str:
+    async def _launch(self, request: SpawnRequest) -> str:
         alloc = self.allocation
-        opts = self.gpulab_options
-        assert alloc is not None and opts is not None
+        opts = request.options
+        assert alloc is not None
         status = self._image_status
         self.image = status.docker_image
         self.emit_progress(25, f"Image {opts.image} ({self.image}) is present on this node")
-        self._gpu_env = gpu_env
         self._container_config(alloc)
         if opts.datasets:
             self.emit_progress(

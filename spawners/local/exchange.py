@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from gpulab.spawners.local.accounts import Account
-from gpulab.spawners.mixin import CourseSeat
+from gpulab.spawners.request import CourseSeat
 
 CONFIG_NAME = "nbgrader_config.py"
 # Course names become folder names (gpulab's own are lowercase letters, digits and '-').

@@ -46,6 +46,7 @@ from gpulab.spawners.local.sandbox import Sandbox
 from gpulab.spawners.mixin import GpuSpawnerMixin, SpawnError
 from gpulab.spawners.node.pool import GpuPool
 from gpulab.spawners.options import ServerOptions
+from gpulab.spawners.request import SpawnRequest
 
 _FORKSERVERS: dict[str, ForkServerClient] = {}
 
@@ -315,8 +316,8 @@ class GpuLocalSpawner(LocalIsolationMixin, GpuSpawnerMixin, LocalProcessSpawner)
         (ip, port), as LocalProcessSpawner returns: subclasses of it unpack that, and JupyterHub
         picks http or https (internal SSL) itself.
         """
-        opts = self.gpulab_options
-        if opts is not None and not self._runs_image(opts):
+        opts = self._start_request().options
+        if not self._runs_image(opts):
             # Before anything is allocated: an image we can't run changes nothing.
             raise SpawnError(
                 409,
@@ -341,9 +342,8 @@ class GpuLocalSpawner(LocalIsolationMixin, GpuSpawnerMixin, LocalProcessSpawner)
             return False
         return True
 
-    async def _launch(self, gpu_env: dict[str, str]) -> tuple[str, int]:
-        opts = self.gpulab_options
-        assert opts is not None
+    async def _launch(self, request: SpawnRequest) -> tuple[str, int]:
+        opts = request.options
         home = Path(self.home_dir)
         mounts: list[list[str]] = []
         models = await asyncio.to_thread(self.model_sources)
@@ -368,7 +368,7 @@ class GpuLocalSpawner(LocalIsolationMixin, GpuSpawnerMixin, LocalProcessSpawner)
         if self.port == 0:
             self.port = random_port()
         env = self.get_env()
-        env.update(gpu_env)
+        env.update(request.env)
         env.update(sandbox.env())
         if "umask" in self.popen_kwargs:
             env.pop("GPULAB_UMASK", None)  # the operator's umask (popen_kwargs) stands

@@ -1,5 +1,5 @@
 """What the market answers a spawn: :class:`MarketAnswer` when it may not allocate now, and
-:class:`Admission`, an answer handed on to the spawner.
+:class:`Admission`, an answer a spawn request carries on to the spawner.
 
 :meth:`SpotMarket.admit` decides and changes the market's state; this module holds the pure part:
 the reasons a spot request cannot start (:func:`spot_problems`) and the messages the user reads
@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
 
 
 class MarketAnswer(Exception):
@@ -25,11 +24,11 @@ class MarketAnswer(Exception):
 
 @dataclass(frozen=True)
 class Admission:
-    """The market's answer to one spawn, asked before JupyterHub's spawn began and handed to the
-    spawner, so that its start does not ask again: admission changes the market's state (bids,
-    the queue, reclaims) and must run once per spawn."""
+    """The market's answer to one spawn, asked before JupyterHub's spawn began and carried by
+    its :class:`~gpulab.spawners.request.SpawnRequest`, so that the start does not ask again:
+    admission changes the market's state (bids, the queue, reclaims) and must run once per
+    spawn."""
 
-    options: dict[str, Any]  # the spawn options it answered, as ServerOptions.to_json() gives
     refusal: MarketAnswer | None = None  # None: admitted
 
 

@@ -71,7 +71,7 @@ from gpulab.spawners.images import ImageStatus
 from gpulab.spawners.mixin import SpawnError
 from gpulab.spawners.node.allocator import Allocation
 from gpulab.spawners.node.pool import GpuPool
-from gpulab.spawners.options import parse_options
+from gpulab.spawners.request import SpawnRequest
 from gpulab.spawners.swarm.cluster import SwarmCluster
 
 L_NODE = LABEL_PREFIX + "node"
@@ -266,12 +266,11 @@ class GpuSwarmSpawner(GpuDockerSpawner, SwarmSpawner):
             "labels": labels,
         }
 
-    async def _launch(self, gpu_env: dict[str, str]) -> str:
+    async def _launch(self, request: SpawnRequest) -> str:
         alloc = self.allocation
-        opts = self.gpulab_options
-        assert alloc is not None and opts is not None
+        opts = request.options
+        assert alloc is not None
         self.image = self._image_status.docker_image
-        self._gpu_env = gpu_env
         node_id = self.pool.allocator.node_of(alloc) if alloc.uuids else None
         if not self.shared_home_path and node_id is None:
             node_id = self._pinned_node
@@ -409,8 +408,7 @@ class GpuSwarmSpawner(GpuDockerSpawner, SwarmSpawner):
         # Where the server may run, decided before anything is allocated: the nodes holding its
         # image (a refusal changes nothing when none does), and without shared_home_path the
         # node holding the user's home volume. The allocator takes cards only there.
-        opts = self.gpulab_options or parse_options(self.user_options, self.pool.catalog)
-        self.gpulab_options = opts
+        opts = self._start_request().options
         docker_image = self.pool.catalog.images[opts.image].docker_image
         holding = await asyncio.to_thread(self._nodes_with_image, opts.image, docker_image)
         where = set(holding)

@@ -33,9 +33,7 @@ import pytest
 from conftest import require
 from harness import REPO, passable_for_accounts
 
-from gpulab.catalog import load_catalog
 from gpulab.spawners.local.spawner import GpuLocalSpawner
-from gpulab.spawners.options import parse_options
 
 # The plugin module lives at the top of tests/.
 TESTS = Path(__file__).resolve().parent.parent
@@ -180,11 +178,11 @@ def test_shell_cmd_and_popen_kwargs_start_servers_with_popen_not_the_fork_server
 
 def test_clear_state_clears_everything_gpulab_saved() -> None:
     spawner = GpuLocalSpawner(pid=12345)
-    spawner.gpulab_options = parse_options({"gpu": "none"}, load_catalog())
+    spawner.load_gpulab_state({"options": {"gpu": "none"}})
     spawner.mode_label = "No GPU"
     assert {"pid", "options", "mode_label"} <= set(spawner.get_state())
     spawner.clear_state()
     assert spawner.get_state() == {}
-    assert (spawner.gpulab_options, spawner.mode_label, spawner.allocation) == (None, "", None)
+    assert (spawner.gpulab_request, spawner.mode_label, spawner.allocation) == (None, "", None)
     # A request rejected later still finds the stopped server's choices to put back.
     assert spawner._last_good_options()["gpu"] == "none"

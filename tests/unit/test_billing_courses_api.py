@@ -21,6 +21,7 @@ from gpulab.catalog import load_catalog
 from gpulab.hub_config.billing.hooks import BillingHooks, course_refusal
 from gpulab.spawners.mixin import SpawnError
 from gpulab.spawners.options import parse_options
+from gpulab.spawners.request import SpawnRequest
 
 COURSE = "ml101"
 READ = "custom:gpulab:course-read"
@@ -245,6 +246,6 @@ def test_the_hub_asks_with_the_course_and_refuses(monkeypatch) -> None:
         owner="stud",
     )
     with pytest.raises(SpawnError) as e:
-        asyncio.run(hooks.check_balance(spawner, opts))
+        asyncio.run(hooks.check_balance(spawner, SpawnRequest("stud/", {}, opts)))
     assert e.value.status_code == 402 and "is used up" in e.value.log_message % e.value.args
     assert asked == [f"api/v1/users/stud/balance?course={COURSE}"]
