@@ -24,10 +24,10 @@ request handed over for exactly these raw options (once; a stale one, older than
 JupyterHub hub without gpulab's gate). The spawner keeps the request as its own state
 (``GpuSpawnerMixin.gpulab_request``) until its server stops.
 
-No GPU is spelled one way in Python: ``gpu_type`` None (``ServerOptions.gpu_type``,
-``Allocation.gpu_type``); ``"none"`` is the form's and the JSON API's spelling only, parsed at
-that edge (:func:`gpulab.spawners.options.parse_options`) and written back only where JSON or a
-label is made.
+No GPU: a request's code reads ``options.gpu_type`` (None: no GPU), as the allocator's
+``Allocation.gpu_type`` does; ``"none"`` is the form's and the JSON API's spelling. (Not done
+yet: ``ServerOptions.gpu`` itself still holds ``"none"``, as do the catalog's and the courses'
+GPU type lists; moving them to None is issue 21's remaining part.)
 """
 
 from __future__ import annotations
