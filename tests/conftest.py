@@ -25,8 +25,8 @@ from harness import CHROMIUM, CHROMIUM_ARGS, REPO, Hub, HubFactory
 REQUIRE_ALL = os.environ.get("GPULAB_REQUIRE_ALL") == "1"
 
 # Docker fixtures (docker, test_image, broken_image, catalog) and the multi-engine Swarm
-# (swarm_cluster) for the modules that ask for them.
-pytest_plugins = ["docker_helpers", "swarm_helpers"]
+# (swarm_cluster) for the modules that ask for them; the test groups of a parallel run.
+pytest_plugins = ["docker_helpers", "swarm_helpers", "xdist_helpers"]
 
 # Users' servers live at NAME.localhost (hub_config/origin.py): resolve those names as browsers do.
 harness.resolve_localhost_names()
@@ -51,8 +51,7 @@ def nvml_gpus() -> int:
         return 0
 
 
-# Before pytest-xdist's own hook, which reads the groups (--dist loadgroup).
-@pytest.hookimpl(tryfirst=True)
+@pytest.hookimpl(tryfirst=True)  # before anything reads the groups (xdist_helpers.py)
 def pytest_collection_modifyitems(config, items):
     # `gpu` tests are the one kind that may skip under CI: no machine there has a GPU.
     if nvml_gpus() == 0:
