@@ -6,6 +6,7 @@ fixtures are set up once per module that uses them.
 
 from __future__ import annotations
 
+import fcntl
 import io
 import re
 import shutil
@@ -21,6 +22,7 @@ from gpulab.catalog import DEFAULT_CATALOG
 GPULAB = str(VENV_BIN / "gpulab")
 LABEL_HUB = "org.gpulab.hub-id"
 BROKEN_MESSAGE = "gpulab-test: this server refuses to start"
+IMAGE_LOCK = "/tmp/gpulab-test-image.lock"
 
 
 def docker_client():
@@ -44,12 +46,16 @@ def docker():
 @pytest.fixture(scope="module")
 def test_image(docker) -> str:
     require(shutil.which("mmdebstrap") is not None, "mmdebstrap (to build the test image)")
-    out = subprocess.run(
-        [str(REPO / "images" / "build-test-image.sh")],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    # One build at a time on this machine: the workers of a parallel run (and other sessions)
+    # that ask together wait for the first, then find its image (the script's cache).
+    with open(IMAGE_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        out = subprocess.run(
+            [str(REPO / "images" / "build-test-image.sh")],
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout.strip().splitlines()[-1]
 
