@@ -56,6 +56,7 @@ from gpulab.billing_service import courses, reservations
 from gpulab.billing_service.models import MICRO, Account, ServerSession
 from gpulab.billing_service.rating import bid_of, paid_by_course, rated_pricing
 from gpulab.billing_service.statements import session_options
+from gpulab.catalog import NO_GPU
 
 if TYPE_CHECKING:
     from gpulab.billing_service.app import BillingService
@@ -143,8 +144,8 @@ class Enforcer:
                     bid_of(sess.options),
                 )
                 margin = rate * app.switch_margin / 3600
-                if sess.gpu_type != "none" and balance < margin:
-                    no_gpu = app.prices.rate_micro_per_hour("none", 0, "on-demand", now)
+                if sess.gpu_type != NO_GPU and balance < margin:
+                    no_gpu = app.prices.rate_micro_per_hour(NO_GPU, 0, "on-demand", now)
                     if (
                         app.zero_balance_action == "no-gpu"
                         and balance >= no_gpu * app.start_minutes / 60
@@ -153,7 +154,7 @@ class Enforcer:
                     else:
                         out.append(("stop", sess, "balance used up"))
                     continue
-                if sess.gpu_type == "none" and balance <= 0:
+                if sess.gpu_type == NO_GPU and balance <= 0:
                     out.append(("stop", sess, "balance used up"))
                     continue
             if app.idle_timeout > 0:

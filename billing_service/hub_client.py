@@ -12,6 +12,8 @@ from urllib.parse import quote
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
+from gpulab.catalog import NO_GPU
+
 log = logging.getLogger("gpulab.billing")
 
 
@@ -86,17 +88,17 @@ class HubClient:
         """Restart a GPU server in no-GPU mode with the same home, image and datasets.
 
         Uses the hub's switch endpoint where this gpulab has it; otherwise stops the server and
-        starts it again with ``gpu: "none"`` through the standard API. Returns what was done.
+        starts it again with ``gpu: NO_GPU`` through the standard API. Returns what was done.
         """
         switch = f"/gpulab/users/{quote(user, safe='')}/switch"
         if not server:
-            code, data = await self.request("POST", switch, {"gpu": "none"})
+            code, data = await self.request("POST", switch, {"gpu": NO_GPU})
             if code in (200, 202):
                 return "switched"
             if code != 404:
                 raise RuntimeError(f"switch of {user} to no-GPU refused: {code} {data}")
         new_options = {k: v for k, v in options.items() if k in ("image", "datasets")}
-        new_options["gpu"] = "none"
+        new_options["gpu"] = NO_GPU
         code = await self.stop_server(user, server)
         if code not in (202, 204):
             raise RuntimeError(f"stopping {user}/{server} failed with {code}")

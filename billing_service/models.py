@@ -54,7 +54,7 @@ class ServerSession(Base):
     start_event: Mapped[str] = mapped_column(String(128), unique=True)
     user: Mapped[str] = mapped_column(String(255))
     server: Mapped[str] = mapped_column(String(255))
-    gpu_type: Mapped[str] = mapped_column(String(64))  # a catalog slug, or "none"
+    gpu_type: Mapped[str] = mapped_column(String(64))  # a catalog slug, or NO_GPU
     gpus: Mapped[int] = mapped_column(Integer)
     pricing: Mapped[str] = mapped_column(String(16))
     options: Mapped[str] = mapped_column(Text, default="{}")  # spawn options (JSON)

@@ -39,7 +39,7 @@ from decimal import ROUND_FLOOR, ROUND_HALF_EVEN, Decimal, InvalidOperation
 from typing import Any
 
 from gpulab.billing_service.models import MICRO
-from gpulab.catalog import Catalog, GpuType
+from gpulab.catalog import NO_GPU, Catalog, GpuType
 from gpulab.catalog.price_history import PriceHistory, history_for
 
 US_PER_HOUR = 3600 * MICRO
@@ -197,7 +197,7 @@ class PriceBook:
         hour in no-GPU mode); ``None`` for spot time before any recorded spot price."""
         if end_us <= start_us:
             return []
-        if gpu_type in ("", "none"):
+        if gpu_type == NO_GPU:
             no_gpu = self.catalog.no_gpu
             price = no_gpu.course_price if pricing == EDUCATION else no_gpu.price_per_hour
             return [(start_us, end_us, price)]
@@ -258,7 +258,7 @@ class PriceBook:
         if prepaid is not None and prepaid[0] <= t_us < prepaid[1]:
             return 0  # inside the session's paid reservation
         price, _ = self.capped(self.price_at(gpu_type, pricing, t_us), pricing, bid)
-        return to_micro(price) * (gpus if gpu_type not in ("", "none") else 1)
+        return to_micro(price) * (gpus if gpu_type != NO_GPU else 1)
 
     def rate(
         self,
@@ -272,7 +272,7 @@ class PriceBook:
         """Price these (disjoint) billed intervals exactly, split at every price change; spot
         seconds at min(price in force, ``bid``); seconds inside ``prepaid`` (the [start, end)
         of the session's paid reservation) at 0."""
-        cards = gpus if gpu_type not in ("", "none") else 1
+        cards = gpus if gpu_type != NO_GPU else 1
         history = self._history() if pricing == "spot" else None
         exact = billed = changes = unpriced = capped_us = prepaid_us = 0
         inside, outside = split_prepaid(intervals, prepaid)

@@ -32,6 +32,9 @@ to ``t``. It is stored as a span keyed ``observed:SPAN`` next to kernel spans, s
 billed for the union of what the hub observed and what its reporter reported: reports add detail
 but can never remove observed time.
 
+``gpu`` is a catalog GPU type slug or ``"none"`` (``gpulab.catalog.NO_GPU``); an empty or missing
+``gpu`` is read as ``"none"``.
+
 ``t`` is seconds since the Unix epoch (a number); it is stored as integer microseconds.
 """
 
@@ -49,6 +52,8 @@ from pydantic import (
     ValidationError,
     field_validator,
 )
+
+from gpulab.catalog import NO_GPU
 
 REPORTER_KINDS = (
     "kernel_start",
@@ -142,10 +147,17 @@ class Heartbeat(_Event):
 
 class ServerStart(_Event):
     kind: Literal["server_start"]
-    gpu: Annotated[str, Field(min_length=1, max_length=64)]
+    # The user's choice: a catalog GPU type slug, or NO_GPU. An empty or missing one is NO_GPU,
+    # here and only here, so that the sessions, the rating and the statements know one spelling.
+    gpu: Annotated[str, Field(min_length=1, max_length=64)] = NO_GPU
     gpus: Annotated[int, Field(ge=0, le=64)]
     pricing: Literal["on-demand", "spot"]
     options: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("gpu", mode="before")
+    @classmethod
+    def _no_gpu_spelled_once(cls, value: Any) -> Any:
+        return NO_GPU if value is None or value == "" else value
 
 
 class ServerStop(_Event):

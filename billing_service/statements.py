@@ -33,6 +33,7 @@ from gpulab.billing_service.rating import (
     split_prepaid,
 )
 from gpulab.billing_service.schemas import APP_PREFIX, OBSERVED_PREFIX
+from gpulab.catalog import NO_GPU
 
 
 def iso(t_us: int | None) -> str | None:
@@ -48,7 +49,7 @@ def money(micro: int) -> dict[str, Any]:
 
 def mode_label(prices: PriceBook, gpu_type: str, gpus: int) -> str:
     cat = prices.catalog
-    if gpu_type in ("", "none"):
+    if gpu_type == NO_GPU:
         return cat.no_gpu.display_name
     gpu = cat.gpu_types.get(gpu_type)
     return f"{gpu.display_name if gpu else gpu_type} x{gpus}"

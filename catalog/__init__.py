@@ -22,10 +22,12 @@ from gpulab.catalog.models import (
     parse_catalog,
     slugify,
 )
+from gpulab.catalog.no_gpu import NO_GPU, card_type, gpu_choice
 
 __all__ = [
     "DEFAULT_APP",
     "DEFAULT_CATALOG",
+    "NO_GPU",
     "App",
     "Catalog",
     "CatalogError",
@@ -35,6 +37,8 @@ __all__ = [
     "NoGpuMode",
     "ServerLimits",
     "StoreModel",
+    "card_type",
+    "gpu_choice",
     "load_catalog",
     "parse_catalog",
     "slugify",

@@ -14,6 +14,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from .no_gpu import NO_GPU
+
 # Placeholders a command may use. jupyter-server-proxy fills {port}, {unix_socket} and
 # {base_url}; gpulab's spawners fill {home} and {models} (paths inside the user's server) before
 # handing it over. A command with {unix_socket} listens on a socket in a folder only the server's
@@ -120,9 +122,9 @@ class App(_Model):
             return base + "api/status"
         return f"{base}{self.slug}{self.ready_path}"
 
-    def runs_on(self, gpu_type: str | None, vram_gb: int) -> bool:
-        """Whether a server of ``gpu_type`` (None: no GPU) with cards of ``vram_gb`` fits it."""
-        if gpu_type is None:
+    def runs_on(self, gpu_type: str, vram_gb: int) -> bool:
+        """Whether a server of ``gpu_type`` (NO_GPU: none) with cards of ``vram_gb`` fits it."""
+        if gpu_type == NO_GPU:
             return not self.needs_gpu
         if self.gpu_types and gpu_type not in self.gpu_types:
             return False

@@ -17,6 +17,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .apps import DEFAULT_APP, App, StoreModel
+from .no_gpu import NO_GPU
 
 DEFAULT_CATALOG = Path(__file__).with_name("catalog.toml")
 
@@ -144,7 +145,7 @@ class Image(_Model):
     docker_image: str | None = None
 
     def supports(self, gpu_type: str) -> bool:
-        return not self.gpu_types or gpu_type in self.gpu_types or gpu_type == "none"
+        return not self.gpu_types or gpu_type in self.gpu_types or gpu_type == NO_GPU
 
 
 class Dataset(_Model):
@@ -221,19 +222,19 @@ class Catalog(_Model):
     def _check_references(self) -> Catalog:
         for section in SECTIONS:
             for slug in getattr(self, section):
-                if not SLUG_RE.match(slug) or slug == "none":
+                if not SLUG_RE.match(slug) or slug == NO_GPU:
                     raise ValueError(
                         f"{section}.{slug}: slugs are lowercase letters, digits and '-' "
-                        f"(and not 'none'), e.g. {slugify(slug) or 'a100-80g'!r}"
+                        f"(and not {NO_GPU!r}), e.g. {slugify(slug) or 'a100-80g'!r}"
                     )
         if not self.images:
             raise ValueError("images: at least one image is required")
         for image in self.images.values():
             for gpu in image.gpu_types:
-                if gpu not in self.gpu_types and gpu != "none":
+                if gpu not in self.gpu_types and gpu != NO_GPU:
                     raise ValueError(
                         f"images.{image.slug}.gpu_types: unknown GPU type {gpu!r}; "
-                        f"allowed: {', '.join(['none', *self.gpu_types])}"
+                        f"allowed: {', '.join([NO_GPU, *self.gpu_types])}"
                     )
         for app in self.apps.values():
             if app.image is not None and app.image not in self.images:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from gpulab.catalog import App, Catalog
+from gpulab.catalog import NO_GPU, App, Catalog
 from gpulab.spawners.options import PRICING, app_gpu_types
 
 
@@ -24,7 +24,7 @@ class LaunchRefused(Exception):
 
 @dataclass(frozen=True)
 class Choice:
-    gpu: str  # a GPU type slug or "none"
+    gpu: str  # a GPU type slug or NO_GPU
     price: Decimal  # per hour, in the catalog's currency
     free: int
 
@@ -63,9 +63,9 @@ def plan_launch(
         gpu = str(body["gpu"])
         price = _price(catalog, spot_prices, gpu, pricing)
         return options, Choice(gpu, price, counts.get(gpu, {}).get("free", 0))
-    if "none" in fits and pricing == "on-demand":
-        options["gpu"] = "none"
-        return options, Choice("none", catalog.no_gpu.price_per_hour, 0)
+    if NO_GPU in fits and pricing == "on-demand":
+        options["gpu"] = NO_GPU
+        return options, Choice(NO_GPU, catalog.no_gpu.price_per_hour, 0)
 
     max_price = None
     if pricing == "spot" and body.get("max_price") is not None:
@@ -78,7 +78,7 @@ def plan_launch(
     candidates: list[Choice] = []
     too_dear: list[str] = []
     for slug in fits:
-        if slug == "none":
+        if slug == NO_GPU:
             continue
         gt = catalog.gpu_types[slug]
         free = counts.get(slug, {}).get("free", 0)
@@ -98,7 +98,7 @@ def plan_launch(
 
 def _price(catalog: Catalog, spot_prices: dict[str, Decimal], gpu: str, pricing: str) -> Decimal:
     """Per card-hour now: the spot price in force (on-demand where the market has none), the
-    on-demand price, or no-GPU mode's for "none" (and for a type the spawn will refuse)."""
+    on-demand price, or no-GPU mode's for NO_GPU (and for a type the spawn will refuse)."""
     if gpu not in catalog.gpu_types:
         return catalog.no_gpu.price_per_hour
     on_demand = catalog.gpu_types[gpu].on_demand_price
@@ -124,7 +124,7 @@ def _no_card_message(
         f"{catalog.gpu_types[s].display_name} {counts.get(s, {}).get('free', 0)}/"
         f"{counts.get(s, {}).get('total', 0)} free"
         for s in fits
-        if s != "none"
+        if s != NO_GPU
     )
     small = [
         f"{gt.display_name} ({gt.vram_gb} GB)"

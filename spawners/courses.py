@@ -17,12 +17,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from gpulab.catalog import Catalog
+from gpulab.catalog import NO_GPU, Catalog
 from gpulab.spawners.options import ServerOptions
 
 COURSE_KEY = "gpulab_course"
 # The limits a course sets, each against the catalog section it picks from and the options field
-# it constrains. ``gpu_types`` may also list "none" (no-GPU servers).
+# it constrains. ``gpu_types`` may also list NO_GPU (no-GPU servers).
 LIMIT_FIELDS = {"gpu_types": "gpu", "images": "image", "datasets": "datasets", "apps": "app"}
 
 
@@ -95,7 +95,7 @@ class CourseRuleError(Exception):
 
 def _catalog_slugs(section: str, catalog: Catalog) -> list[str]:
     if section == "gpu_types":
-        return [*catalog.gpu_types, "none"]
+        return [*catalog.gpu_types, NO_GPU]
     return list(getattr(catalog, section))
 
 

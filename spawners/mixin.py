@@ -25,6 +25,7 @@ from tornado import web
 from traitlets import Any as AnyTrait
 from traitlets import Float, HasTraits, default
 
+from gpulab.catalog import card_type, gpu_choice
 from gpulab.spawners.activity import Observation
 from gpulab.spawners.apps import AppServersMixin
 from gpulab.spawners.courses import CourseRuleError
@@ -217,7 +218,9 @@ class GpuSpawnerMixin(AppServersMixin, HasTraits):
 
     @property
     def owner(self) -> str:
-        return owner_key(self.user.name, self.name)
+        # JupyterHub's own spawner tests make spawners without a user (load_state, clear_state).
+        user = getattr(self, "user", None)
+        return owner_key(user.name if user is not None else "", self.name)
 
     def _allocate(self, request: SpawnRequest) -> Allocation:
         """Take this server's cards, once the spot market admits the spawn (the request's
@@ -237,7 +240,7 @@ class GpuSpawnerMixin(AppServersMixin, HasTraits):
         try:
             alloc = self.pool.allocator.allocate(
                 self.owner,
-                opts.gpu_type,
+                card_type(opts.gpu),
                 opts.gpus,
                 opts.pricing,
                 accounts=accounts_for(self.user.name, opts.course),
@@ -290,7 +293,7 @@ class GpuSpawnerMixin(AppServersMixin, HasTraits):
             ENV_ALLOC: alloc.alloc_id,
             ENV_HUB: self.pool.hub_id,
             "GPULAB_MODE": self.mode_label,
-            "GPULAB_GPU_TYPE": alloc.gpu_type or "none",
+            "GPULAB_GPU_TYPE": gpu_choice(alloc.gpu_type),
             "GPULAB_GPU_COUNT": str(len(alloc.uuids)),
             "GPULAB_GPUS_SIMULATED": "1" if simulated else "0",
             "GPULAB_PRICING": alloc.pricing,

@@ -25,7 +25,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from gpulab.catalog import DEFAULT_APP, App, Catalog
+from gpulab.catalog import DEFAULT_APP, NO_GPU, App, Catalog
 
 PRICING = ("on-demand", "spot")
 FIELDS = (
@@ -45,7 +45,7 @@ COURSE_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
 DEFAULTS: dict[str, Any] = {
     "app": DEFAULT_APP,
     "image": "base",
-    "gpu": "none",
+    "gpu": NO_GPU,
     "gpus": 1,
     "datasets": [],
     "pricing": "on-demand",
@@ -70,7 +70,7 @@ class ServerOptions(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     image: str
-    gpu: str  # a GPU type slug, or "none"
+    gpu: str  # a GPU type slug, or NO_GPU
     gpus: int  # 0 in no-GPU mode
     datasets: tuple[str, ...]
     pricing: str
@@ -84,18 +84,14 @@ class ServerOptions(BaseModel):
     # The course this server runs under (its limits, its credit pool, its education prices).
     course: str | None = None
 
-    @property
-    def gpu_type(self) -> str | None:
-        return None if self.gpu == "none" else self.gpu
-
     def price_per_hour(self, catalog: Catalog) -> Decimal:
         """The on-demand price of this server per hour (spot prices come from the market)."""
-        if self.gpu_type is None:
+        if self.gpu == NO_GPU:
             return catalog.no_gpu.price_per_hour
         return catalog.gpu_types[self.gpu].on_demand_price * self.gpus
 
     def label(self, catalog: Catalog) -> str:
-        if self.gpu_type is None:
+        if self.gpu == NO_GPU:
             return catalog.no_gpu.display_name
         return f"{catalog.gpu_types[self.gpu].display_name} x{self.gpus}"
 
@@ -107,14 +103,14 @@ class ServerOptions(BaseModel):
 
 
 def app_gpu_types(app: App, catalog: Catalog) -> list[str]:
-    """The GPU types (and "none") a server running ``app`` may have, in catalog order."""
+    """The GPU types (and NO_GPU) a server running ``app`` may have, in catalog order."""
     out = [
         slug
         for slug, gt in catalog.gpu_types.items()
         if app.runs_on(slug, gt.vram_gb)
         and (app.image is None or catalog.images[app.image].supports(slug))
     ]
-    return [*out, "none"] if app.runs_on(None, 0) else out
+    return [*out, NO_GPU] if app.runs_on(NO_GPU, 0) else out
 
 
 def _allowed(values: Any) -> str:
@@ -185,11 +181,11 @@ def parse_options(raw: Any, catalog: Catalog) -> ServerOptions:
             )
 
     gpu = opts["gpu"]
-    gpu_choices = ["none", *catalog.gpu_types]
+    gpu_choices = [NO_GPU, *catalog.gpu_types]
     if not isinstance(gpu, str) or gpu not in gpu_choices:
         raise OptionsError("gpu", f"unknown GPU type {gpu!r}; allowed: {_allowed(gpu_choices)}")
 
-    if gpu == "none":
+    if gpu == NO_GPU:
         if "gpus" in raw and raw["gpus"] not in (None, 0, 1):
             raise OptionsError(
                 "gpus", "no-GPU mode takes no GPUs; omit gpus or choose a GPU type with gpu"
@@ -205,7 +201,7 @@ def parse_options(raw: Any, catalog: Catalog) -> ServerOptions:
     if gpu not in app_gpu_types(app, catalog):
         fits = app_gpu_types(app, catalog)
         need = f" with at least {app.min_vram_gb} GB of VRAM" if app.min_vram_gb else ""
-        what = "a GPU" if gpu == "none" else f"a GPU type it runs on{need}"
+        what = "a GPU" if gpu == NO_GPU else f"a GPU type it runs on{need}"
         raise OptionsError(
             "gpu", f"{app.display_name} needs {what}, not {gpu!r}; allowed for it: {_allowed(fits)}"
         )
@@ -235,7 +231,7 @@ def parse_options(raw: Any, catalog: Catalog) -> ServerOptions:
     pricing = opts["pricing"]
     if pricing not in PRICING:
         raise OptionsError("pricing", f"unknown pricing {pricing!r}; allowed: {_allowed(PRICING)}")
-    if pricing == "spot" and gpu == "none":
+    if pricing == "spot" and gpu == NO_GPU:
         raise OptionsError("pricing", "spot pricing needs a GPU type; no-GPU mode is on-demand")
 
     max_price = opts["max_price"]
@@ -282,7 +278,7 @@ def options_from_form(form: dict[str, list[str]]) -> dict[str, Any]:
     for key in ("app", "image", "gpu", "pricing", "course"):
         if (v := one(key)) is not None:
             out[key] = v
-    if (v := one("gpus")) is not None and out.get("gpu") != "none":
+    if (v := one("gpus")) is not None and out.get("gpu") != NO_GPU:
         out["gpus"] = v  # the card count field stays on the page when No GPU is picked
     if out.get("pricing") == "spot" and (v := one("max_price")) is not None:
         out["max_price"] = v

@@ -24,10 +24,16 @@ request handed over for exactly these raw options (once; a stale one, older than
 JupyterHub hub without gpulab's gate). The spawner keeps the request as its own state
 (``GpuSpawnerMixin.gpulab_request``) until its server stops.
 
-No GPU: a request's code reads ``options.gpu_type`` (None: no GPU), as the allocator's
-``Allocation.gpu_type`` does; ``"none"`` is the form's and the JSON API's spelling. (Not done
-yet: ``ServerOptions.gpu`` itself still holds ``"none"``, as do the catalog's and the courses'
-GPU type lists; moving them to None is issue 21's remaining part.)
+No GPU: the user's choice of GPU type is always a string, spelled one way on every floor:
+a catalog slug, or ``gpulab.catalog.NO_GPU`` (``"none"``) for a server without GPUs. The form,
+the JSON API, ``ServerOptions.gpu`` (there is no ``gpu_type`` property mapping it to None), the
+course limits, the launch plan, billing's events, sessions and statements, the container labels
+and ``GPULAB_GPU_TYPE`` all hold it; code compares with ``NO_GPU``, never with a bare word
+(``tests/unit/test_no_gpu_spelling.py`` fails on one). Billing reads an empty or missing ``gpu``
+as ``NO_GPU`` once, when it validates the event. One different fact keeps None: the type of the
+cards a server *holds* (the allocator's ``Allocation.gpu_type``, persisted in its ledger; None:
+no cards), which crosses to and from the choice only through ``gpulab.catalog.card_type`` and
+``gpu_choice`` (see :mod:`gpulab.catalog.no_gpu`).
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ from jupyterhub.scopes import needs_scope
 from jupyterhub.utils import url_path_join
 from tornado import web
 
+from gpulab.catalog import NO_GPU
 from gpulab.hub_config.api.base import GpulabAPIHandler
 from gpulab.hub_config.app_probe import probe_app
 from gpulab.hub_config.billing.hooks import hourly_price
@@ -135,7 +136,7 @@ class HomeAPIHandler(_UserHandler):
                     "gpu_choices": [
                         g
                         for g in app_gpu_types(app, catalog)
-                        if (g == "none" or counts.get(g, {}).get("total", 0) > 0)
+                        if (g == NO_GPU or counts.get(g, {}).get("total", 0) > 0)
                         and (allowed is None or g in allowed["gpu_types"])
                     ],
                     "available": not reason,

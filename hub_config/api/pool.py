@@ -18,6 +18,7 @@ import json
 from jupyterhub.scopes import needs_scope
 from tornado import web
 
+from gpulab.catalog import NO_GPU, card_type
 from gpulab.hub_config.api.base import GpulabAPIHandler
 from gpulab.hub_config.courses.groups import CourseError
 from gpulab.hub_config.courses.staff import check_staff_start, mark_payer
@@ -66,7 +67,7 @@ class SwitchAPIHandler(GpulabAPIHandler):
         merged = {**current, **body}
         if "gpus" not in body and merged.get("gpu") != current.get("gpu"):
             merged.pop("gpus", None)  # a new GPU type starts from the default card count
-        if merged.get("gpu") == "none" and "pricing" not in body:
+        if merged.get("gpu") == NO_GPU and "pricing" not in body:
             # Leaving a spot GPU for no-GPU mode (the JupyterLab toggle) leaves the spot market too.
             for key in ("pricing", "max_price", "wait", "windows_only"):
                 merged.pop(key, None)
@@ -93,7 +94,7 @@ class SwitchAPIHandler(GpulabAPIHandler):
         request = await spawner.check_affordable(request)
         owner = owner_key(user.name, "")
         try:
-            self.pool.allocator.reserve(owner, options.gpu_type, options.gpus)
+            self.pool.allocator.reserve(owner, card_type(options.gpu), options.gpus)
         except NoCapacity as e:
             raise web.HTTPError(409, str(e)) from None
         self.log.info("Switching %s to %s", owner, options.label(self.pool.catalog))

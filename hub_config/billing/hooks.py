@@ -37,7 +37,7 @@ from urllib.parse import urlparse
 from jupyterhub.utils import random_port
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
-from gpulab.catalog import Catalog, settings
+from gpulab.catalog import NO_GPU, Catalog, settings
 from gpulab.hub_config.data_dir import secret_file
 from gpulab.hub_config.scopes import (
     COURSE_MANAGE_SCOPE,
@@ -67,7 +67,7 @@ def hourly_price(opts: ServerOptions, catalog: Catalog) -> tuple[Decimal, str]:
     in force for its GPU type times its GPUs for a spot server (that is what its first minutes are
     billed at), else the catalog's on-demand (or no-GPU) price. Falls back to on-demand when the
     hub runs no spot market (then spot time is rated at on-demand too)."""
-    if opts.pricing == "spot" and opts.gpu_type is not None and SpotMarket.initialized():
+    if opts.pricing == "spot" and opts.gpu != NO_GPU and SpotMarket.initialized():
         try:
             price = SpotMarket.instance().current_price(opts.gpu)
         except KeyError:  # a type the market does not trade
@@ -76,7 +76,7 @@ def hourly_price(opts: ServerOptions, catalog: Catalog) -> tuple[Decimal, str]:
             return price * opts.gpus, "spot price "
     if opts.course and opts.pricing == "on-demand":
         # Course sessions are rated at the catalog's education price (billing's rating).
-        if opts.gpu_type is None:
+        if opts.gpu == NO_GPU:
             return catalog.no_gpu.course_price, "education price "
         return catalog.gpu_types[opts.gpu].course_price * opts.gpus, "education price "
     return opts.price_per_hour(catalog), ""
@@ -135,10 +135,10 @@ def course_refusal(
 def reservation_for(spawner, opts: ServerOptions) -> str | None:
     """The monthly reservation (its id) a start of ``opts`` will run on, if any: one of the
     user's or their course's, usable now, with enough unused cards of the type."""
-    if opts.gpu_type is None:
+    if opts.gpu == NO_GPU:
         return None
     accounts = accounts_for(spawner.user.name, opts.course)
-    hold = spawner.pool.allocator.usable_hold(accounts, opts.gpu_type, opts.gpus)
+    hold = spawner.pool.allocator.usable_hold(accounts, opts.gpu, opts.gpus)
     return hold.hold_id if hold is not None and hold.kind == "reservation" else None
 
 

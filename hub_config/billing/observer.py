@@ -36,6 +36,7 @@ from traitlets import Any as AnyTrait
 from traitlets import Bool, Float, Integer, TraitError, validate
 from traitlets.config import SingletonConfigurable
 
+from gpulab.catalog import NO_GPU
 from gpulab.hub_config.billing.notices import Notices
 from gpulab.spawners.activity import ActivityTracker, Span
 from gpulab.spawners.market.hub_client import server_path
@@ -229,7 +230,7 @@ class ActivityObserver(SingletonConfigurable):
 
     async def _maybe_reclaim(self, spawner: Any, tracker: ActivityTracker, now: float) -> None:
         idle = tracker.idle_for(now)
-        gpu = spawner.allocation.gpu_type is not None
+        gpu = spawner.allocation.gpu_type is not None  # holds cards
         limit = self.gpu_idle_timeout if gpu else self.idle_timeout
         if limit <= 0 or idle < limit:
             return
@@ -247,7 +248,7 @@ class ActivityObserver(SingletonConfigurable):
                 "same home, so its cards go back to the pool. Switch back to a GPU when you need one."
             )
             path = f"/gpulab/users/{quote(user)}/switch"
-            code, text = await self.hub_api("POST", path, {"gpu": "none"})
+            code, text = await self.hub_api("POST", path, {"gpu": NO_GPU})
             kind = "gpu-idle"
             if code == 402:
                 # Not even no-GPU mode can be paid: the cards go back all the same.

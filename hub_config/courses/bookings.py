@@ -33,7 +33,7 @@ from jupyterhub.scopes import needs_scope
 from traitlets import Float, Int
 from traitlets.config import SingletonConfigurable
 
-from gpulab.catalog import Catalog
+from gpulab.catalog import NO_GPU, Catalog
 from gpulab.hub_config.courses import groups
 from gpulab.hub_config.courses.groups import CourseError
 from gpulab.hub_config.courses.handlers import CourseAPIHandler
@@ -271,7 +271,7 @@ def parse_booking(
     if unknown:
         raise CourseError(400, unknown[0], f"unknown field; allowed: {', '.join(FIELDS)}")
     gpu_type = body.get("gpu_type")
-    allowed = [g for g in course.limits.allowed("gpu_types", catalog) if g != "none"]
+    allowed = [g for g in course.limits.allowed("gpu_types", catalog) if g != NO_GPU]
     if gpu_type not in catalog.gpu_types:
         raise CourseError(
             400, "gpu_type", f"unknown GPU type {gpu_type!r}; allowed: {', '.join(allowed)}"

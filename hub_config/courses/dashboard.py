@@ -35,6 +35,7 @@ from traitlets import Any as AnyTrait
 from traitlets import Float
 from traitlets.config import LoggingConfigurable
 
+from gpulab.catalog import NO_GPU
 from gpulab.hub_config.courses import groups
 from gpulab.hub_config.courses.handlers import student_server
 from gpulab.hub_config.scopes import COURSE_MANAGE_SCOPE, COURSE_READ_SCOPE
@@ -170,7 +171,7 @@ def server_view(server: Mapping[str, Any]) -> dict[str, Any]:
         "badge": badge,
         "url": server.get("url") or "",
         "mode": server.get("mode") or (NO_VALUE if state == "stopped" else ""),
-        "gpu": f"{gpu_type} \u00d7 {cards}" if gpu_type and gpu_type != "none" else NO_VALUE,
+        "gpu": f"{gpu_type} \u00d7 {cards}" if gpu_type not in (None, NO_GPU) else NO_VALUE,
         "course": server.get("course") or NO_VALUE,
     }
 

@@ -77,7 +77,7 @@ def student_server(users: Any, name: str) -> dict[str, Any]:
         "state": spawner.pending or ("ready" if spawner.ready else "starting"),
         "url": user.server_url("") if spawner.ready else None,
         "mode": getattr(spawner, "mode_label", "") or "",
-        "gpu_type": opts.gpu_type if opts is not None else None,
+        "gpu_type": opts.gpu if opts is not None else None,
         "cards": len(alloc.uuids) if alloc is not None else 0,
         "course": opts.course if opts is not None else None,
         "pricing": opts.pricing if opts is not None else None,

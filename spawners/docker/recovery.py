@@ -12,6 +12,7 @@ import time
 
 import docker
 
+from gpulab.catalog import NO_GPU, card_type
 from gpulab.spawners.docker.labels import (
     L_ALLOC,
     L_CREATED,
@@ -71,11 +72,11 @@ class RecoveryMixin:
                 ", ".join(uuids),
             )
             return
-        gpu_type = labels.get(L_GPU_TYPE, "none")
+        gpu = labels.get(L_GPU_TYPE) or NO_GPU  # the label holds the user's choice
         alloc = Allocation(
             alloc_id=alloc_id,
             owner=self.owner,
-            gpu_type=None if gpu_type == "none" else gpu_type,
+            gpu_type=card_type(gpu),
             uuids=uuids,
             created=float(labels.get(L_CREATED) or time.time()),
             pricing=labels.get(L_PRICING, "on-demand"),
@@ -96,7 +97,7 @@ class RecoveryMixin:
                 self.gpulab_request = self.restored_request(
                     {
                         "image": labels.get(L_IMAGE),
-                        "gpu": gpu_type,
+                        "gpu": gpu,
                         "gpus": len(uuids) or 1,
                         "pricing": alloc.pricing,
                     }

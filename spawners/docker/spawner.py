@@ -28,7 +28,7 @@ from dockerspawner import DockerSpawner
 from jupyterhub.traitlets import ByteSpecification
 from traitlets import Bool, Float, Integer, Unicode, default, validate
 
-from gpulab.catalog import App
+from gpulab.catalog import App, gpu_choice
 from gpulab.spawners.docker.agent import ContainerAgentMixin
 from gpulab.spawners.docker.images import image_status
 from gpulab.spawners.docker.labels import (
@@ -364,7 +364,7 @@ class GpuDockerSpawner(ContainerAgentMixin, RecoveryMixin, GpuSpawnerMixin, Dock
             L_USER: self.user.name,
             L_SERVER: self.name,
             L_ALLOC: alloc.alloc_id,
-            L_GPU_TYPE: alloc.gpu_type or "none",
+            L_GPU_TYPE: gpu_choice(alloc.gpu_type),
             L_GPUS: ",".join(alloc.uuids),
             L_SIMULATED: "1" if self._simulated(alloc) else "0",
             L_PRICING: alloc.pricing,

@@ -27,7 +27,7 @@ from typing import Any
 from jinja2 import Environment, PackageLoader, StrictUndefined
 from markupsafe import Markup
 
-from gpulab.catalog import Catalog
+from gpulab.catalog import NO_GPU, Catalog
 from gpulab.spawners.courses import Course, allowed_choices, student_courses
 from gpulab.spawners.images import ImageStatus
 from gpulab.spawners.market.hub import SpotMarket
@@ -110,8 +110,8 @@ def form_context(
     if not offered("gpu_types", last["gpu"]):
         # The last choice is not the course's: start from the first one it offers.
         firsts = [t["slug"] for t in snapshot["gpu_types"] if t["total"] > 0]
-        firsts = [g for g in [*firsts, "none"] if offered("gpu_types", g)]
-        last["gpu"] = firsts[0] if firsts else "none"
+        firsts = [g for g in [*firsts, NO_GPU] if offered("gpu_types", g)]
+        last["gpu"] = firsts[0] if firsts else NO_GPU
     gpu_types = [
         {
             "slug": t["slug"],
@@ -178,18 +178,19 @@ def form_context(
         "queued": _queued_context(queued, catalog, cur, windows, user, server) if queued else None,
         "gpu_types": gpu_types,
         "no_gpu": {
+            "value": NO_GPU,
             "display_name": no_gpu.display_name,
             "description": no_gpu.description,
             "price_per_hour": str(no_gpu.price_per_hour),
-            "checked": last["gpu"] == "none",
-            "offered": offered("gpu_types", "none"),
+            "checked": last["gpu"] == NO_GPU,
+            "offered": offered("gpu_types", NO_GPU),
         },
         "courses": [
             {"name": c.name, "title": c.title, "selected": last.get("course") == c.name}
             for c in courses or []
         ],
         "max_gpus": catalog.max_gpus_per_server,
-        "gpus": str((last["gpus"] if last["gpu"] != "none" else 1) or 1),
+        "gpus": str((last["gpus"] if last["gpu"] != NO_GPU else 1) or 1),
         "images": images,
         "datasets": datasets,
         "pricing": last["pricing"],

@@ -25,7 +25,7 @@ from typing import Any
 
 from jupyterhub.traitlets import ByteSpecification
 
-from gpulab.catalog import DEFAULT_APP, Catalog
+from gpulab.catalog import DEFAULT_APP, NO_GPU, Catalog
 from gpulab.spawners.kubernetes.settings import LABEL_VALUE, KubernetesSettings
 from gpulab.spawners.options import OptionsError, ServerOptions, parse_options
 
@@ -45,7 +45,7 @@ A_CURRENCY = "gpulab.io/currency"
 A_MAX_PRICE = "gpulab.io/max-price"
 
 SHM_VOLUME = "dshm"
-NO_GPU_PROFILE = "none"  # the same word as gpulab's `gpu: "none"`; never a catalog slug
+NO_GPU_PROFILE = NO_GPU  # the same word as gpulab's `gpu`; never a catalog slug
 DATASET_OPTION = "dataset-{slug}"
 YES, NO = "yes", "no"
 # A bid typed into the profile form: a positive decimal with at most 6 places and no leading

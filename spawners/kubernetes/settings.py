@@ -16,6 +16,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from gpulab.catalog import NO_GPU
+
 # Kubernetes' own syntax rules (apimachinery validation), checked here so that a bad setting fails
 # when the profiles are generated, not when the API server refuses the first pod.
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -61,7 +63,7 @@ class KubernetesSettings(BaseModel):
         "(or no_gpu_label_value on CPU-only nodes). GPU servers get it as a node selector.",
     )
     no_gpu_label_value: str = Field(
-        "none",
+        NO_GPU,
         description="Value of gpu_type_label on the CPU-only node pool, where no-GPU servers run.",
     )
     gpu_resource: str = Field(

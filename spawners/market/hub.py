@@ -31,6 +31,7 @@ from decimal import Decimal
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from gpulab.catalog import NO_GPU
 from gpulab.catalog.price_history import history_for, market_dir
 from gpulab.spawners.market.admission import queued, reclaiming, refused, spot_problems
 from gpulab.spawners.market.config import SpotMarketConfig
@@ -270,8 +271,8 @@ class SpotMarket(SpotMarketConfig):
         """
         owner = spawner.owner
         self._spawners[owner] = spawner
-        slug = options.gpu_type
-        if slug is None or slug not in self.books:
+        slug = options.gpu
+        if slug == NO_GPU or slug not in self.books:
             return
         book = self.books[slug]
         if owner in self.queue:  # a new request replaces a queued one
@@ -335,7 +336,7 @@ class SpotMarket(SpotMarketConfig):
             return
         self.bids[owner] = Order(
             owner,
-            options.gpu_type,
+            options.gpu,  # a spot request always names a GPU type
             options.gpus,
             "spot",
             options.max_price,

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from gpulab.catalog import NO_GPU
 from gpulab.spawners.node.holds import Hold
 from gpulab.spawners.node.inventory import GpuDevice
 from gpulab.spawners.node.procs import (
@@ -34,7 +35,10 @@ from gpulab.spawners.node.procs import (
 class Allocation:
     alloc_id: str
     owner: str  # "user/server-name" ("alice/" for the default server)
-    gpu_type: str | None  # None: no-GPU mode
+    # The type of the cards held; None: holds no cards (a no-GPU server). A fact about cards, not
+    # the user's choice (``ServerOptions.gpu``, NO_GPU for no GPU): the two cross only through
+    # ``gpulab.catalog.card_type`` and ``gpu_choice``. Ledgers keep null for it, old and new.
+    gpu_type: str | None
     uuids: list[str]
     created: float
     pid: int | None = None
@@ -270,7 +274,7 @@ class GpuAllocator:
             if c["free"] and slug != exclude
         ]
         others = ", ".join(free) if free else "no other GPU type has a free card"
-        return f'Free now: {others}; no-GPU mode (gpu: "none") is always available.'
+        return f'Free now: {others}; no-GPU mode (gpu: "{NO_GPU}") is always available.'
 
     # ---- mutations ---------------------------------------------------------------------------
 

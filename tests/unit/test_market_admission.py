@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from traitlets.config import Config
 
+from gpulab.catalog import NO_GPU
 from gpulab.hub_config.overrides.queue import queue_instead_of_spawn
 from gpulab.spawners.market import views
 from gpulab.spawners.market.hub import SpotMarket
@@ -193,7 +194,7 @@ def test_the_balance_is_asked_once_per_spawn_and_the_request_reaches_the_launch(
     assert len(billing.asked) == 1 and len(billing.reported) == 1
     assert billing.reported[0].afforded and billing.reported[0].admission is not None
     (launched,) = frank.launched
-    assert launched.options.gpu_type == SLUG and launched.options is billing.asked[0].options
+    assert launched.options.gpu == SLUG and launched.options is billing.asked[0].options
     assert launched.env["GPULAB_GPU_TYPE"] == SLUG and launched.env["GPULAB_PRICING"] == "spot"
     assert frank.gpulab_request is launched and frank.gpulab_options is launched.options
 
@@ -204,7 +205,8 @@ def test_a_start_without_the_pre_check_asks_the_balance_itself_once(market: Spot
     gina.jupyterhub_spawn({"gpu": "none"})
     asyncio.run(gina.gpulab_start())
     assert len(billing.asked) == 1 and len(billing.reported) == 1
-    assert gina.launched[0].options.gpu_type is None
+    assert gina.launched[0].options.gpu == NO_GPU
+    assert gina.launched[0].env["GPULAB_GPU_TYPE"] == NO_GPU
 
 
 def test_a_refusal_of_the_balance_fails_the_start_without_asking_again(

@@ -28,7 +28,7 @@ def test_defaults_are_no_gpu_on_demand_base() -> None:
 
 def test_gpu_options_price_per_card() -> None:
     o = parse_options({"gpu": "a100-80g", "gpus": 2, "datasets": ["sklearn-toy"]}, CATALOG)
-    assert o.gpu_type == "a100-80g" and o.gpus == 2
+    assert o.gpu == "a100-80g" and o.gpus == 2
     assert o.price_per_hour(CATALOG) == Decimal("4.20")
     assert o.label(CATALOG) == "A100-80G x2"
 
