@@ -71,7 +71,7 @@ format: install
 # The suite runs in parallel (pytest-xdist): its tests mostly wait on servers, so more workers
 # than cores pay off. Tests that share a module's fixtures, or must not run side by side (the
 # test swarm, grading), stay on one worker (--dist loadgroup, see tests/conftest.py).
-# `make test ARGS='-n0 tests/unit/test_x.py'` runs serially; TEST_WORKERS=N changes the count.
+# ARGS='-n0 ...' runs serially (e.g. one test file); TEST_WORKERS=N changes the count.
 TEST_WORKERS ?= 4
 
 test: install lint labext-test

@@ -21,6 +21,11 @@ import pytest
 from course_helpers import NBGRADER_SOURCE
 from harness import Hub, Kernel, wait_for
 
+# Grading sandboxes share the machine's "gpulab-grading" cgroups and grading uids: a hub's grading
+# sweeps orphaned groups and the tests count those machine-wide, so gradings never run side by side
+# (one worker of a parallel run runs these modules one after another).
+pytestmark = pytest.mark.xdist_group("grading")
+
 ISOLATED = os.geteuid() == 0
 ASSIGNMENT = "ps1"
 
@@ -57,11 +62,6 @@ print(json.dumps({{"rc": r.returncode, "out": r.stdout + r.stderr}}))
 # What trying to read something answers: "denied", "missing" or "read".
 PROBE = r"""
 import json, os
-
-# Grading sandboxes share the machine's "gpulab-grading" cgroups and grading uids: a hub's grading
-# sweeps orphaned groups and the tests count those machine-wide, so gradings never run side by side
-# (one worker of a parallel run runs these modules one after another).
-pytestmark = pytest.mark.xdist_group("grading")
 def probe(path):
     try:
         if os.path.isdir(path):
