@@ -52,6 +52,8 @@ from gpulab.spawners.options import ServerOptions
 from gpulab.spawners.request import SpawnRequest
 
 log = logging.getLogger("gpulab.billing.hooks")
+# Calls to billing in flight at once (balance checks of a class starting together, reports).
+MAX_CALLS = 64
 
 
 class BillingUnavailable(RuntimeError):
@@ -161,6 +163,9 @@ class BillingHooks:
         self.retry_for = retry_for
         self.start_wait = start_wait
         self._tasks: set[asyncio.Task] = set()
+        # Billing's calls have a client of their own: on tornado's shared one (10 at a time) a
+        # class starting at once queued every balance check behind the starts waiting on them.
+        self._http: AsyncHTTPClient | None = None
 
     async def _call(self, method: str, path: str, body: Any = None) -> Any:
         req = HTTPRequest(
@@ -171,7 +176,9 @@ class BillingHooks:
             request_timeout=self.timeout,
         )
         try:
-            resp = await AsyncHTTPClient().fetch(req)
+            if self._http is None:
+                self._http = AsyncHTTPClient(force_instance=True, max_clients=MAX_CALLS)
+            resp = await self._http.fetch(req)
         except HTTPClientError as e:
             if e.code == 599:
                 raise BillingUnreachable(f"billing unreachable: {e}") from None

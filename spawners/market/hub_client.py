@@ -8,13 +8,29 @@ see every start and stop the market makes.
 from __future__ import annotations
 
 import json
+import weakref
 from typing import Any
 from urllib.parse import quote
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
+from tornado.ioloop import IOLoop
 
 # Starting a server can take as long as an image pull; the hub answers 202 well before that.
 REQUEST_TIMEOUT = 120.0
+# The hub calling its own API must not queue behind its other outbound calls on tornado's shared
+# client (10 at a time): each start it asks for makes the hub ask billing for the balance, so a
+# class of 40 starting at once filled all ten with self-calls whose balance checks then waited
+# behind them until "Timeout in request queue". Self-calls get a client of their own per loop.
+MAX_SELF_CALLS = 64
+_clients: weakref.WeakKeyDictionary[IOLoop, AsyncHTTPClient] = weakref.WeakKeyDictionary()
+
+
+def _client() -> AsyncHTTPClient:
+    loop = IOLoop.current()
+    client = _clients.get(loop)
+    if client is None:
+        client = _clients[loop] = AsyncHTTPClient(force_instance=True, max_clients=MAX_SELF_CALLS)
+    return client
 
 
 def server_path(user: str, server: str) -> str:
@@ -34,7 +50,7 @@ class HubClient:
     async def request(self, method: str, path: str, body: Any = None) -> tuple[int, str]:
         """One request; an HTTP error comes back as its code and body, never raised."""
         try:
-            resp = await AsyncHTTPClient().fetch(
+            resp = await _client().fetch(
                 self.api_url.rstrip("/") + path,
                 method=method,
                 headers={"Authorization": f"token {self.token}"},
