@@ -14,7 +14,7 @@ from test_jupyterhub_config_file import CONFIG, AdminBrowser
 
 HOOKS = """
 def energy_form(form_data):
-    # JupyterHub's FormSpawner.options_from_form (tests/mocking.py), as a deployment's callable.
+    # JupyterHub's FormSpawner.options_from_form (jupyterhub/tests/mocking.py), as a deployment's callable.
     options = {"notspecified": 5}
     if "bounds" in form_data:
         options["bounds"] = [int(i) for i in form_data["bounds"]]
