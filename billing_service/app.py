@@ -40,7 +40,7 @@ from gpulab.billing_service.db import is_sqlite, make_engine, upgrade
 from gpulab.billing_service.enforce import Enforcer
 from gpulab.billing_service.hub_client import HubClient
 from gpulab.billing_service.metering import ingest, rate_session
-from gpulab.billing_service.models import MICRO, LedgerEntry
+from gpulab.billing_service.models import MICRO, LedgerEntry, ServerSession
 from gpulab.billing_service.rating import PriceBook, to_micro
 from gpulab.billing_service.schemas import ServerStop
 from gpulab.catalog import load_catalog
@@ -55,6 +55,12 @@ REQUIRED_ENV = (
     "JUPYTERHUB_SERVICE_URL",
     "JUPYTERHUB_CLIENT_ID",
 )
+
+
+def _ran_in(conn: Any, user: str, course: str) -> bool:
+    """Whether ``user`` has had a server session under ``course``."""
+    q = select(ServerSession.id).where(ServerSession.user == user, ServerSession.course == course)
+    return conn.execute(q.limit(1)).first() is not None
 
 
 class BillingService(Application):
@@ -288,9 +294,17 @@ class BillingService(Application):
 
     # ---- operations the handlers share -------------------------------------------------------
 
-    def _balance(self, user: str, course: str | None = None) -> dict[str, Any]:
+    def _balance(
+        self, user: str, course: str | None = None, participant_only: bool = False
+    ) -> dict[str, Any]:
         now = time.time_ns() // 1000
         with self.engine.begin() as conn:
+            if course is not None and participant_only and not _ran_in(conn, user, course):
+                # A course's pool and rules are its staff's to read; a user sees where they
+                # stand in a course they have run a server under, not in anyone's course.
+                raise web.HTTPError(
+                    403, "%s", f"course: {user} has run no server under course {course}"
+                )
             ledger.ensure(conn, ledger.user(user), now, trial_micro=self.trial_micro)
             info = statements.balance_info(
                 conn,
@@ -306,8 +320,10 @@ class BillingService(Application):
                 )
             return info
 
-    async def balance(self, user: str, course: str | None = None) -> dict[str, Any]:
-        return await self.run_db(self._balance, user, course)
+    async def balance(
+        self, user: str, course: str | None = None, participant_only: bool = False
+    ) -> dict[str, Any]:
+        return await self.run_db(self._balance, user, course, participant_only)
 
     def course_info(self, conn, course: str) -> dict[str, Any]:
         return statements.course_info(conn, course, time.time_ns() // 1000, self.catalog.currency)

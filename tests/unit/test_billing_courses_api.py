@@ -38,6 +38,7 @@ TOKENS = {
     "student": {"kind": "user", "name": "stud", "scopes": []},
     # A user who signed up as the pool's would-be account name.
     "pool-name": {"kind": "user", "name": f"course:{COURSE}", "scopes": []},
+    "outsider": {"kind": "user", "name": "out", "scopes": []},
 }
 
 
@@ -249,3 +250,34 @@ def test_the_hub_asks_with_the_course_and_refuses(monkeypatch) -> None:
         asyncio.run(hooks.check_balance(spawner, SpawnRequest("stud/", {}, opts)))
     assert e.value.status_code == 402 and "is used up" in e.value.log_message % e.value.args
     assert asked == [f"api/v1/users/stud/balance?course={COURSE}"]
+
+
+def test_a_course_pool_is_not_read_by_anyone_through_their_own_balance(service) -> None:
+    """Attack (issue 21 wave): any user asked ``users/ME/balance?course=C`` and read C's pool
+    balance, cap and rules. Now only who ran a server under C, its staff and admins see it."""
+    now = time.time()
+    events = [course_start("stud", now - 600, COURSE), heartbeat("stud", now - 1, [])]
+
+    async def scenario(c: Client) -> None:
+        await c.call("PUT", f"courses/{COURSE}", "admin", {"cap": "1.00", "overflow": "refuse"})
+        await c.call(
+            "POST",
+            f"courses/{COURSE}/credits",
+            "admin",
+            {"amount": "50", "idempotency_key": uuid.uuid4().hex},
+        )
+        await asyncio.get_running_loop().run_in_executor(None, feed, service.engine, events)
+        code, body = await c.call("GET", f"users/out/balance?course={COURSE}", "outsider")
+        assert code == 403 and "course" not in body, body
+        code, body = await c.call("GET", f"users/out/balance?course={COURSE}", "other-ta")
+        assert code == 403, body
+        code, body = await c.call("GET", "users/out/balance", "outsider")
+        assert code == 200 and "course" not in body, body
+        code, body = await c.call("GET", f"users/stud/balance?course={COURSE}", "student")
+        assert code == 200 and body["course"]["name"] == COURSE, body
+        code, body = await c.call("GET", f"users/stud/balance?course={COURSE}", "ta")
+        assert code == 403, body  # the TA is not stud: require_user first
+        code, body = await c.call("GET", f"users/stud/balance?course={COURSE}", "admin")
+        assert code == 200 and body["course"]["pool_balance"]["micro"] > 0, body
+
+    serve(service, scenario)
