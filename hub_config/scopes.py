@@ -21,6 +21,10 @@ REPORT_USAGE_SCOPE = "custom:gpulab:report-usage"
 # read the course (roster, servers, credit), teachers also manage it (roster, limits, caps).
 COURSE_READ_SCOPE = "custom:gpulab:course-read"
 COURSE_MANAGE_SCOPE = "custom:gpulab:course-manage"
+# Spending an account's money in advance (a monthly reservation): each user for themself and
+# teachers for their course, through their log-in and their own tokens; never a server's own
+# token, which course staff can read inside a student's server they reach (docs/security.md).
+PREPAY_SCOPE = "custom:gpulab:prepay"
 
 CUSTOM_SCOPES: dict[str, dict[str, str]] = {
     READ_POOL_SCOPE: {
@@ -38,6 +42,10 @@ CUSTOM_SCOPES: dict[str, dict[str, str]] = {
     COURSE_READ_SCOPE: {
         "description": "Read a course: its roster, its students' servers and credit, its "
         "bookings (course staff hold it as !group=COURSE).",
+    },
+    PREPAY_SCOPE: {
+        "description": "Prepay from an account (monthly reservations): users hold it for "
+        "themselves (!user); a server's own token never holds it.",
     },
     COURSE_MANAGE_SCOPE: {
         "description": "Manage a course: import its roster, set its limits and caps, book lab "
@@ -78,6 +86,7 @@ def base_roles(admin_name: str, *, admin_service: bool) -> list[dict[str, Any]]:
                 "self",
                 READ_POOL_SCOPE,
                 f"{SETTINGS_SCOPE}!user",
+                f"{PREPAY_SCOPE}!user",
                 # JupyterHub gives a server's token only what its owner holds, so the owner must
                 # hold the report scope for SERVER_TOKEN_SCOPES' `!server` grant to survive.
                 # Billing accepts only the `!server=USER/NAME` form, so the user's other tokens
@@ -105,7 +114,7 @@ def base_roles(admin_name: str, *, admin_service: bool) -> list[dict[str, Any]]:
     roles.append(
         {
             "name": "gpulab-course-admin",
-            "scopes": [COURSE_MANAGE_SCOPE, "admin:groups"],
+            "scopes": [COURSE_MANAGE_SCOPE, "admin:groups", PREPAY_SCOPE],
             "users": [admin_name],
             "services": [ADMIN_SERVICE] if admin_service else [],
         }

@@ -77,6 +77,16 @@ class SwitchAPIHandler(GpulabAPIHandler):
             actor = check_staff_start(self, user, merged)
         except CourseError as e:
             raise web.HTTPError(e.status, str(e)) from None
+        if merged.get("course") != current.get("course"):
+            # A running server keeps the course it was started under, whoever asks: its own token
+            # (which course staff reach inside a student's server) moving it into the student's
+            # other course would make that course's pool pay for staff of another.
+            now = current.get("course") or "no course"
+            raise web.HTTPError(
+                400,
+                f"course: a running server keeps its course ({now}); stop it and start it "
+                "under the other course",
+            )
         mark_payer(spawner, actor)  # a staff switch is the pool's alone (courses/staff.py)
         # The switch's spawn request (400 naming the field; the course rules): made once, and
         # handed to the restarted server's start with the money already asked.

@@ -33,7 +33,12 @@ from traitlets import Int
 from traitlets.config import SingletonConfigurable
 
 from gpulab.hub_config.api.base import GpulabAPIHandler
-from gpulab.hub_config.scopes import COURSE_MANAGE_SCOPE, COURSE_READ_SCOPE, READ_POOL_SCOPE
+from gpulab.hub_config.scopes import (
+    COURSE_MANAGE_SCOPE,
+    COURSE_READ_SCOPE,
+    PREPAY_SCOPE,
+    READ_POOL_SCOPE,
+)
 from gpulab.spawners.node.allocator import NoCapacity
 from gpulab.spawners.node.holds import Hold, HoldLimits
 
@@ -129,7 +134,8 @@ class ReservationsAPIHandler(GpulabAPIHandler):
         ]
         self.write(json.dumps({"reservations": out}))
 
-    @needs_scope(READ_POOL_SCOPE)
+    # Held as !user (or unfiltered by operators): which accounts is may_use's to decide.
+    @needs_scope(PREPAY_SCOPE, post_filter=True)
     async def post(self) -> None:
         body = self.json_object_body()
         unknown = sorted(set(body) - set(FIELDS))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import html
 import re
+import time
 import uuid
 
 import pytest
@@ -108,6 +109,34 @@ def test_staff_start_switch_launch_and_form_only_under_their_own_course(hub: Hub
             refused(r, "switch with a card")
         server = hub.server(student)
         assert server["ready"] and server["user_options"]["course"] == course_a
+        assert cards_free(hub) == before
+        # Staff reach inside the student's server, and with it its own token (attack wave, issue
+        # 21): with that token a TA of A moved it into B (B's pool paid) and prepaid a month of
+        # cards from the student's own balance. The token moves no server between courses, and
+        # spends nothing ahead.
+        with hub.kernel(student) as k:
+            server_token = k.execute("import os; print(os.environ['JUPYTERHUB_API_TOKEN'])").strip()
+        r = hub.api(
+            "POST", f"/gpulab/users/{student}/switch", token=server_token, json={"course": course_b}
+        )
+        assert r.status_code == 400 and "course: a running server keeps its course" in r.text, (
+            r.status_code,
+            r.text[:300],
+        )
+        r = hub.api(
+            "POST",
+            "/gpulab/reservations",
+            token=server_token,
+            json={
+                "account": f"user:{student}",
+                "gpu_type": "rtx-4090",
+                "cards": 1,
+                "month": time.strftime("%Y-%m", time.gmtime()),
+                "idempotency_key": uuid.uuid4().hex,
+            },
+        )
+        assert r.status_code == 403, (r.status_code, r.text[:300])
+        assert hub.server(student)["user_options"]["course"] == course_a
         assert cards_free(hub) == before
         # Within course A the TA may switch it (the rule allows, not only forbids).
         r = hub.api(
