@@ -84,3 +84,18 @@ def user_token(hub: Hub, name: str) -> str:
 
 def kernel_seconds(usage: dict) -> dict[str, float]:
     return {k["kernel_id"]: k["kernel_seconds"] for s in usage["servers"] for k in s["kernels"]}
+
+
+def assert_billed_for_the_life_seen(
+    billed: float, t0: float, t1: float, t2: float, t3: float, sampled: float = 0.0
+) -> None:
+    """``billed`` seconds of something the test started between ``t0`` and ``t1`` (its start
+    call) and stopped between ``t2`` and ``t3`` (its stop call) lie between the life the test
+    saw for certain (``t2 - t1``) and the most it can have had (``t3 - t0``), to a tenth of a
+    second; ``sampled``: how much later an observed span may end or earlier begin (the hub's
+    sampling). Exact whatever the machine's load, where a midpoint within 1 s failed on a busy
+    machine whose start calls alone took seconds."""
+    least, most = t2 - t1, t3 - t0
+    assert least - 0.1 <= billed <= most + 0.1 + sampled, (
+        f"billed {billed:.2f} s; alive for certain {least:.2f} s, at most {most:.2f} s"
+    )
