@@ -123,6 +123,19 @@ def test_bad_settings_answer_400_naming_the_field_and_change_nothing(service, bo
     serve(service, scenario)
 
 
+async def capped_pool_with(c: Client, service, events) -> None:
+    """The course capped at 1.00 a period (refusing past it), its pool funded with 50, and
+    ``events`` fed to billing."""
+    await c.call("PUT", f"courses/{COURSE}", "admin", {"cap": "1.00", "overflow": "refuse"})
+    await c.call(
+        "POST",
+        f"courses/{COURSE}/credits",
+        "admin",
+        {"amount": "50", "idempotency_key": uuid.uuid4().hex},
+    )
+    await asyncio.get_running_loop().run_in_executor(None, feed, service.engine, events)
+
+
 def test_the_balance_api_says_where_a_student_stands(service) -> None:
     now = time.time()
     events = [
@@ -132,14 +145,7 @@ def test_the_balance_api_says_where_a_student_stands(service) -> None:
     ]
 
     async def scenario(c: Client) -> None:
-        await c.call("PUT", f"courses/{COURSE}", "admin", {"cap": "1.00", "overflow": "refuse"})
-        await c.call(
-            "POST",
-            f"courses/{COURSE}/credits",
-            "admin",
-            {"amount": "50", "idempotency_key": uuid.uuid4().hex},
-        )
-        await asyncio.get_running_loop().run_in_executor(None, feed, service.engine, events)
+        await capped_pool_with(c, service, events)
         code, body = await c.call("GET", f"users/stud/balance?course={COURSE}", "student")
         assert code == 200, body
         course = body["course"]
@@ -259,14 +265,7 @@ def test_a_course_pool_is_not_read_by_anyone_through_their_own_balance(service) 
     events = [course_start("stud", now - 600, COURSE), heartbeat("stud", now - 1, [])]
 
     async def scenario(c: Client) -> None:
-        await c.call("PUT", f"courses/{COURSE}", "admin", {"cap": "1.00", "overflow": "refuse"})
-        await c.call(
-            "POST",
-            f"courses/{COURSE}/credits",
-            "admin",
-            {"amount": "50", "idempotency_key": uuid.uuid4().hex},
-        )
-        await asyncio.get_running_loop().run_in_executor(None, feed, service.engine, events)
+        await capped_pool_with(c, service, events)
         code, body = await c.call("GET", f"users/out/balance?course={COURSE}", "outsider")
         assert code == 403 and "course" not in body, body
         code, body = await c.call("GET", f"users/out/balance?course={COURSE}", "other-ta")
