@@ -227,7 +227,9 @@ class Hub:
 
     # ---- process -----------------------------------------------------------------------------
 
-    def start(self, timeout: float = 60) -> Hub:
+    def start(self, timeout: float = 120) -> Hub:
+        # A readiness wait, not a speed check: with the suite's workers on 2 cores a hub (and the
+        # billing service it starts) has taken over 60 s to answer.
         self.data_dir.mkdir(parents=True, exist_ok=True)
         if self.data_dir not in STARTED_DATA_DIRS:
             STARTED_DATA_DIRS.append(self.data_dir)
