@@ -34,6 +34,7 @@ from conftest import require
 from harness import REPO, passable_for_accounts
 
 from gpulab.spawners.local.spawner import GpuLocalSpawner
+from gpulab.spawners.node.pool import GpuPool
 
 # The plugin module lives at the top of tests/.
 TESTS = Path(__file__).resolve().parent.parent
@@ -176,7 +177,15 @@ def test_shell_cmd_and_popen_kwargs_start_servers_with_popen_not_the_fork_server
     assert shlex.split(line[3]) == [*spawner.cmd, *spawner.get_args()]
 
 
-def test_clear_state_clears_everything_gpulab_saved() -> None:
+@pytest.fixture
+def no_pool_left():
+    """The spawner below makes the process's GpuPool singleton; later tests on this worker must
+    not inherit it (their own config would be ignored: 0 cards)."""
+    yield
+    GpuPool.clear_instance()
+
+
+def test_clear_state_clears_everything_gpulab_saved(no_pool_left) -> None:
     spawner = GpuLocalSpawner(pid=12345)
     spawner.load_gpulab_state({"options": {"gpu": "none"}})
     spawner.mode_label = "No GPU"

@@ -34,6 +34,8 @@ def evil_pool(tmp_path: Path):
         text = text.replace(old, new)
     catalog = tmp_path / "catalog.toml"
     catalog.write_text(text)
+    SpotMarket.clear_instance()  # one left by another test on this worker ignores this config
+    GpuPool.clear_instance()
     c = Config()
     c.GpuPool.data_dir = str(tmp_path / "data")
     c.GpuPool.catalog_path = str(catalog)

@@ -50,6 +50,9 @@ class FakeSpawner(GpuSpawnerMixin):
 
 @pytest.fixture
 def market(tmp_path):
+    # A singleton left by another test on this worker would ignore this config (0 cards).
+    SpotMarket.clear_instance()
+    GpuPool.clear_instance()
     config = Config()
     config.GpuPool.data_dir = str(tmp_path)
     config.GpuInventory.simulate_gpus = "RTX-4090:1"
