@@ -14,6 +14,7 @@ import requests
 from apps_helpers import apps_hub
 from billing.client import Billing
 from harness import PASSWORD, SLOW, Hub, WebSession, approve, browser_log_in, wait_for
+from playwright.sync_api import expect
 
 SHOTS = os.environ.get("GPULAB_SCREENSHOTS")
 SD_TILE = '.gpulab-app-tile[data-app="sd-webui"]'
@@ -141,10 +142,9 @@ def test_home_page_refuses_with_the_reason_when_no_card_fits(bhub: Hub, browser)
         tile.wait_for(timeout=SLOW)
         assert "No free card" in tile.locator(".gpulab-plan").inner_text()
         tile.locator(".gpulab-launch").click()
-        page.wait_for_function(
-            "document.getElementById('gpulab-launch-error').textContent.includes('No free card')",
-            timeout=SLOW,
-        )
+        # A locator wait, not wait_for_function: the hub's CSP has no 'unsafe-eval', and
+        # Playwright's polling of a string predicate evaluates it in the page (EvalError).
+        expect(page.locator("#gpulab-launch-error")).to_contain_text("No free card", timeout=SLOW)
         assert "RTX 4090 0/2 free" in page.locator("#gpulab-launch-error").inner_text()
         assert bhub.server(name) is None
         r = requests.get(bhub.user_url(name, "sd-webui/"), timeout=30, allow_redirects=False)
