@@ -71,11 +71,12 @@ format: install
 # The suite runs in parallel (pytest-xdist): its tests mostly wait on servers, so more workers
 # than cores pay off. Tests that share a module's fixtures, or must not run side by side (the
 # test swarm, grading), stay on one worker (--dist loadgroup, see tests/conftest.py).
-# ARGS='-n0 ...' runs serially (e.g. one test file); TEST_WORKERS=N changes the count.
+# ARGS='-n0 ...' runs serially (e.g. one test file); TEST_WORKERS=N changes the count. The 20
+# slowest tests are printed at the end, so a run's log says where the time goes.
 TEST_WORKERS ?= 4
 
 test: install lint labext-test
-	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup $(ARGS)
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup --durations=20 $(ARGS)
 
 bench: install
 	$(BIN)/python benchmarks/spawn.py $(ARGS)
