@@ -293,6 +293,7 @@ def test_sigkilled_server_is_billed_to_its_last_heartbeat(bhub, billing, buser) 
     time.sleep(6)
     t_kill = time.time()
     os.killpg(pid, signal.SIGKILL)
+    t_killed = time.time()
     k.ws.close()
     wait_for(lambda: bhub.server(buser) is None, 60, 0.5, "the hub to notice the dead server")
 
@@ -304,7 +305,7 @@ def test_sigkilled_server_is_billed_to_its_last_heartbeat(bhub, billing, buser) 
     secs = kernel_seconds(usage)[k.id]
     # Billed up to the last heartbeat: never past the kill, at most one interval short of the
     # life the test saw for certain (from the end of the start call to the kill).
-    assert t_kill - t1 - HB - 0.5 <= secs <= t_kill - t0 + 0.1, (secs, t_kill - t1, t_kill - t0)
+    assert t_kill - t1 - HB - 0.5 <= secs <= t_killed - t0 + 0.1, (secs, t_kill - t1, t_killed - t0)
     assert usage["servers"][0]["billed_seconds"] == pytest.approx(secs)
 
 
