@@ -256,23 +256,6 @@ def put_settings(conn: Connection, course: str, settings: Settings, now_us: int,
     )
 
 
-def credit(
-    conn: Connection,
-    course: str,
-    kind: str,
-    amount_micro: int,
-    key: str,
-    now_us: int,
-    *,
-    note: str = "",
-    actor: str = "",
-) -> tuple[ledger.Entry, bool]:
-    """``ledger.credit`` to course ``course``'s pool (kept for callers that name a course)."""
-    return ledger.credit(
-        conn, ledger.pool(course), kind, amount_micro, key, now_us, note=note, actor=actor
-    )
-
-
 def used(conn: Connection, course: str, user: str, period_start_us: int) -> int:
     """What the pool paid for ``user`` in the period starting at ``period_start_us``."""
     return int(

@@ -119,7 +119,9 @@ def _course_session(engine, user: str, course: str, cap: str) -> None:
         current = courses.Settings.of(courses.get(conn, course))
         settings = courses.parse_settings({"cap": cap}, current)
         courses.put_settings(conn, course, settings, 0, "teacher")
-        courses.credit(conn, course, "topup", 3 * MICRO, uuid.uuid4().hex, 0, actor="admin")
+        ledger.credit(
+            conn, ledger.pool(course), "topup", 3 * MICRO, uuid.uuid4().hex, 0, actor="admin"
+        )
     t0 = 1_780_272_000.0  # a Monday 00:00 UTC: the hour lies in one week
     events = [course_start(user, t0, course), kernel("kernel_start", user, "k1", t0)]
     events += [heartbeat(user, t0 + t, ["k1"]) for t in range(60, 3601, 60)]

@@ -65,9 +65,9 @@ def setup_course(engine, course: str, pool: str = "100", **settings) -> None:
         body = {"cap": "1.00", **settings}
         courses.put_settings(conn, course, courses.parse_settings(body, current), 0, "teacher")
         if pool != "0":
-            courses.credit(
+            ledger.credit(
                 conn,
-                course,
+                ledger.pool(course),
                 "topup",
                 int(Decimal(pool) * MICRO),
                 uuid.uuid4().hex,
@@ -275,15 +275,15 @@ def test_a_course_name_that_is_not_one_is_no_course(engine) -> None:
 def test_pool_topups_are_idempotent(engine) -> None:
     course, key = course_name(), uuid.uuid4().hex
     with engine.begin() as conn:
-        entry, created = courses.credit(conn, course, "topup", 5 * MICRO, key, 0)
+        entry, created = ledger.credit(conn, ledger.pool(course), "topup", 5 * MICRO, key, 0)
     assert created
     with engine.begin() as conn:
-        again, created = courses.credit(conn, course, "topup", 5 * MICRO, key, 0)
+        again, created = ledger.credit(conn, ledger.pool(course), "topup", 5 * MICRO, key, 0)
     assert not created and again.id == entry.id
     with pytest.raises(ledger.IdempotencyConflict), engine.begin() as conn:
-        courses.credit(conn, course, "topup", 7 * MICRO, key, 0)
+        ledger.credit(conn, ledger.pool(course), "topup", 7 * MICRO, key, 0)
     with pytest.raises(ledger.IdempotencyConflict), engine.begin() as conn:
-        courses.credit(conn, course_name(), "topup", 5 * MICRO, key, 0)
+        ledger.credit(conn, ledger.pool(course_name()), "topup", 5 * MICRO, key, 0)
     assert pool(engine, course) == 5 * MICRO
     audit(engine, course, [])
 
@@ -377,7 +377,7 @@ def test_concurrent_topups_and_course_charges_on_postgresql(pg_url) -> None:  # 
         try:
             for key in part:
                 with engine.begin() as conn:
-                    courses.credit(conn, course, "topup", 20_000, key, 0)
+                    ledger.credit(conn, ledger.pool(course), "topup", 20_000, key, 0)
         except BaseException as e:  # pragma: no cover
             errors.append(e)
 
@@ -484,7 +484,7 @@ def test_generated_usage_never_passes_the_cap_nor_loses_money(
     with sqlite_engine.begin() as conn:
         courses.put_settings(conn, course, courses.Settings(cap_micro=cap), 0, "t")
         if pool_micro:
-            courses.credit(conn, course, "topup", pool_micro, uuid.uuid4().hex, 0)
+            ledger.credit(conn, ledger.pool(course), "topup", pool_micro, uuid.uuid4().hex, 0)
     events: list[dict] = []
     for i, (start, length, gpu) in enumerate(spans):
         events += run_kernel(user, course, MONDAY + start, length, server=f"s{i}", gpu=gpu)

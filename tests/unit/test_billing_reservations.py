@@ -101,7 +101,9 @@ def pool_topup(engine, course: str, amount: str, cap: str = "0") -> None:
         current = courses.Settings.of(courses.get(conn, course))
         settings = courses.parse_settings({"cap": cap}, current)
         courses.put_settings(conn, course, settings, 0, "teacher")
-        courses.credit(conn, course, "topup", int(Decimal(amount) * MICRO), uuid.uuid4().hex, 0)
+        ledger.credit(
+            conn, ledger.pool(course), "topup", int(Decimal(amount) * MICRO), uuid.uuid4().hex, 0
+        )
 
 
 def reservation_entries(engine, res_id: str) -> list:

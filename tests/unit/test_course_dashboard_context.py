@@ -239,7 +239,7 @@ def test_the_page_reads_billings_own_answer(tmp_path) -> None:
     from billing.courses import course_start, feed
     from billing.scenario import heartbeat, kernel
 
-    from gpulab.billing_service import courses, statements
+    from gpulab.billing_service import courses, ledger, statements
     from gpulab.billing_service.db import make_engine, upgrade
     from gpulab.billing_service.models import MICRO
 
@@ -248,7 +248,7 @@ def test_the_page_reads_billings_own_answer(tmp_path) -> None:
     with engine.begin() as conn:
         settings = courses.parse_settings({"cap": "2.00"}, courses.Settings())
         courses.put_settings(conn, "ml101", settings, 0, "teacher")
-        courses.credit(conn, "ml101", "topup", 50 * MICRO, "k1", 0, actor="admin")
+        ledger.credit(conn, ledger.pool("ml101"), "topup", 50 * MICRO, "k1", 0, actor="admin")
     now = time.time()
     feed(
         engine,
