@@ -212,6 +212,10 @@ class Hub:
         self.port = free_port()
         self.hub_port = free_port()
         self.proxy_api_port = free_port()
+        # The managed billing service's port, from this worker's own share too: left to the hub it
+        # is a bind(0) port, free when chosen but bound seconds later, and under the parallel
+        # suite another worker's connection had taken it by then (CI: "Service billing exited").
+        self.billing_port = free_port()
         self.proc: subprocess.Popen | None = None
         self.log_path = self.data_dir.parent / f"{self.data_dir.name}-hub.log"
 
@@ -235,6 +239,8 @@ class Hub:
             STARTED_DATA_DIRS.append(self.data_dir)
         passable_for_accounts(self.data_dir)
         env = {**os.environ, "GPULAB_ADMIN_TOKEN": self.token, **self.extra_env}
+        if "GPULAB_BILLING_EXTERNAL_URL" not in env:
+            env.setdefault("GPULAB_BILLING_PORT", str(self.billing_port))
         args = [
             *self.cli,
             "--data-dir",
@@ -416,6 +422,7 @@ class ConfigFileHub(Hub):
             "GPULAB_PORT": str(self.port),
             "GPULAB_HUB_PORT": str(self.hub_port),
             "GPULAB_PROXY_API_PORT": str(self.proxy_api_port),
+            "GPULAB_BILLING_PORT": str(self.billing_port),
             "PATH": os.pathsep.join([str(VENV_BIN), os.environ.get("PATH", os.defpath)]),
             **self.extra_env,
         }
