@@ -23,6 +23,9 @@ pricing are rated at the catalog's education price (``GpuType.education_price``,
 ``education_price_per_hour``; the on-demand price where none is set): their rated pricing is
 ``"education"`` (``rated_pricing``). Spot course sessions follow the spot rules unchanged.
 
+Every price above comes from one function, :func:`gpulab.catalog.pricing.quote`, the same one the
+hub's home page, spawn form, launch plan and the servers' status bar ask (``PriceBook.quote``).
+
 Reservations (``reservations``): the seconds of a session that fall inside the [start, end) of
 the paid reservation it runs on (its ``prepaid`` window) are rated at 0 (``Rated.prepaid_us``
 counts them); the rest of its seconds are rated as above, and still rounded once per session.
@@ -41,6 +44,7 @@ from typing import Any
 from gpulab.billing_service.models import MICRO
 from gpulab.catalog import NO_GPU, Catalog, GpuType
 from gpulab.catalog.price_history import PriceHistory, history_for
+from gpulab.catalog.pricing import EDUCATION, Quote, quote
 
 US_PER_HOUR = 3600 * MICRO
 OUTSIDE = -1  # the period key of a course session's time outside every period (its term)
@@ -100,7 +104,6 @@ def bid_of(options: str | dict[str, Any] | None) -> Decimal | None:
 
 
 COURSE_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
-EDUCATION = "education"
 
 
 def options_dict(options: str | dict[str, Any] | None) -> dict[str, Any]:
@@ -197,15 +200,11 @@ class PriceBook:
         hour in no-GPU mode); ``None`` for spot time before any recorded spot price."""
         if end_us <= start_us:
             return []
-        if gpu_type == NO_GPU:
-            no_gpu = self.catalog.no_gpu
-            price = no_gpu.course_price if pricing == EDUCATION else no_gpu.price_per_hour
-            return [(start_us, end_us, price)]
-        gpu = self._gpu(gpu_type)
-        if pricing == EDUCATION:
-            return [(start_us, end_us, gpu.course_price)]
-        if pricing != "spot":
-            return [(start_us, end_us, gpu.on_demand_price)]
+        if gpu_type != NO_GPU:
+            self._gpu(gpu_type)
+        if gpu_type == NO_GPU or pricing != "spot":
+            # A fixed price: the one price function's (catalog.pricing), like every other.
+            return [(start_us, end_us, self.quote(gpu_type, 1, pricing).per_card)]
         if history is None:
             history = self._history()
         if history is None:
@@ -232,12 +231,31 @@ class PriceBook:
     def price_at(self, gpu_type: str, pricing: str, t_us: int) -> Decimal:
         """Price per card-hour (per hour in no-GPU mode) in force at ``t_us``."""
         ((_, _, price),) = self.segments(gpu_type, pricing, t_us, t_us + 1)
-        return self._gpu(gpu_type).on_demand_price if price is None else price
+        return self.quote(gpu_type, 1, pricing, price).per_card
+
+    def quote(
+        self,
+        gpu_type: str,
+        gpus: int,
+        pricing: str,
+        spot_price: Decimal | None = None,
+        bid: Decimal | None = None,
+    ) -> Quote:
+        """The one price function's answer (:func:`gpulab.catalog.pricing.quote`) for a second
+        rated ``pricing`` (``rated_pricing``: "education" is an on-demand course session) at the
+        spot price ``spot_price`` in force (spot only; None: none recorded)."""
+        education = pricing == EDUCATION
+        base = "on-demand" if education else pricing
+        if gpu_type == NO_GPU:
+            base = "on-demand"
+        return quote(
+            self.catalog, gpu_type, gpus, base, spot_price=spot_price, bid=bid, education=education
+        )
 
     @staticmethod
     def capped(price: Decimal, pricing: str, bid: Decimal | None) -> tuple[Decimal, bool]:
-        """The price charged for a second priced ``price``: a spot second never above the bid.
-        Returns (charged price, whether the bid capped it)."""
+        """The price charged for a second priced ``price``: a spot second never above the bid
+        (the one price function's rule). Returns (charged price, whether the bid capped it)."""
         if pricing == "spot" and bid is not None and price > bid:
             return bid, True
         return price, False
@@ -257,8 +275,9 @@ class PriceBook:
     ) -> int:
         if prepaid is not None and prepaid[0] <= t_us < prepaid[1]:
             return 0  # inside the session's paid reservation
-        price, _ = self.capped(self.price_at(gpu_type, pricing, t_us), pricing, bid)
-        return to_micro(price) * (gpus if gpu_type != NO_GPU else 1)
+        ((_, _, price),) = self.segments(gpu_type, pricing, t_us, t_us + 1)
+        q = self.quote(gpu_type, gpus, pricing, price, bid)
+        return to_micro(q.per_card) * q.cards
 
     def rate(
         self,
@@ -272,7 +291,6 @@ class PriceBook:
         """Price these (disjoint) billed intervals exactly, split at every price change; spot
         seconds at min(price in force, ``bid``); seconds inside ``prepaid`` (the [start, end)
         of the session's paid reservation) at 0."""
-        cards = gpus if gpu_type != NO_GPU else 1
         history = self._history() if pricing == "spot" else None
         exact = billed = changes = unpriced = capped_us = prepaid_us = 0
         inside, outside = split_prepaid(intervals, prepaid)
@@ -283,13 +301,13 @@ class PriceBook:
             pieces = self.segments(gpu_type, pricing, start, end, history)
             changes += max(len(pieces) - 1, 0)
             for a, b, price in pieces:
-                if price is None:
-                    price = self._gpu(gpu_type).on_demand_price
+                # Each piece at the one price function's price (spot: the price in force then).
+                q = self.quote(gpu_type, gpus, pricing, price, bid)
+                if q.unpriced:
                     unpriced += b - a
-                price, capped = self.capped(price, pricing, bid)
-                if capped:
+                if q.capped:
                     capped_us += b - a
-                exact += to_micro(price) * cards * (b - a)
+                exact += to_micro(q.per_card) * q.cards * (b - a)
                 billed += b - a
         return Rated(exact, billed, changes, unpriced, capped_us, prepaid_us)
 

@@ -4,6 +4,8 @@
 - :mod:`.apps`: the apps a one-click launch runs and the model store they read.
 - :mod:`.price_history`: the spot price in force at every second, written by the hub's market
   and read by billing.
+- :mod:`.pricing`: the one price function (``quote``) billing, the hub's pages and APIs, the spawn
+  form and the servers' status bar all price a server by.
 
 Nothing here imports anything else of gpulab.
 """

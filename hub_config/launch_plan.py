@@ -1,7 +1,13 @@
 """Which server a one-click app launch starts: the cheapest GPU type with a free card that fits.
 
 A pure function of the catalog, the free cards and the prices in force, so the hub's launch API
-and its tests agree on every choice. Refusals name what to pick instead.
+and its tests agree on every choice. Refusals name what to pick instead. Prices come from the one
+price function billing rates by (:func:`gpulab.catalog.pricing.quote`): a course student's
+launch is priced at the education price, a spot launch at the spot price in force.
+
+:func:`plan_table` is what the home page's tiles show: for every GPU choice of the tile's
+dropdown and both pricings, what a click would start and at which price, so the tile's "Now:"
+line follows the user's choice without the page computing a price itself.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from decimal import Decimal
 from typing import Any
 
 from gpulab.catalog import NO_GPU, App, Catalog
+from gpulab.catalog.pricing import ON_DEMAND, quote
 from gpulab.spawners.options import PRICING, app_gpu_types
 
 
@@ -27,6 +34,7 @@ class Choice:
     gpu: str  # a GPU type slug or NO_GPU
     price: Decimal  # per hour, in the catalog's currency
     free: int
+    kind: str = ON_DEMAND  # the price's kind: "on-demand", "spot" or "education"
 
 
 def _need(app: App) -> str:
@@ -39,9 +47,13 @@ def plan_launch(
     counts: dict[str, dict[str, int]],
     spot_prices: dict[str, Decimal],
     body: dict[str, Any],
+    *,
+    education: bool = False,
 ) -> tuple[dict[str, Any], Choice]:
     """The spawn options for launching ``app`` with the user's ``body`` (pricing, max_price, and
-    optionally gpu and datasets), and the choice made. Raises :class:`LaunchRefused`."""
+    optionally gpu and datasets), and the choice made. ``education``: the user is a course's
+    student (their server runs under a course, so on demand it pays the education price; so does
+    a ``course`` in the body). Raises :class:`LaunchRefused`."""
     unknown = sorted(set(body) - {"pricing", "max_price", "gpu", "datasets", "course"})
     if unknown:
         raise LaunchRefused(
@@ -56,16 +68,22 @@ def plan_launch(
     for key in ("max_price", "datasets", "course"):
         if body.get(key) is not None:
             options[key] = body[key]
+    education = education or body.get("course") is not None
+    bid = _bid(body) if pricing == "spot" else None
+
+    def choice(gpu: str, free: int) -> Choice:
+        price, kind = _quote(catalog, spot_prices, gpu, pricing, bid, education)
+        return Choice(gpu, price, free, kind)
+
     fits = app_gpu_types(app, catalog)
     if body.get("gpu") is not None:
         # The user picked: the spawn's own checks (options, cards, market) answer for it.
         options["gpu"] = body["gpu"]
         gpu = str(body["gpu"])
-        price = _price(catalog, spot_prices, gpu, pricing)
-        return options, Choice(gpu, price, counts.get(gpu, {}).get("free", 0))
+        return options, choice(gpu, counts.get(gpu, {}).get("free", 0))
     if NO_GPU in fits and pricing == "on-demand":
         options["gpu"] = NO_GPU
-        return options, Choice(NO_GPU, catalog.no_gpu.price_per_hour, 0)
+        return options, choice(NO_GPU, 0)
 
     max_price = None
     if pricing == "spot" and body.get("max_price") is not None:
@@ -84,11 +102,12 @@ def plan_launch(
         free = counts.get(slug, {}).get("free", 0)
         if free < 1:
             continue
-        price = _price(catalog, spot_prices, slug, pricing)
+        # The spot price in force, uncapped: a type dearer than the max price is not admitted.
+        price, kind = _quote(catalog, spot_prices, slug, pricing, None, education)
         if max_price is not None and price > max_price:
             too_dear.append(f"{gt.display_name} at {price}")
             continue
-        candidates.append(Choice(slug, price, free))
+        candidates.append(Choice(slug, price, free, kind))
     if not candidates:
         raise LaunchRefused(409, _no_card_message(app, catalog, counts, fits, too_dear, max_price))
     best = min(candidates, key=lambda c: c.price)  # min() keeps catalog order among equals
@@ -96,13 +115,78 @@ def plan_launch(
     return options, best
 
 
-def _price(catalog: Catalog, spot_prices: dict[str, Decimal], gpu: str, pricing: str) -> Decimal:
-    """Per card-hour now: the spot price in force (on-demand where the market has none), the
-    on-demand price, or no-GPU mode's for NO_GPU (and for a type the spawn will refuse)."""
+def _bid(body: dict[str, Any]) -> Decimal | None:
+    """The body's max price as a bid for pricing, or None where it is unreadable (the spawn's
+    own check refuses that, naming the field)."""
+    try:
+        bid = Decimal(str(body["max_price"])) if body.get("max_price") is not None else None
+    except ArithmeticError:
+        return None
+    return bid if bid is not None and bid.is_finite() and bid > 0 else None
+
+
+def _quote(
+    catalog: Catalog,
+    spot_prices: dict[str, Decimal],
+    gpu: str,
+    pricing: str,
+    bid: Decimal | None,
+    education: bool,
+) -> tuple[Decimal, str]:
+    """(per hour for one card, its kind) from the one price function: the spot price in force
+    (on-demand where the market has none), the on-demand or education price, or no-GPU mode's
+    for NO_GPU (and for a type the spawn will refuse)."""
     if gpu not in catalog.gpu_types:
-        return catalog.no_gpu.price_per_hour
-    on_demand = catalog.gpu_types[gpu].on_demand_price
-    return spot_prices.get(gpu, on_demand) if pricing == "spot" else on_demand
+        gpu, pricing = NO_GPU, "on-demand"
+    q = quote(
+        catalog,
+        gpu,
+        1,
+        pricing if gpu != NO_GPU else "on-demand",
+        spot_price=spot_prices.get(gpu),
+        bid=bid,
+        education=education,
+    )
+    return q.per_hour, q.kind
+
+
+def plan_table(
+    app: App,
+    catalog: Catalog,
+    counts: dict[str, dict[str, int]],
+    spot_prices: dict[str, Decimal],
+    choices: list[str],
+    *,
+    education: bool = False,
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """What a home page tile's click starts, for each of its GPU ``choices`` ("" first: the
+    cheapest free one that fits) and each pricing: ``{"gpu", "price_per_hour", "price_kind"}``
+    or ``{"refused": why}``, in plain words."""
+    table: dict[str, dict[str, dict[str, Any]]] = {}
+    for gpu in ["", *choices]:
+        row: dict[str, dict[str, Any]] = {}
+        for pricing in PRICING:
+            if gpu == NO_GPU and pricing == "spot":
+                row[pricing] = {
+                    "refused": f"{catalog.no_gpu.display_name} has no spot price: untick "
+                    "Spot, or pick a GPU."
+                }
+                continue
+            if gpu and gpu != NO_GPU and counts.get(gpu, {}).get("free", 0) < 1:
+                name = catalog.gpu_types[gpu].display_name if gpu in catalog.gpu_types else gpu
+                row[pricing] = {"refused": f"No {name} card is free right now: pick another."}
+                continue
+            body: dict[str, Any] = {"pricing": pricing}
+            if gpu:
+                body["gpu"] = gpu
+            try:
+                _, c = plan_launch(app, catalog, counts, spot_prices, body, education=education)
+            except LaunchRefused as e:
+                row[pricing] = {"refused": str(e)}
+                continue
+            row[pricing] = {"gpu": c.gpu, "price_per_hour": str(c.price), "price_kind": c.kind}
+        table[gpu] = row
+    return table
 
 
 def _no_card_message(

@@ -26,6 +26,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from gpulab.catalog import DEFAULT_APP, NO_GPU, App, Catalog
+from gpulab.catalog.pricing import Quote, quote
 
 PRICING = ("on-demand", "spot")
 FIELDS = (
@@ -84,11 +85,23 @@ class ServerOptions(BaseModel):
     # The course this server runs under (its limits, its credit pool, its education prices).
     course: str | None = None
 
-    def price_per_hour(self, catalog: Catalog) -> Decimal:
-        """The on-demand price of this server per hour (spot prices come from the market)."""
-        if self.gpu == NO_GPU:
-            return catalog.no_gpu.price_per_hour
-        return catalog.gpu_types[self.gpu].on_demand_price * self.gpus
+    def quote(self, catalog: Catalog, spot_price: Decimal | None = None) -> Quote:
+        """This server's price now, from the one price function billing rates by: the education
+        price for a course server on demand, and on spot the ``spot_price`` in force (the
+        market's; None: none known, the on-demand price) never above its bid."""
+        return quote(
+            catalog,
+            self.gpu,
+            self.gpus,
+            self.pricing,
+            spot_price=spot_price,
+            bid=self.max_price if self.pricing == "spot" else None,
+            education=self.course is not None,
+        )
+
+    def price_per_hour(self, catalog: Catalog, spot_price: Decimal | None = None) -> Decimal:
+        """What this server costs per hour (see :meth:`quote`): what its status bar shows."""
+        return self.quote(catalog, spot_price).per_hour
 
     def label(self, catalog: Catalog) -> str:
         if self.gpu == NO_GPU:

@@ -65,23 +65,18 @@ class BillingUnreachable(BillingUnavailable):
 
 
 def hourly_price(opts: ServerOptions, catalog: Catalog) -> tuple[Decimal, str]:
-    """What one hour of the requested server costs now, and a label for messages: the spot price
-    in force for its GPU type times its GPUs for a spot server (that is what its first minutes are
-    billed at), else the catalog's on-demand (or no-GPU) price. Falls back to on-demand when the
-    hub runs no spot market (then spot time is rated at on-demand too)."""
+    """What one hour of the requested server costs now, and a label for messages: the one price
+    function's answer (:func:`gpulab.catalog.pricing.quote`, which billing rates by) for its
+    options, at the spot price in force for a spot server (what its first minutes are billed at;
+    none when the hub runs no spot market: then spot time is rated at on-demand too)."""
+    spot_price = None
     if opts.pricing == "spot" and opts.gpu != NO_GPU and SpotMarket.initialized():
         try:
-            price = SpotMarket.instance().current_price(opts.gpu)
+            spot_price = SpotMarket.instance().current_price(opts.gpu)
         except KeyError:  # a type the market does not trade
-            price = None
-        if price is not None:
-            return price * opts.gpus, "spot price "
-    if opts.course and opts.pricing == "on-demand":
-        # Course sessions are rated at the catalog's education price (billing's rating).
-        if opts.gpu == NO_GPU:
-            return catalog.no_gpu.course_price, "education price "
-        return catalog.gpu_types[opts.gpu].course_price * opts.gpus, "education price "
-    return opts.price_per_hour(catalog), ""
+            spot_price = None
+    q = opts.quote(catalog, spot_price)
+    return q.per_hour, q.label
 
 
 def _m(value: dict[str, Any]) -> Decimal:
