@@ -449,8 +449,14 @@ def test_page_lives_under_the_subpath_with_relative_urls(webui) -> None:
     assert 'id="generate"' in text and 'id="result"' in text and 'id="status"' in text
     assert "gpulab's own small WebUI on the diffusers library, not AUTOMATIC1111" in text
     assert '<strong id="model">tiny-sd</strong>' in text
+    # Issue 22: the demo model's random weights are said plainly, and the hub is one click away.
+    notice = text.split('id="random-weights"')[1].split("</p>")[0]
+    assert "weights are random" in notice and " hidden>" not in notice[:40]
+    assert 'id="hub-home" href="/hub/home"' in text
+    # The app's own URLs are relative (the link home is the hub's, not the app's).
+    own = text.replace('href="/hub/home"', "")
     for absolute in ('fetch("/', 'URL("/', 'src="/', 'href="/', "http://", "https://"):
-        assert absolute not in text
+        assert absolute not in own
 
 
 def listening_addresses(port: int) -> list[str]:
@@ -491,7 +497,10 @@ def test_listens_on_loopback_only(webui) -> None:
 # ---- without a model -------------------------------------------------------------------------
 
 
-def test_without_a_model_it_serves_and_says_where_to_put_one(tmp_path) -> None:
+def test_without_a_model_it_is_not_ready_and_says_where_to_put_one(tmp_path) -> None:
+    """Issue 22 ("ready" means the app can do its job): with no model the readiness URL answered
+    200 (the hub said "ready" and billed a WebUI that could draw nothing); it answers 409 naming
+    where a model goes, and the status says failed, so that the hub ends the launch."""
     empty = tmp_path / "models"
     empty.mkdir()
     # No --subpath: jupyter-server-proxy's GRADIO_ROOT_PATH names it.
@@ -503,11 +512,18 @@ def test_without_a_model_it_serves_and_says_where_to_put_one(tmp_path) -> None:
         served_at="/user/bob/sd",
     )
     try:
-        ui.wait_ready()
-        assert ui.get("/sdapi/v1/options").json()["sd_model_checkpoint"] is None
+        ui.wait_http()
+        status = wait_for(
+            lambda: (s := ui.get("/gpulab/status").json())["stage"] != "starting" and s,
+            timeout=START_DEADLINE,
+            what="the app to look for a model",
+        )
+        assert status["stage"] == "failed" and status["model"] is None
+        assert "no model" in status["error"] and str(empty) in status["error"]
+        ready = ui.get("/sdapi/v1/options")
+        assert ready.status_code == 409
+        assert str(empty) in ready.json()["detail"]
         assert ui.get("/sdapi/v1/sd-models").json() == []
-        status = ui.get("/gpulab/status").json()
-        assert status["stage"] == "ready" and status["model"] is None
 
         r = ui.post("/sdapi/v1/txt2img", json={"prompt": "x"})
         assert r.status_code == 409

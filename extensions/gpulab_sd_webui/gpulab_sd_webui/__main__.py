@@ -26,6 +26,15 @@ OFFLINE_ENV = {
 }
 
 
+def hub_home_from_env() -> str:
+    """The hub's home page as a user's server knows it ("" outside a hub): JupyterHub gives its
+    servers the hub's base URL, and its public host when servers have origins of their own."""
+    base = os.environ.get("JUPYTERHUB_BASE_URL", "")
+    if not base:
+        return ""
+    return os.environ.get("JUPYTERHUB_HOST", "") + base.rstrip("/") + "/hub/home"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpulab-sd-webui",
@@ -62,6 +71,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="where outputs/ and userdata/ are written (default: ~/sd-webui)",
     )
     parser.add_argument(
+        "--hub-url",
+        default=hub_home_from_env(),
+        help="the hub's home page, linked from the page "
+        "(default: from $JUPYTERHUB_HOST and $JUPYTERHUB_BASE_URL, which a hub's server has)",
+    )
+    parser.add_argument(
         "--dtype",
         choices=DTYPES,
         default="float32",
@@ -85,14 +100,21 @@ def _exit_now(signum: int, _frame: FrameType | None) -> None:
 
 
 async def serve(
-    engine: Engine, port: int | None, subpath: str, data_dir: Path, unix_socket: Path | None = None
+    engine: Engine,
+    port: int | None,
+    subpath: str,
+    data_dir: Path,
+    unix_socket: Path | None = None,
+    hub_home: str = "",
 ) -> None:
     from tornado.httpserver import HTTPServer
     from tornado.netutil import bind_unix_socket
 
     from .web import Context, make_app, normalize_subpath
 
-    ctx = Context(engine=engine, data_dir=data_dir, subpath=normalize_subpath(subpath))
+    ctx = Context(
+        engine=engine, data_dir=data_dir, subpath=normalize_subpath(subpath), hub_home=hub_home
+    )
     app = make_app(ctx)
     if unix_socket is not None:
         # A loopback port is open to every account on the node; a socket in the server's own
@@ -144,7 +166,9 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signum, _exit_now)
     engine = Engine(args.models, dtype=args.dtype, started=started)
     try:
-        asyncio.run(serve(engine, args.port, args.subpath, args.data_dir, args.unix_socket))
+        asyncio.run(
+            serve(engine, args.port, args.subpath, args.data_dir, args.unix_socket, args.hub_url)
+        )
     except OSError as e:  # e.g. the port is taken
         log.error("cannot serve on %s: %s", args.unix_socket or f"127.0.0.1:{args.port}", e)
         return 1

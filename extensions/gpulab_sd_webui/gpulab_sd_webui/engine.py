@@ -129,24 +129,27 @@ class Engine:
             return {
                 "stage": self.stage,
                 "model": self.model.name if self.model else None,
+                "random_weights": bool(self.model and self.model.random_weights),
                 "device": self.device,
                 "dtype": self.dtype if self.model else None,
                 "timings": {"started": self.started, **self._timings},
                 "error": self.error,
             }
 
+    def no_model_message(self) -> str:
+        where = " or ".join(str(d) for d in self.model_dirs) or "a --models folder"
+        example = self.model_dirs[0] / "tiny-sd" if self.model_dirs else "models/tiny-sd"
+        return (
+            f"no model: put a diffusers Stable Diffusion folder (one holding model_index.json) "
+            f"in {where}, e.g. {example}, and restart the app"
+        )
+
     def check_ready(self) -> None:
         """Raise NotReady unless an image can be made now."""
         with self._lock:
             stage, error = self.stage, self.error
         if self.model is None:
-            where = " or ".join(str(d) for d in self.model_dirs) or "a --models folder"
-            example = self.model_dirs[0] / "tiny-sd" if self.model_dirs else "models/tiny-sd"
-            raise NotReady(
-                409,
-                f"no model: put a diffusers Stable Diffusion folder (one holding model_index.json) "
-                f"in {where}, e.g. {example}, and restart the app",
-            )
+            raise NotReady(409, self.no_model_message())
         if stage == FAILED:
             raise NotReady(500, f"model {self.model.name} failed to load: {error}")
         if stage != READY:
@@ -157,8 +160,10 @@ class Engine:
     def load(self) -> None:
         """Import torch and diffusers and load the model (run in a thread once HTTP is up)."""
         if self.model is None:
-            log.info("no model in %s: serving without one", [str(d) for d in self.model_dirs])
-            self._mark(stage=READY)
+            # Without a model the app cannot do its job: it says so (stage failed, readiness 409)
+            # instead of answering "ready", so that the hub ends the launch with this error.
+            log.error("no model in %s", [str(d) for d in self.model_dirs])
+            self._mark(stage=FAILED, error=self.no_model_message())
             return
         try:
             self._mark(stage=IMPORTING)

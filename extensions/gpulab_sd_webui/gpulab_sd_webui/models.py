@@ -9,6 +9,11 @@ from pathlib import Path
 # The one pipeline class this app drives; other diffusers pipelines (SDXL, Flux) are listed but
 # only loaded when nothing else is there, so that their error says what went wrong.
 SD_PIPELINE = "StableDiffusionPipeline"
+# A file in a model's folder saying its weights are random (gpulab's tiny demo model): the page
+# says so, since such a model draws noise whatever the prompt.
+RANDOM_WEIGHTS_MARK = "GPULAB_RANDOM_WEIGHTS"
+# The catalog's demo model, from before the mark was written.
+DEMO_MODEL = "tiny-sd"
 
 
 @dataclass(frozen=True)
@@ -16,6 +21,7 @@ class ModelRef:
     name: str  # the folder's name, e.g. "tiny-sd": what A1111 calls the checkpoint title
     path: Path
     pipeline_class: str | None  # model_index.json's _class_name
+    random_weights: bool = False  # gpulab's demo model: it draws noise
 
     def as_sd_model(self) -> dict[str, str | None]:
         """The entry A1111's ``/sdapi/v1/sd-models`` lists for it."""
@@ -53,7 +59,10 @@ def find_models(dirs: list[Path]) -> list[ModelRef]:
                     continue
             except OSError:
                 continue
-            found.setdefault(child.name, ModelRef(child.name, child, _pipeline_class(index)))
+            random = child.name == DEMO_MODEL or (child / RANDOM_WEIGHTS_MARK).is_file()
+            found.setdefault(
+                child.name, ModelRef(child.name, child, _pipeline_class(index), random)
+            )
     return [found[name] for name in sorted(found)]
 
 

@@ -11,6 +11,8 @@ import string
 import tempfile
 from pathlib import Path
 
+from .models import RANDOM_WEIGHTS_MARK
+
 SEED = 0  # the same weights on every build
 
 
@@ -117,6 +119,10 @@ def make_tiny_model(dest: Path) -> list[tuple[Path, int]]:
     tmp = Path(tempfile.mkdtemp(prefix=f"{dest.name}.tmp-", dir=dest.parent))
     try:
         _build(tmp)
+        (tmp / RANDOM_WEIGHTS_MARK).write_text(
+            "This pipeline was built by gpulab with random weights: it draws noise, not your "
+            "prompt. It proves the launch path end to end.\n"
+        )
         _world_readable(tmp)
         # rename() of a folder fails when dest appeared meanwhile and is not empty.
         tmp.rename(dest)

@@ -38,6 +38,8 @@ class Context:
     engine: Engine
     data_dir: Path
     subpath: str
+    # The hub's home page (the page's way back), "" when unknown.
+    hub_home: str = ""
     # A thread per queued job, each waiting on the engine's lock (cheap), so that /progress and
     # the queue's estimation count every job that waits, not only those a small pool took.
     executor: ThreadPoolExecutor = field(
@@ -89,14 +91,16 @@ class Base(RequestHandler):
 
 
 class Options(Base):
+    """The readiness check: 200 only once a model is loaded (an image can be made), 503 while
+    loading, 409 with no model, 500 when the load failed."""
+
     def get(self) -> None:
         engine = self.ctx.engine
-        if engine.model is not None:
-            try:
-                engine.check_ready()
-            except NotReady as e:
-                self.send_json({"detail": e.detail}, e.status)
-                return
+        try:
+            engine.check_ready()
+        except NotReady as e:
+            self.send_json({"detail": e.detail}, e.status)
+            return
         self.send_json(
             {
                 "sd_model_checkpoint": engine.model.name if engine.model else None,
@@ -257,6 +261,9 @@ class Page(Base):
         model = self.ctx.engine.model
         text = files(__package__).joinpath("page.html").read_text()
         text = text.replace("{{MODEL}}", html.escape(model.name if model else "none"))
+        text = text.replace("{{HUB_HOME}}", html.escape(self.ctx.hub_home or "/hub/home"))
+        random = bool(model and model.random_weights)
+        text = text.replace("{{RANDOM_HIDDEN}}", "" if random else " hidden")
         self.set_header("Content-Type", "text/html; charset=utf-8")
         self.finish(text)
 
