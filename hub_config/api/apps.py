@@ -25,13 +25,14 @@ from jupyterhub.utils import url_path_join
 from tornado import web
 
 from gpulab.catalog import NO_GPU
+from gpulab.catalog.pricing import quote
 from gpulab.hub_config.api.base import GpulabAPIHandler
 from gpulab.hub_config.app_probe import probe_app
 from gpulab.hub_config.billing.hooks import hourly_price
 from gpulab.hub_config.courses.groups import CourseError
 from gpulab.hub_config.courses.staff import check_staff_start
 from gpulab.hub_config.home import GpulabHome
-from gpulab.hub_config.launch_plan import LaunchRefused, plan_launch
+from gpulab.hub_config.launch_plan import LaunchRefused, plan_launch, plan_table
 from gpulab.hub_config.overrides.queue import gate_start
 from gpulab.spawners.courses import allowed_choices, student_courses
 from gpulab.spawners.options import OptionsError, app_gpu_types, parse_options
@@ -120,28 +121,31 @@ class HomeAPIHandler(_UserHandler):
         for app in catalog.apps.values():
             reason = await spawner.app_unavailable(app)
             if not reason and allowed is not None and app.slug not in allowed["apps"]:
+        # A student's server runs under a course: on demand it pays the education price.
+        education = bool(courses)
                 reason = f"not offered by your courses ({', '.join(c.name for c in courses)})"
-            plan: dict[str, Any] | None = None
-            if not reason:
-                try:
-                    _, choice = plan_launch(app, catalog, counts, prices, {})
-                    plan = {"gpu": choice.gpu, "price_per_hour": str(choice.price)}
-                except LaunchRefused as e:
-                    plan = {"refused": str(e)}
+            # Only types this pool has (those with no free card the tile shows disabled).
+            choices = [
+                g
+                for g in app_gpu_types(app, catalog)
+                if (g == NO_GPU or counts.get(g, {}).get("total", 0) > 0)
+                and (allowed is None or g in allowed["gpu_types"])
+            ]
+            # What a click starts for each GPU choice and pricing ("" and "on-demand": the plan).
+            plans = (
+                {}
+                if reason
+                else plan_table(app, catalog, counts, prices, choices, education=education)
+            )
             apps.append(
                 {
                     **app.model_dump(mode="json", exclude={"command", "local_command"}),
                     "is_server": app.is_server,
-                    # Only types this pool has, so every choice can start.
-                    "gpu_choices": [
-                        g
-                        for g in app_gpu_types(app, catalog)
-                        if (g == NO_GPU or counts.get(g, {}).get("total", 0) > 0)
-                        and (allowed is None or g in allowed["gpu_types"])
-                    ],
+                    "gpu_choices": choices,
                     "available": not reason,
                     "reason": reason,
-                    "plan": plan,
+                    "plan": plans[""]["on-demand"] if plans else None,
+                    "plans": plans,
                     **self.app_urls(user, app.slug),
                 }
             )
@@ -157,6 +161,8 @@ class HomeAPIHandler(_UserHandler):
                 "simulated": any(
                     d.simulated for d in self.pool.inventory.rentable if d.gpu_type == slug
                 ),
+                # This user's on-demand price per card-hour (a student's: the education price).
+                **_your_price(quote(catalog, slug, 1, education=education)),
             }
             for slug, gt in catalog.gpu_types.items()
         ]
@@ -168,7 +174,7 @@ class HomeAPIHandler(_UserHandler):
                     "currency": catalog.currency,
                     "no_gpu": {
                         "display_name": catalog.no_gpu.display_name,
-                        "price_per_hour": str(catalog.no_gpu.price_per_hour),
+                        **_your_price(quote(catalog, NO_GPU, education=education)),
                     },
                     "balance": balance,
                     "balance_error": balance_error,
@@ -237,7 +243,12 @@ class LaunchAPIHandler(_UserHandler):
             )
         try:
             options, choice = plan_launch(
-                app, catalog, self.pool.allocator.counts(), self.spot_prices(), body
+                app,
+                catalog,
+                self.pool.allocator.counts(),
+                self.spot_prices(),
+                body,
+                education=bool(student_courses(user.orm_user)),
             )
             parse_options(options, catalog)
         except LaunchRefused as e:
@@ -294,6 +305,11 @@ class LaunchStatusAPIHandler(_UserHandler):
         events = spawner.progress_events()
         failed = ""
         future = spawner._spawn_future
+def _your_price(q: Any) -> dict[str, str]:
+    """A quote of the one price function as the home page shows it."""
+    return {"price_per_hour": str(q.per_hour), "price_kind": q.kind}
+
+
         if future is not None and future.done() and future.exception() is not None:
             failed = str(getattr(future.exception(), "log_message", "") or future.exception())
         opts = getattr(spawner, "gpulab_options", None)

@@ -22,6 +22,9 @@
   const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
   let home = null;
   let launching = false;
+  // Each tile's choices (GPU, Spot, max price) by app: a re-render (the 5 s refresh, an error)
+  // puts them back instead of the defaults.
+  const picked = {};
 
   async function request(method, path, body) {
     const opts = { method, headers: { "X-XSRFToken": jh.xsrf_token } };
@@ -90,7 +93,7 @@
     ];
     const details = [];
     if (s.pricing) details.push(s.pricing);
-    if (s.price_per_hour) details.push(money(s.price_per_hour) + " per hour");
+    if (s.price_per_hour) details.push(money(s.price_per_hour) + " per hour" + priceNote(s.price_kind));
     if (s.cost_so_far) details.push("≈ " + money(s.cost_so_far) + " so far");
     body.replaceChildren(
       el("p", { class: "mb-1" }, ...lines),
@@ -124,7 +127,7 @@
         el("td", {}, t.display_name + (t.simulated ? " (simulated)" : "")),
         el("td", {}, t.vram_gb + " GB"),
         el("td", { class: "gpulab-free" }, t.free + " / " + t.total),
-        el("td", {}, money(t.on_demand_price)),
+        el("td", {}, money(t.price_per_hour) + (t.price_kind === "education" ? " (education)" : "")),
         el("td", {}, t.spot_price ? money(t.spot_price) : "—"),
       ),
     );
@@ -137,23 +140,55 @@
     return t ? t.display_name : slug;
   }
 
+  function priceNote(kind) {
+    // The hub's kinds: "education" or "spot" (a running server's: "education price", "spot price").
+    if (/^education/.test(kind || "")) return " (education price)";
+    if (/^spot/.test(kind || "")) return " (spot price now)";
+    return "";
+  }
+
+  function freeCards(slug) {
+    const t = home.pool.find((p) => p.slug === slug);
+    return t ? t.free : 0;
+  }
+
+  // What a click starts with the tile's current choices: the hub's plan for that GPU choice and
+  // pricing (priced by the same function billing uses), never a price worked out here.
+  function planText(app, gpu, spot) {
+    const row = (app.plans || {})[gpu || ""] || {};
+    const plan = row[spot ? "spot" : "on-demand"] || app.plan || {};
+    if (plan.refused) return plan.refused;
+    if (!plan.gpu) return "";
+    return "Now: " + gpuLabel(plan.gpu) + " at " + money(plan.price_per_hour) + " per hour" +
+      priceNote(plan.price_kind);
+  }
+
   function renderApps() {
     const tiles = home.apps.map((app) => {
       const needs = app.needs_gpu
         ? "Needs a GPU" + (app.min_vram_gb ? " with " + app.min_vram_gb + " GB VRAM or more" : "")
         : "Runs on a GPU or in no-GPU mode";
       const controls = [];
+      const choice = picked[app.slug] || (picked[app.slug] = { gpu: "", spot: false, maxPrice: "" });
       let gpuSelect = null;
       if (app.available && app.gpu_choices.length > 1) {
         gpuSelect = el(
           "select",
           { class: "form-select form-select-sm gpulab-gpu", "aria-label": "GPU for " + app.display_name },
           el("option", { value: "" }, "Cheapest free that fits"),
-          ...app.gpu_choices.map((g) => el("option", { value: g }, gpuLabel(g))),
+          // A type with no free card is shown, and said to be full, but cannot be picked.
+          ...app.gpu_choices.map((g) => {
+            const full = g !== "none" && freeCards(g) < 1;
+            const text = g === "none" ? gpuLabel(g) : gpuLabel(g) + " (" + freeCards(g) + " free)";
+            return el("option", { value: g, disabled: full }, text + (full ? ": unavailable" : ""));
+          }),
         );
+        gpuSelect.value = choice.gpu;
+        if (gpuSelect.value !== choice.gpu) gpuSelect.value = choice.gpu = "";
         controls.push(gpuSelect);
       }
       const spot = el("input", { type: "checkbox", class: "form-check-input gpulab-spot" });
+      spot.checked = choice.spot;
       const maxPrice = el("input", {
         type: "number",
         step: "0.01",
@@ -162,6 +197,7 @@
         placeholder: "max " + home.currency + "/h",
         "aria-label": "max price per hour",
       });
+      maxPrice.value = choice.maxPrice;
       if (app.available && app.gpu_choices.some((g) => g !== "none")) {
         controls.push(
           el(
@@ -172,17 +208,26 @@
           ),
         );
       }
-      const plan = app.plan || {};
       // One server per user: while it runs, its app opens and the others wait for a stop.
       const running = home.server;
       const busy = running && running.app !== app.slug;
-      const planText = !app.available
-        ? "Unavailable: " + app.reason
-        : busy
-          ? "Your server runs " + (running.app_name || "another app") + ": stop it to launch this."
-          : plan.refused
-            ? plan.refused
-            : "Now: " + gpuLabel(plan.gpu) + " at " + money(plan.price_per_hour) + " per hour";
+      const nowText = () =>
+        !app.available
+          ? "Unavailable: " + app.reason
+          : busy
+            ? "Your server runs " + (running.app_name || "another app") + ": stop it to launch this."
+            : planText(app, choice.gpu, choice.spot);
+      const planLine = el("p", { class: "small mb-0 gpulab-plan" }, nowText());
+      // The "Now:" line follows the GPU and Spot choices; all three survive a re-render.
+      const follow = () => {
+        choice.gpu = gpuSelect ? gpuSelect.value : "";
+        choice.spot = spot.checked;
+        choice.maxPrice = maxPrice.value;
+        planLine.textContent = nowText();
+      };
+      if (gpuSelect) gpuSelect.addEventListener("change", follow);
+      spot.addEventListener("change", follow);
+      maxPrice.addEventListener("input", follow);
       const button = el(
         "button",
         {
@@ -216,7 +261,7 @@
             el("h3", { class: "h6 card-title mb-0" }, app.display_name),
             el("p", { class: "small mb-0" }, app.description),
             el("p", { class: "small text-body-secondary mb-0" }, needs),
-            el("p", { class: "small mb-0 gpulab-plan" }, planText),
+            planLine,
             ...controls,
             el("div", { class: "mt-auto" }, button),
           ),
