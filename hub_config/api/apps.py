@@ -117,12 +117,12 @@ class HomeAPIHandler(_UserHandler):
         # A student sees their courses' apps and GPU types only (the spawner refuses the rest).
         courses = student_courses(user.orm_user)
         allowed = allowed_choices(courses, catalog)
+        # A student's server runs under a course: on demand it pays the education price.
+        education = bool(courses)
         apps = []
         for app in catalog.apps.values():
             reason = await spawner.app_unavailable(app)
             if not reason and allowed is not None and app.slug not in allowed["apps"]:
-        # A student's server runs under a course: on demand it pays the education price.
-        education = bool(courses)
                 reason = f"not offered by your courses ({', '.join(c.name for c in courses)})"
             # Only types this pool has (those with no free card the tile shows disabled).
             choices = [
@@ -157,12 +157,12 @@ class HomeAPIHandler(_UserHandler):
                 "free": counts.get(slug, {}).get("free", 0),
                 "total": counts.get(slug, {}).get("total", 0),
                 "on_demand_price": str(gt.on_demand_price),
+                # This user's on-demand price per card-hour (a student's: the education price).
+                **_your_price(quote(catalog, slug, 1, education=education)),
                 "spot_price": str(prices[slug]) if slug in prices else None,
                 "simulated": any(
                     d.simulated for d in self.pool.inventory.rentable if d.gpu_type == slug
                 ),
-                # This user's on-demand price per card-hour (a student's: the education price).
-                **_your_price(quote(catalog, slug, 1, education=education)),
             }
             for slug, gt in catalog.gpu_types.items()
         ]
@@ -290,6 +290,11 @@ class LaunchAPIHandler(_UserHandler):
         )
 
 
+def _your_price(q: Any) -> dict[str, str]:
+    """A quote of the one price function as the home page shows it."""
+    return {"price_per_hour": str(q.per_hour), "price_kind": q.kind}
+
+
 def _retrieve(fut: asyncio.Future) -> None:
     # JupyterHub reports a failed spawn itself (the server's progress and the home page); this
     # only keeps asyncio from warning that nobody looked at the exception.
@@ -305,11 +310,6 @@ class LaunchStatusAPIHandler(_UserHandler):
         events = spawner.progress_events()
         failed = ""
         future = spawner._spawn_future
-def _your_price(q: Any) -> dict[str, str]:
-    """A quote of the one price function as the home page shows it."""
-    return {"price_per_hour": str(q.per_hour), "price_kind": q.kind}
-
-
         if future is not None and future.done() and future.exception() is not None:
             failed = str(getattr(future.exception(), "log_message", "") or future.exception())
         opts = getattr(spawner, "gpulab_options", None)

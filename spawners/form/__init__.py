@@ -28,6 +28,7 @@ from jinja2 import Environment, PackageLoader, StrictUndefined
 from markupsafe import Markup
 
 from gpulab.catalog import NO_GPU, Catalog
+from gpulab.catalog.pricing import EDUCATION, quote
 from gpulab.spawners.courses import Course, allowed_choices, student_courses
 from gpulab.spawners.images import ImageStatus
 from gpulab.spawners.market.hub import SpotMarket
@@ -58,7 +59,10 @@ async def render_form(spawner: Any) -> str:
     # others (local processes) always run the hub's own environment.
     hook = getattr(spawner, "image_availability", None)
     # JupyterHub sets ``spawner.handler`` to the spawn page's handler before it asks for the form.
-    prefill = getattr(getattr(spawner, "handler", None), "gpulab_prefill", None) or {}
+    handler = getattr(spawner, "handler", None)
+    prefill = getattr(handler, "gpulab_prefill", None) or {}
+    # A refused POST: the form again as the person filled it in (no "a link filled it" note).
+    posted = getattr(handler, "gpulab_posted", None) or {}
     context = form_context(
         catalog=pool.catalog,
         snapshot=await pool.snapshot(),
@@ -68,8 +72,10 @@ async def render_form(spawner: Any) -> str:
         user_options=spawner.user_options or {},
         available=await hook() if hook is not None else {},
         courses=student_courses(spawner.user),
-        prefill=prefill,
+        prefill=prefill or posted,
     )
+    if posted and not prefill:
+        context["prefilled"] = False
     return render(context)
 
 
@@ -99,6 +105,9 @@ def form_context(
     def offered(section: str, slug: str) -> bool:
         return allowed is None or slug in allowed[section]
 
+    # A student's server runs under a course: on demand it pays the education price. Every price
+    # below is the one price function's (billing rates by the same).
+    education = allowed is not None
     queued = market.queued_entry(owner_key(user, server))
     # A queued request never became a spawn, so user_options still hold the server before it:
     # the form shows the queued request's choices, else "Start" would quietly submit others.
@@ -121,6 +130,7 @@ def form_context(
             "checked": last["gpu"] == t["slug"],
             "vram_gb": t["vram_gb"],
             "on_demand_price": t["on_demand_price"],
+            "price": str(quote(catalog, t["slug"], 1, education=education).per_card),
             "spot_floor_price": t["spot_floor_price"],
             "free": t["free"],
             "total": t["total"],
@@ -175,13 +185,15 @@ def form_context(
     windows = ", ".join(market.low_price_windows) + (", weekends" if market.weekends_low else "")
     return {
         "currency": cur,
+        # "education" for a course's student, whose on-demand prices are the education prices.
+        "price_kind": EDUCATION if education else "on-demand",
         "queued": _queued_context(queued, catalog, cur, windows, user, server) if queued else None,
         "gpu_types": gpu_types,
         "no_gpu": {
             "value": NO_GPU,
             "display_name": no_gpu.display_name,
             "description": no_gpu.description,
-            "price_per_hour": str(no_gpu.price_per_hour),
+            "price_per_hour": str(quote(catalog, NO_GPU, education=education).per_hour),
             "checked": last["gpu"] == NO_GPU,
             "offered": offered("gpu_types", NO_GPU),
         },

@@ -10,6 +10,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+from gpulab.catalog.pricing import quote
+
 if TYPE_CHECKING:
     from gpulab.spawners.market.hub import SpotMarket
 
@@ -102,6 +104,8 @@ def status_json(market: SpotMarket, owner: str) -> dict[str, Any]:
         "max_price": None if order is None or order.max_price is None else str(order.max_price),
         "windows_only": bool(order and order.windows_only),
         "price": str(market.current_price(gpu_type)) if gpu_type in market.books else None,
+        # This server's price per hour now, by the one price function billing rates by.
+        "price_per_hour": _price_per_hour(market, alloc, order),
         "currency": market.pool.catalog.currency,
         "low_price_window": market.in_low_window(),
         "warning_seconds": market.warning_seconds,
@@ -112,6 +116,22 @@ def status_json(market: SpotMarket, owner: str) -> dict[str, Any]:
         "preemption": records[-1].public() if records else None,
         "queued": market.queued_entry(owner),
     }
+
+
+def _price_per_hour(market: SpotMarket, alloc: Any, order: Any) -> str | None:
+    """A running spot server's price per hour now (None for any other): the spot price in force,
+    never above its bid, times its cards."""
+    if alloc is None or alloc.pricing != "spot" or alloc.gpu_type not in market.books:
+        return None
+    q = quote(
+        market.pool.catalog,
+        alloc.gpu_type,
+        len(alloc.uuids),
+        "spot",
+        spot_price=market.current_price(alloc.gpu_type),
+        bid=None if order is None else order.max_price,
+    )
+    return str(q.per_hour)
 
 
 def preemptions_json(market: SpotMarket, user: str | None = None) -> list[dict[str, Any]]:

@@ -132,6 +132,9 @@ def normalize_spot(
         "gpu_type": _text(data.get("gpu_type")),
         "price": price,
         "max_price": _money(data.get("max_price")),
+        # What this server costs per hour now, as the hub priced it (billing's own price
+        # function: the spot price in force, never above the bid, times the cards).
+        "price_per_hour": _money(data.get("price_per_hour")),
         "currency": _text(data.get("currency")) or default_currency,
         "low_price_window": data.get("low_price_window") is True,
         "warning_seconds": _number(data.get("warning_seconds")),

@@ -111,15 +111,33 @@ export function formatDuration(seconds: number | null | undefined): string {
 }
 
 /**
- * Most this session can have cost at `nowMs`: the price since the server started. Billing charges
- * only the seconds in which a kernel or app runs, so the bill is at most this.
+ * What this server costs per hour now, as the hub priced it (with the function billing rates
+ * by): on a spot server the hub's spot status says (`spotPricePerHour`: the spot price in force,
+ * never above the bid, times the cards; null while unknown), else the price the hub wrote into
+ * the server at its start (a course server's: the education price). Never computed here.
  */
-export function sessionCost(status: IStatus, nowMs: number): number | null {
-  if (status.price_per_hour === null) {
+export function priceNow(status: IStatus, spotPricePerHour?: string | null): string | null {
+  if (status.pricing === 'spot') {
+    return spotPricePerHour ?? null;
+  }
+  return status.price_per_hour;
+}
+
+/**
+ * Most this session can have cost at `nowMs`: the price since the server started. Billing charges
+ * only the seconds in which a kernel or app runs, so the bill is at most this (on spot, where
+ * the price moves, about this).
+ */
+export function sessionCost(
+  status: IStatus,
+  nowMs: number,
+  price: string | null = status.price_per_hour
+): number | null {
+  if (price === null) {
     return null;
   }
   const elapsed = Math.max(0, nowMs / 1000 - status.started_at);
-  return (Number(status.price_per_hour) * elapsed) / 3600;
+  return (Number(price) * elapsed) / 3600;
 }
 
 export interface IStatusParts {
@@ -130,14 +148,21 @@ export interface IStatusParts {
   title: string;
 }
 
-/** The status bar's texts. */
+/**
+ * The status bar's texts. `spotPricePerHour`: a spot server's price per hour now from the hub's
+ * spot status (see `priceNow`).
+ */
 export function statusParts(
   status: IStatus,
   balance: IBalance | null,
-  nowMs: number
+  nowMs: number,
+  spotPricePerHour?: string | null
 ): IStatusParts {
-  const price = formatRate(status.price_per_hour, status.currency);
-  const cost = `session ≤ ${formatMoney(sessionCost(status, nowMs), status.currency, true)}`;
+  const now = priceNow(status, spotPricePerHour);
+  const spot = status.pricing === 'spot';
+  const price = formatRate(now, status.currency);
+  const sofar = formatMoney(sessionCost(status, nowMs, now), status.currency, true);
+  const cost = `session ${spot ? '≈' : '≤'} ${sofar}`;
   let balanceText = 'balance …';
   if (balance && !balance.available) {
     balanceText = 'balance unavailable';
@@ -150,8 +175,10 @@ export function statusParts(
   }
   const title = [
     `Mode: ${status.mode}${status.simulated ? ' — the GPUs are simulated' : ''}`,
-    `Price: ${price} (${status.pricing})`,
-    `This session so far: at most ${formatMoney(sessionCost(status, nowMs), status.currency, true)} ` +
+    spot
+      ? `Price: ${price} (spot, now${status.gpu_count > 1 ? `, ${status.gpu_count} cards` : ''})`
+      : `Price: ${price} (${status.pricing})`,
+    `This session so far: ${spot ? 'about' : 'at most'} ${sofar} ` +
       '(billed only for the seconds in which a kernel or app runs)',
     balance && !balance.available
       ? `Balance unavailable: ${balance.reason || 'billing not reachable'}`

@@ -37,6 +37,9 @@ export interface ISpotStatus {
   gpu_type?: string | null;
   price?: string | null; // per card-hour
   max_price?: string | null; // per card-hour
+  // This server per hour now, as the hub priced it: the spot price in force (never above the
+  // bid) times the cards.
+  price_per_hour?: string | null;
   currency?: string;
   low_price_window?: boolean;
   warning_seconds?: number | null;

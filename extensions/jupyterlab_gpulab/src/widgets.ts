@@ -76,8 +76,10 @@ export class StatusItem extends Widget {
     if (!this.status) {
       return;
     }
-    const parts = statusParts(this.status, this.balance, nowMs);
     const spot = this.status.pricing === 'spot';
+    // A spot server's price is the hub's, from its spot status; never the on-demand price.
+    const spotPrice = this.spot && this.spot.available ? this.spot.price_per_hour : null;
+    const parts = statusParts(this.status, this.balance, nowMs, spotPrice);
     this.modeNode.textContent = parts.mode;
     this.priceNode.textContent = spot
       ? spotPriceText(this.spot, this.status.gpu_count, this.status.currency)
