@@ -18,15 +18,20 @@ from typing import Any
 
 from gpulab.catalog import NO_GPU, App, Catalog
 from gpulab.catalog.pricing import ON_DEMAND, quote
-from gpulab.spawners.options import PRICING, app_gpu_types
+from gpulab.spawners.options import PRICING, OptionsError, app_gpu_types, parse_max_price
 
 
 class LaunchRefused(Exception):
-    """A launch that cannot go ahead; ``status`` is the HTTP answer, the message names a fix."""
+    """A launch that cannot go ahead; ``status`` is the HTTP answer, the message names a fix
+    (in the API's words); ``human`` says it to a person, ``details`` the refused field."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(
+        self, status: int, message: str, human: str = "", details: dict | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
+        self.human = human
+        self.details = dict(details or {})
 
 
 @dataclass(frozen=True)
@@ -54,10 +59,14 @@ def plan_launch(
     optionally gpu and datasets), and the choice made. ``education``: the user is a course's
     student (their server runs under a course, so on demand it pays the education price; so does
     a ``course`` in the body). Raises :class:`LaunchRefused`."""
-    unknown = sorted(set(body) - {"pricing", "max_price", "gpu", "datasets", "course"})
+    fields = ("pricing", "max_price", "confirm_max_price", "gpu", "datasets", "course")
+    unknown = sorted(set(body) - set(fields))
     if unknown:
         raise LaunchRefused(
-            400, f"{unknown[0]}: unknown field; allowed: pricing, max_price, gpu, datasets, course"
+            400,
+            f"{unknown[0]}: unknown field; allowed: {', '.join(fields)}",
+            "",
+            {"field": unknown[0]},
         )
     pricing = body.get("pricing") or "on-demand"
     if pricing not in PRICING:
@@ -65,7 +74,7 @@ def plan_launch(
             400, f"pricing: unknown pricing {pricing!r}; allowed: {', '.join(PRICING)}"
         )
     options: dict[str, Any] = {"app": app.slug, "pricing": pricing}
-    for key in ("max_price", "datasets", "course"):
+    for key in ("max_price", "confirm_max_price", "datasets", "course"):
         if body.get(key) is not None:
             options[key] = body[key]
     education = education or body.get("course") is not None
@@ -88,11 +97,10 @@ def plan_launch(
     max_price = None
     if pricing == "spot" and body.get("max_price") is not None:
         try:
-            max_price = Decimal(str(body["max_price"]))
-        except ArithmeticError:
-            raise LaunchRefused(
-                400, f"max_price: must be a positive number, not {body['max_price']!r}"
-            ) from None
+            # The options' one reader of a max price (a 400 naming it, never a default instead).
+            max_price = parse_max_price(body["max_price"])
+        except OptionsError as e:
+            raise LaunchRefused(400, str(e), e.human, e.details()) from None
     candidates: list[Choice] = []
     too_dear: list[str] = []
     for slug in fits:
@@ -109,7 +117,16 @@ def plan_launch(
             continue
         candidates.append(Choice(slug, price, free, kind))
     if not candidates:
-        raise LaunchRefused(409, _no_card_message(app, catalog, counts, fits, too_dear, max_price))
+        human = ""
+        if too_dear:
+            human = (
+                f"No free card for {app.display_name} is within your max price "
+                f"({catalog.currency} {max_price} per hour): {', '.join(too_dear)}. Raise your "
+                "max price, or launch it on demand."
+            )
+        raise LaunchRefused(
+            409, _no_card_message(app, catalog, counts, fits, too_dear, max_price), human
+        )
     best = min(candidates, key=lambda c: c.price)  # min() keeps catalog order among equals
     options["gpu"] = best.gpu
     return options, best

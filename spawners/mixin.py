@@ -41,11 +41,18 @@ from gpulab.spawners.request import CourseSeat, SpawnRequest, make_request, take
 
 
 class SpawnError(web.HTTPError):
-    """A spawn failure whose message is meant for the person who clicked start."""
+    """A spawn failure whose message is meant for the person who clicked start: ``message`` in
+    the API's words (field names), ``human`` in plain words for pages ("" when the message is
+    plain already), ``details`` machine-readable extras of the JSON answer (``field``,
+    ``confirm``)."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(
+        self, status: int, message: str, human: str = "", details: dict | None = None
+    ) -> None:
         super().__init__(status, log_message=message.replace("%", "%%"), reason=None)
         self.jupyterhub_message = message
+        self.human = human
+        self.details = dict(details or {})
 
 
 class GpuSpawnerMixin(AppServersMixin, HasTraits):
@@ -128,7 +135,7 @@ class GpuSpawnerMixin(AppServersMixin, HasTraits):
         try:
             return make_request(raw, self.pool.catalog, self.user, self.name or "", strict=strict)
         except OptionsError as e:
-            raise SpawnError(400, f"Invalid spawn option {e}") from None
+            raise SpawnError(400, f"Invalid spawn option {e}", e.human, e.details()) from None
         except CourseRuleError as e:
             raise SpawnError(e.status, f"Not allowed: {e}") from None
 
@@ -236,7 +243,7 @@ class GpuSpawnerMixin(AppServersMixin, HasTraits):
             except MarketAnswer as e:
                 refusal = e
         if refusal is not None:
-            raise SpawnError(refusal.status, refusal.message)
+            raise SpawnError(refusal.status, refusal.message, refusal.human)
         try:
             alloc = self.pool.allocator.allocate(
                 self.owner,
@@ -247,7 +254,7 @@ class GpuSpawnerMixin(AppServersMixin, HasTraits):
                 hold_id=request.hold_id,
             )
         except NoCapacity as e:
-            raise SpawnError(409, str(e)) from None
+            raise SpawnError(409, str(e), e.human) from None
         self.allocation = alloc
         self.mode_label = self._label(alloc)
         return alloc

@@ -33,6 +33,7 @@ from gpulab.hub_config.courses.groups import CourseError
 from gpulab.hub_config.courses.staff import check_staff_start
 from gpulab.hub_config.home import GpulabHome
 from gpulab.hub_config.launch_plan import LaunchRefused, plan_launch, plan_table
+from gpulab.hub_config.overrides.errors import http_error, human_text
 from gpulab.hub_config.overrides.queue import gate_start
 from gpulab.spawners.courses import allowed_choices, student_courses
 from gpulab.spawners.options import OptionsError, app_gpu_types, parse_options
@@ -252,15 +253,23 @@ class LaunchAPIHandler(_UserHandler):
             )
             parse_options(options, catalog)
         except LaunchRefused as e:
-            raise web.HTTPError(e.status, str(e)) from None
+            raise http_error(e.status, str(e), e) from None
         except OptionsError as e:
-            raise web.HTTPError(400, f"Invalid launch option {e}") from None
+            # ``message`` names the field for API clients; ``human`` is what the tile shows.
+            raise http_error(400, f"Invalid launch option {e}", e) from None
 
         entry = await gate_start(self, user, spawner, options)
         if entry is not None:
             self.set_status(202)
             self.write(
-                json.dumps({"status": "queued", "message": entry["message"], "queued": entry})
+                json.dumps(
+                    {
+                        "status": "queued",
+                        "message": entry["message"],
+                        "human": entry.get("human") or entry["message"],
+                        "queued": entry,
+                    }
+                )
             )
             return
         spawn = asyncio.ensure_future(self.spawn_single_user(user, "", options=options))
@@ -269,7 +278,8 @@ class LaunchAPIHandler(_UserHandler):
         if spawn.done() and spawn.exception() is not None:
             error = spawn.exception()
             if isinstance(error, web.HTTPError):
-                raise web.HTTPError(error.status_code, error.log_message or str(error)) from None
+                message = getattr(error, "jupyterhub_message", None) or error.log_message
+                raise http_error(error.status_code, message or str(error), error) from None
             raise error
         self.set_status(202)
         self.write(
@@ -308,10 +318,11 @@ class LaunchStatusAPIHandler(_UserHandler):
         user = self.user_or_404(user_name)
         spawner = user.spawners.get("") or user.spawner
         events = spawner.progress_events()
-        failed = ""
+        failed = failed_human = ""
         future = spawner._spawn_future
         if future is not None and future.done() and future.exception() is not None:
             failed = str(getattr(future.exception(), "log_message", "") or future.exception())
+            failed_human = human_text(future.exception())
         opts = getattr(spawner, "gpulab_options", None)
         out: dict[str, Any] = {
             "ready": bool(spawner.ready),
@@ -319,6 +330,7 @@ class LaunchStatusAPIHandler(_UserHandler):
             "active": bool(spawner.active),
             "events": events,
             "failed": failed,
+            "failed_human": failed_human or failed,
             "launch_timings": dict(getattr(spawner, "launch_timings", {}) or {}),
         }
         if opts is not None:

@@ -1,15 +1,18 @@
-"""What every gpulab API handler shares: the hub's GPU pool and spot market, found by config."""
+"""What every gpulab API handler shares: the hub's GPU pool and spot market, found by config, and
+JSON errors with two texts (``message`` for API clients, ``human`` for pages; see
+:mod:`gpulab.hub_config.overrides.errors`)."""
 
 from __future__ import annotations
 
 from jupyterhub.apihandlers.base import APIHandler
 from tornado import web
 
+from gpulab.hub_config.overrides.errors import PlainErrors
 from gpulab.spawners.market.hub import SpotMarket
 from gpulab.spawners.node.pool import GpuPool
 
 
-class GpulabAPIHandler(APIHandler):
+class GpulabAPIHandler(PlainErrors, APIHandler):
     @property
     def pool(self) -> GpuPool:
         return GpuPool.instance(config=self.settings["config"])

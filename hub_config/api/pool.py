@@ -22,6 +22,7 @@ from gpulab.catalog import NO_GPU, card_type
 from gpulab.hub_config.api.base import GpulabAPIHandler
 from gpulab.hub_config.courses.groups import CourseError
 from gpulab.hub_config.courses.staff import check_staff_start, mark_payer
+from gpulab.hub_config.overrides.errors import http_error
 from gpulab.hub_config.scopes import READ_POOL_SCOPE
 from gpulab.spawners.node.allocator import RESERVED, NoCapacity, owner_key
 from gpulab.spawners.request import SpawnRequest, hand_over
@@ -69,7 +70,7 @@ class SwitchAPIHandler(GpulabAPIHandler):
             merged.pop("gpus", None)  # a new GPU type starts from the default card count
         if merged.get("gpu") == NO_GPU and "pricing" not in body:
             # Leaving a spot GPU for no-GPU mode (the JupyterLab toggle) leaves the spot market too.
-            for key in ("pricing", "max_price", "wait", "windows_only"):
+            for key in ("pricing", "max_price", "confirm_max_price", "wait", "windows_only"):
                 merged.pop(key, None)
         try:
             # The staff rule (courses/staff.py): someone else's server moves only within a course
@@ -106,7 +107,7 @@ class SwitchAPIHandler(GpulabAPIHandler):
         try:
             self.pool.allocator.reserve(owner, card_type(options.gpu), options.gpus)
         except NoCapacity as e:
-            raise web.HTTPError(409, str(e)) from None
+            raise http_error(409, str(e), e) from None
         self.log.info("Switching %s to %s", owner, options.label(self.pool.catalog))
         asyncio.get_running_loop().create_task(self._restart(user, request))
         self.set_status(202)

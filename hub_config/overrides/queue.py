@@ -77,6 +77,7 @@ async def queue_instead_of_spawn(spawner: Any, raw_options: Any) -> dict[str, An
         entry = market.queued_entry(spawner.owner)
         if entry is not None:
             entry["message"] = e.message
+            entry["human"] = e.human
             market.log.info(
                 "Queued %s for %s (no spawn started): %s", entry["id"], spawner.owner, e.message
             )

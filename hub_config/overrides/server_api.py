@@ -1,6 +1,8 @@
 """``POST /hub/api/users/USER/server[s/NAME]``: JupyterHub's ``UserServerAPIHandler``, except
 that a request the spot market queues answers 202 with its queue entry and starts nothing
-(JupyterHub would begin a spawn that then fails). Everything else is JupyterHub's own handling.
+(JupyterHub would begin a spawn that then fails), and that its errors carry the plain sentence
+(``human``) next to JupyterHub's ``message`` (:mod:`gpulab.hub_config.overrides.errors`).
+Everything else is JupyterHub's own handling.
 """
 
 from __future__ import annotations
@@ -10,10 +12,11 @@ import json
 from jupyterhub.apihandlers.users import UserServerAPIHandler
 from jupyterhub.scopes import needs_scope
 
+from gpulab.hub_config.overrides.errors import PlainErrors
 from gpulab.hub_config.overrides.queue import gate_start, idle_spawner
 
 
-class ServerAPIHandler(UserServerAPIHandler):
+class ServerAPIHandler(PlainErrors, UserServerAPIHandler):
     @needs_scope("start:servers")
     async def post(self, user_name: str, server_name: str = "") -> None:
         user = self.find_user(user_name)
@@ -23,9 +26,10 @@ class ServerAPIHandler(UserServerAPIHandler):
             entry = await gate_start(self, user, spawner, body.get("user_options") or {})
             if entry is not None:
                 self.set_status(202)
-                self.finish(
-                    json.dumps({"status": 202, "message": entry["message"], "queued": entry})
-                )
+                answer = {"status": 202, "message": entry["message"], "queued": entry}
+                if entry.get("human"):
+                    answer["human"] = entry["human"]
+                self.finish(json.dumps(answer))
                 return
         await super().post(user_name, server_name)
 

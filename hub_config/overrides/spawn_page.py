@@ -24,6 +24,11 @@ do not share is refused (403).
 spawn: the browser is sent back to the form (303, so a reload does not queue again), which shows
 the request's place in the queue with a Cancel button. JupyterHub would report it as a failed
 spawn.
+
+4. A refusal is shown to the person in plain words (``human``, see
+:mod:`gpulab.hub_config.overrides.errors`), above the form as they filled it in (the form is
+rendered from the POST's choices, not the last server's); a max price that only needs
+confirming comes with a checkbox that confirms it on the next Start.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from tornado import web
 
 from gpulab.hub_config.courses.groups import CourseError
 from gpulab.hub_config.courses.staff import check_staff_view
+from gpulab.hub_config.overrides.errors import for_people
 from gpulab.hub_config.overrides.queue import gate_start, idle_spawner
 
 # JupyterHub's own wait, for spawners that do not say.
@@ -73,7 +79,7 @@ class SpawnPageHandler(SpawnHandler):
                     # hub fault: no error line for it here.
                     log = self.log.warning if error.status_code < 500 else self.log.error
                     log("Not starting %s: %s", name, error)
-                    raise error
+                    raise for_people(error)
                 self.log.error("Error starting server %s: %s", name, error)
                 raise web.HTTPError(500, f"Unhandled error starting server {name}")
             if spawner.ready:
@@ -136,6 +142,10 @@ class SpawnPageHandler(SpawnHandler):
                 options = await maybe_future(spawner.run_options_from_form(form_options))
             except Exception:
                 options = None  # JupyterHub's own handling reports it
+            # A refused POST shows the form as the person filled it in (4.): JupyterHub renders
+            # it again through ``spawner.handler``, which it sets only on a GET.
+            self.gpulab_posted = dict(options or {})
+            spawner.handler = self
             entry = await gate_start(self, user, spawner, options or {})
             if options is not None and entry is not None:
                 # 303 to the form (which shows the queued request): answering the POST with the

@@ -189,10 +189,12 @@
       }
       const spot = el("input", { type: "checkbox", class: "form-check-input gpulab-spot" });
       spot.checked = choice.spot;
+      // Text, not type=number: a number field hands an unreadable entry ("abc", "1e") over as "",
+      // which launched with the default price without a word. The hub reads what was typed and
+      // says what is wrong with it.
       const maxPrice = el("input", {
-        type: "number",
-        step: "0.01",
-        min: "0",
+        type: "text",
+        inputMode: "decimal",
         class: "form-control form-control-sm gpulab-max-price",
         placeholder: "max " + home.currency + "/h",
         "aria-label": "max price per hour",
@@ -242,7 +244,7 @@
         if (gpuSelect && gpuSelect.value) body.gpu = gpuSelect.value;
         if (spot.checked) {
           body.pricing = "spot";
-          if (maxPrice.value) body.max_price = maxPrice.value;
+          if (maxPrice.value.trim()) body.max_price = maxPrice.value.trim();
         }
         launch(app, body);
       });
@@ -303,7 +305,44 @@
     $("gpulab-launch-steps").append(el("li", {}, text));
   }
 
+  // The hub's refusals carry a plain sentence for people (human) next to the API's message.
+  function plain(data, fallback) {
+    return (data && (data.human || data.message)) || fallback;
+  }
+
+  function confirmBox() {
+    let box = $("gpulab-launch-confirm");
+    if (!box) {
+      box = el("div", { id: "gpulab-launch-confirm", class: "d-flex gap-2 mt-2" });
+      $("gpulab-launch-error").after(box);
+    }
+    return box;
+  }
+
+  // A value the hub accepts only when confirmed (a max price above ten times on-demand): say why
+  // and let the person confirm it, or change it.
+  function askConfirm(app, body, data) {
+    fail(plain(data, "Please confirm."));
+    const yes = el(
+      "button",
+      { type: "button", class: "btn btn-sm btn-warning", id: "gpulab-confirm-yes" },
+      "Yes, launch with this max price",
+    );
+    const no = el(
+      "button",
+      { type: "button", class: "btn btn-sm btn-outline-secondary", id: "gpulab-confirm-no" },
+      "No, let me change it",
+    );
+    yes.addEventListener("click", () => launch(app, { ...body, [data.confirm]: true }));
+    no.addEventListener("click", () => {
+      confirmBox().replaceChildren();
+      $("gpulab-launch-panel").classList.add("d-none");
+    });
+    confirmBox().replaceChildren(yes, no);
+  }
+
   function fail(text) {
+    confirmBox().replaceChildren();
     $("gpulab-launch-error").textContent = text;
     $("gpulab-launch-bar").classList.add("bg-danger");
     launching = false;
@@ -319,16 +358,18 @@
     $("gpulab-launch-title").textContent = "Launching " + app.display_name;
     $("gpulab-launch-steps").replaceChildren();
     $("gpulab-launch-error").textContent = "";
+    confirmBox().replaceChildren();
     $("gpulab-launch-time").textContent = "";
     const bar = $("gpulab-launch-bar");
     bar.classList.remove("bg-danger");
     bar.style.width = "5%";
 
     const r = await request("POST", api("/apps/" + encodeURIComponent(app.slug) + "/launch"), body);
-    if (!r.ok) return fail((r.data && r.data.message) || "Launch refused (" + r.status + ")");
+    if (!r.ok && r.data && r.data.confirm) return askConfirm(app, body, r.data);
+    if (!r.ok) return fail(plain(r.data, "Launch refused (" + r.status + ")"));
     const launchInfo = r.data;
     if (launchInfo.status === "queued") {
-      step(launchInfo.message);
+      step(plain(launchInfo, "Queued."));
       launching = false;
       return;
     }
@@ -344,7 +385,7 @@
             bar.style.width = Math.max(5, Math.min(60, ev.progress * 0.6)) + "%";
           }
           shown = s.data.events.length;
-          if (s.data.failed) return fail(s.data.failed);
+          if (s.data.failed) return fail(s.data.failed_human || s.data.failed);
           if (s.data.ready) break;
           if (!s.data.active) return fail("The server stopped before it was ready.");
         }
@@ -415,7 +456,7 @@
     ev.currentTarget.disabled = false;
     if (!r.ok) {
       $("gpulab-server-body").append(
-        el("p", { class: "text-danger small mb-0" }, (r.data && r.data.message) || "Switch refused"),
+        el("p", { class: "text-danger small mb-0" }, plain(r.data, "Switch refused")),
       );
     }
     refresh();

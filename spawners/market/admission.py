@@ -4,6 +4,9 @@
 :meth:`SpotMarket.admit` decides and changes the market's state; this module holds the pure part:
 the reasons a spot request cannot start (:func:`spot_problems`) and the messages the user reads
 (in the spawn form, or the REST API's answer) when a request is queued or refused.
+
+Each answer has two texts: ``message`` in the API's words (``max_price``, ``"wait": true``, the
+queue's URL) for API clients, and ``human`` in plain words for the form and the home page.
 """
 
 from __future__ import annotations
@@ -14,12 +17,26 @@ from decimal import Decimal
 
 
 class MarketAnswer(Exception):
-    """A spawn that the market does not start now. ``status`` 202: queued; 409: refused."""
+    """A spawn that the market does not start now. ``status`` 202: queued; 409: refused.
+    ``message`` names the API's fields; ``human`` says the same to a person."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, human: str = "") -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.human = human or message
+
+
+class Problem(str):
+    """One reason a spot request cannot start: the string in the API's words, ``plain`` in a
+    person's."""
+
+    plain: str
+
+    def __new__(cls, api: str, plain: str) -> Problem:
+        out = super().__new__(cls, api)
+        out.plain = plain
+        return out
 
 
 @dataclass(frozen=True)
@@ -43,24 +60,40 @@ def spot_problems(
     windows: str,
     on_demand_waiting: bool,
     currency: str,
-) -> list[str]:
+) -> list[Problem]:
     """Why a spot request for ``cards`` of ``slug`` at ``bid`` cannot start now (empty: it
     can). ``counts`` has the type's total and free cards; ``windows`` describes the low-price
     windows for the user."""
-    problems = []
+    problems: list[Problem] = []
     if price > bid:
         problems.append(
-            f"the spot price of {slug} is {price} {currency}/card-hour, above your max_price {bid}"
+            Problem(
+                f"the spot price of {slug} is {price} {currency}/card-hour, above your max_price "
+                f"{bid}",
+                f"the spot price of {slug} is {currency} {price} per card-hour, above your max "
+                f"price of {currency} {bid}",
+            )
         )
     if counts["free"] < cards:
         held = counts.get("held", 0)
         more = f" ({held} more held for reservations or lab sessions)" if held else ""
-        problems.append(f"{counts['free']} of {counts['total']} {slug} cards are free{more}")
+        text = f"{counts['free']} of {counts['total']} {slug} cards are free{more}"
+        problems.append(Problem(text, text))
     if windows_only and not low_window:
-        problems.append(f"it is outside the low-price windows ({windows})")
+        text = f"it is outside the low-price windows ({windows})"
+        problems.append(Problem(text, text))
     if on_demand_waiting:
-        problems.append(f"on-demand requests are waiting for {slug}")
+        problems.append(
+            Problem(
+                f"on-demand requests are waiting for {slug}",
+                f"people who pay the on-demand price are waiting for {slug} cards",
+            )
+        )
     return problems
+
+
+def _plain(problems: Sequence[str]) -> str:
+    return "; ".join(getattr(p, "plain", p) for p in problems)
 
 
 def reclaiming(slug: str, entry_id: str, warning_seconds: float) -> MarketAnswer:
@@ -71,6 +104,9 @@ def reclaiming(slug: str, entry_id: str, warning_seconds: float) -> MarketAnswer
         f"a {warning_seconds:.0f} s warning). Your request is queued as "
         f"{entry_id} and your server starts by itself when the card frees. "
         "See GET /hub/api/gpulab/spot/queue.",
+        f"No {slug} card is free right now, so one that runs on spot pricing is being freed "
+        f"for you (its user has {warning_seconds:.0f} seconds to save). Your server starts by "
+        "itself as soon as the card is free; you can leave this page.",
     )
 
 
@@ -82,6 +118,10 @@ def queued(entry_id: str, problems: Sequence[str], price: Decimal, currency: str
         "itself when a card is free and the price is at most your max_price. Current "
         f"spot price: {price} {currency}/card-hour. See or cancel it at "
         "/hub/api/gpulab/spot/queue.",
+        "Your spot server is waiting: " + _plain(problems) + ". It starts by itself when a "
+        "card is free and the spot price is at most your max price (it is "
+        f"{currency} {price} per card-hour now). You can cancel the wait on the Server "
+        "Options page.",
     )
 
 
@@ -92,4 +132,7 @@ def refused(problems: Sequence[str], price: Decimal, currency: str) -> MarketAns
         "Spot server not started: " + "; ".join(problems) + f". Current spot price: {price} "
         f"{currency}/card-hour. Raise the max price, or queue the request (the form's queue "
         'option; "wait": true in the API).',
+        "Your spot server did not start: " + _plain(problems) + ". The spot price is "
+        f"{currency} {price} per card-hour now. Raise your max price, or ask to queue it (on the "
+        "Server Options page) so that it starts by itself when it can.",
     )

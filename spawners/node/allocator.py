@@ -52,11 +52,13 @@ class Allocation:
 
 
 class NoCapacity(Exception):
-    """The requested GPU type has too few free cards. ``str()`` says what is free instead."""
+    """The requested GPU type has too few free cards. ``str()`` says what is free instead, in
+    the API's words; ``human`` says it in plain words for a page (the message when not given)."""
 
-    def __init__(self, message: str, free: dict[str, int]) -> None:
+    def __init__(self, message: str, free: dict[str, int], human: str = "") -> None:
         super().__init__(message)
         self.free = free
+        self.human = human or message
 
 
 def owner_key(user: str, server: str = "") -> str:
@@ -267,13 +269,16 @@ class GpuAllocator:
             self._save()
         return hold
 
-    def describe_free(self, exclude: str | None = None) -> str:
+    def describe_free(self, exclude: str | None = None, plain: bool = False) -> str:
+        """What else is free, in the API's words (field names), or ``plain`` ones for a page."""
         free = [
             f"{slug} x{c['free']}"
             for slug, c in sorted(self.counts().items())
             if c["free"] and slug != exclude
         ]
         others = ", ".join(free) if free else "no other GPU type has a free card"
+        if plain:
+            return f"Free now: {others}. You can always start without a GPU (no-GPU mode)."
         return f'Free now: {others}; no-GPU mode (gpu: "{NO_GPU}") is always available.'
 
     # ---- mutations ---------------------------------------------------------------------------
@@ -381,6 +386,10 @@ class GpuAllocator:
                     f"free, of which {min(held_out, len(candidates))} held for reservations or "
                     f"lab sessions. {self.describe_free(exclude=gpu_type)}",
                     {s: c["free"] for s, c in self.counts().items()},
+                    f"Not enough {gpu_type} cards are free right now: you asked for {count}, "
+                    f"{max(len(candidates) - held_out, 0)} of {total} can be used (others are "
+                    "held for reservations or lab sessions). "
+                    f"{self.describe_free(exclude=gpu_type, plain=True)}",
                 )
             pin = self._pins.get(owner.removesuffix(RESERVED))
             if pin is not None:
@@ -398,6 +407,9 @@ class GpuAllocator:
                     f"No {gpu_type} available: {count} requested, {len(candidates)} of {total} "
                     f"free{split}. {self.describe_free(exclude=gpu_type)}",
                     free,
+                    f"Not enough {gpu_type} cards are free right now: you asked for {count}, "
+                    f"{len(candidates)} of {total} are free{split}. "
+                    f"{self.describe_free(exclude=gpu_type, plain=True)}",
                 )
             uuids = [d.uuid for d in picked]
         alloc = Allocation(

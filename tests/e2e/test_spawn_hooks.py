@@ -111,7 +111,9 @@ def test_deployment_form_hook_alone_is_a_400_naming_the_field(
         admin = AdminBrowser(hub)
         r = admin.web.post("/hub/spawn/admin", [("energy", "511keV")])
         assert r.status_code == 400, r.text[-2000:]
-        assert "Invalid spawn option energy: unknown field" in r.text
+        # The form is a page for people: the plain sentence, naming the field (the API's
+        # "Invalid spawn option energy: unknown field" is for JSON clients).
+        assert "“energy” is not a server option this hub knows" in r.text
         assert "Unhandled error" not in r.text
         assert admin.server() is None
     finally:
