@@ -26,6 +26,9 @@ Rules (one string, so that an operator sets one traitlet):
   it was rated at (spot capped at the bid); nothing billed then, nothing credited;
 - ``fixed:AMOUNT``: a fixed amount in the catalog currency, e.g. ``fixed:1.00``.
 
+A failed launch (reason ``launch-failed``: the hub stopped a server whose app could not become
+ready) is credited the session's whole charge whatever the rule, so that it costs nothing.
+
 The amount is computed when the compensation is posted and never re-computed: a replay of the
 same key answers the entry already made.
 """
@@ -50,7 +53,11 @@ from gpulab.billing_service.rating import (
 )
 
 KIND = "compensation"
-REASONS = ("spot-preemption", "zero-balance", "node-failure")
+# A launch the hub ended because its app could not become ready (no model, the app died, it
+# never answered in time): the platform promised an app it could not give, so the whole
+# session's charge is credited back, whatever the operator's rule (``WHOLE_SESSION``).
+LAUNCH_FAILED = "launch-failed"
+REASONS = ("spot-preemption", "zero-balance", "node-failure", LAUNCH_FAILED)
 # How the platform broke its promise to the checkpoint: stopped the server while it ran before its
 # time, or never ran it (e.g. the node failed). A checkpoint that failed or timed out on its own
 # is the user's and has no outcome here.
@@ -63,6 +70,7 @@ class Rule:
 
     minutes: float | None = None
     fixed_micro: int | None = None
+    whole: bool = False  # the session's whole charge (a failed launch)
 
     @classmethod
     def parse(cls, text: str) -> Rule:
@@ -86,6 +94,8 @@ class Rule:
         )
 
     def describe(self, currency: str) -> str:
+        if self.whole:
+            return "the session's whole charge"
         if self.minutes is not None:
             return f"the charge of the session's last {self.minutes:g} minutes"
         return f"a fixed {currency} {format_money(self.fixed_micro or 0)}"
@@ -96,7 +106,7 @@ class Rule:
         if self.fixed_micro is not None:
             return self.fixed_micro
         end = sess.stopped_us if sess.stopped_us is not None else until_us
-        start = end - round((self.minutes or 0) * 60 * MICRO)
+        start = sess.started_us if self.whole else end - round((self.minutes or 0) * 60 * MICRO)
         window = [
             (max(a, start), min(b, end))
             for a, b in merge(session_intervals(conn, sess))
@@ -111,6 +121,9 @@ class Rule:
             # Prepaid seconds (a paid reservation) cost nothing, so they credit nothing.
             reservations.prepaid_window(conn, sess),
         )
+
+
+WHOLE_SESSION = Rule(whole=True)
 
 
 def find_session(conn: Connection, user: str, server: str, at_us: int | None):
@@ -145,10 +158,13 @@ def compensate(
     stored_key = f"{KIND}:{key}"
     row = ledger.entry(conn, "user", stored_key)
     if row is None:
+        if reason == LAUNCH_FAILED:
+            rule = WHOLE_SESSION
         amount = rule.amount(conn, prices, sess, until_us)
         pool_part, own_part = split(conn, sess, amount)
+        what = "launch failed" if reason == LAUNCH_FAILED else f"{reason}, checkpoint {checkpoint}"
         text = (
-            f"{reason}, checkpoint {checkpoint}: {rule.describe(prices.catalog.currency)} "
+            f"{what}: {rule.describe(prices.catalog.currency)} "
             f"(session {sess.id}, server {sess.server or 'default'})"
         )
         if pool_part:

@@ -21,12 +21,14 @@ def make_tiny_model(hub: Hub) -> None:
     assert "tiny-sd" in done.stdout and "present" in done.stdout
 
 
-def apps_hub(factory: Callable[..., Hub], name: str, **settings) -> Hub:
-    """A started hub (simulated RTX 4090 x2 and A100 x1) with the tiny model and billing up."""
+def apps_hub(factory: Callable[..., Hub], name: str, model: bool = True, **settings) -> Hub:
+    """A started hub (simulated RTX 4090 x2 and A100 x1) with the tiny model (unless ``model``
+    is false: an empty model store) and billing up."""
     settings.setdefault("simulate", "RTX-4090:2,A100-80G:1")
     settings.setdefault("env", FAST_BILLING_ENV)
     hub = factory(name, start=False, **settings)
-    make_tiny_model(hub)
+    if model:
+        make_tiny_model(hub)
     hub.start()
     wait_for(Billing(hub).up, 30, 0.2, "the billing service")
     return hub

@@ -27,7 +27,7 @@ from tornado import web
 from gpulab.catalog import NO_GPU
 from gpulab.catalog.pricing import quote
 from gpulab.hub_config.api.base import GpulabAPIHandler
-from gpulab.hub_config.app_probe import probe_app
+from gpulab.hub_config.app_probe import LaunchWatch, probe_app
 from gpulab.hub_config.billing.hooks import hourly_price
 from gpulab.hub_config.courses.groups import CourseError
 from gpulab.hub_config.courses.staff import check_staff_start
@@ -62,6 +62,10 @@ class _UserHandler(GpulabAPIHandler):
             except KeyError:  # a type the market does not trade
                 continue
         return out
+
+    @property
+    def launch_watch(self) -> LaunchWatch:
+        return LaunchWatch.instance(config=self.settings["config"])
 
     def app_urls(self, user: Any, app_slug: str) -> dict[str, str]:
         app = self.pool.catalog.apps[app_slug]
@@ -274,6 +278,17 @@ class LaunchAPIHandler(_UserHandler):
             return
         spawn = asyncio.ensure_future(self.spawn_single_user(user, "", options=options))
         spawn.add_done_callback(_retrieve)
+        # "Ready" means the app can do its job: the hub watches the launch itself and ends one
+        # whose app cannot become ready (stopped, and its charge credited back).
+        market = self.market
+        self.launch_watch.start(
+            user.name,
+            spawner,
+            app,
+            spawn,
+            stop=lambda name: market.hub_client.stop_server(f"{name}/"),
+            compensate=market.compensation_hook,
+        )
         await asyncio.wait([spawn], timeout=REFUSAL_WAIT)
         if spawn.done() and spawn.exception() is not None:
             error = spawn.exception()
@@ -323,6 +338,8 @@ class LaunchStatusAPIHandler(_UserHandler):
         if future is not None and future.done() and future.exception() is not None:
             failed = str(getattr(future.exception(), "log_message", "") or future.exception())
             failed_human = human_text(future.exception())
+        # An app that could not become ready: the hub ended the launch (app_probe.LaunchWatch).
+        failed = failed or self.launch_watch.failure(user.name)
         opts = getattr(spawner, "gpulab_options", None)
         out: dict[str, Any] = {
             "ready": bool(spawner.ready),

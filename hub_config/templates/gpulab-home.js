@@ -405,6 +405,7 @@
         // nothing answers yet, and the stage of gpulab's status endpoint).
         const s = await request("GET", api("/launch"));
         const probe = s.ok ? s.data.app_probe : null;
+        if (s.ok && s.data.failed) return fail(s.data.failed_human || s.data.failed); // the hub ended the launch
         if (s.ok && !s.data.active) return fail("The server stopped before it was ready.");
         if (probe && !up && probe.status && probe.status !== 502) {
           up = true;
