@@ -205,7 +205,7 @@
           el(
             "div",
             { class: "d-flex align-items-center gap-2" },
-            el("label", { class: "form-check-label small" }, spot, " Spot"),
+            el("label", { class: "form-check-label small text-nowrap" }, spot, " Spot"),
             maxPrice,
           ),
         );
