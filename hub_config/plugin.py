@@ -79,7 +79,8 @@ def configure_plugin(
     c.Spawner.server_token_scopes = list(SERVER_TOKEN_SCOPES)
     # gpulab's home page (hub_config/templates/home.html) ahead of JupyterHub's own templates.
     paths = list(c.JupyterHub.template_paths) if "template_paths" in c.JupyterHub else []
-    c.JupyterHub.template_paths = [str(HOME_TEMPLATES), *paths]
+    # The courses' home-page part (invitations, held cards), included by home.html.
+    c.JupyterHub.template_paths = [str(HOME_TEMPLATES), str(course_dashboard.TEMPLATES), *paths]
 
 
 def routes() -> list[tuple[str, type]]:

@@ -16,6 +16,8 @@ def token_for(hub: Hub, name: str) -> str:
 def make_course(
     hub: Hub, name: str, teachers: list[str], tas: list[str] = (), **limits: list[str]
 ) -> dict:
+    for person in (*teachers, *tas):  # staff are chosen from existing users (never created)
+        hub.create_user(person)
     body = {
         "name": name,
         "display_name": f"Course {name}",

@@ -1,6 +1,9 @@
 """The pool, catalog and switch API.
 
-- ``GET /hub/api/gpulab/pool``: per GPU type free/total and prices; each card with its state.
+- ``GET /hub/api/gpulab/pool``: per GPU type free/total and prices; each card with its state;
+  ``held_now``: the cards kept off "free" right now by a lab session that has begun or is about
+  to (or a monthly reservation), so that the home page can say why ("2 cards held for ML 101's
+  lab 14:00-16:00"). A booking further ahead holds nothing yet and is not listed.
 - ``GET /hub/api/gpulab/catalog``: GPU types, images, datasets, no-GPU mode, currency.
 - ``POST /hub/api/gpulab/users/NAME/switch``: restart NAME's running server with changed options
   (the no-GPU toggle, mounting datasets). Needs the ``servers`` scope on that user; course staff
@@ -14,12 +17,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
+from typing import Any
 
 from jupyterhub.scopes import needs_scope
 from tornado import web
 
 from gpulab.catalog import NO_GPU, card_type
 from gpulab.hub_config.api.base import GpulabAPIHandler
+from gpulab.hub_config.courses import groups
 from gpulab.hub_config.courses.groups import CourseError
 from gpulab.hub_config.courses.staff import check_staff_start, mark_payer
 from gpulab.hub_config.overrides.errors import http_error
@@ -35,7 +41,40 @@ class PoolAPIHandler(GpulabAPIHandler):
             self.current_user.name if getattr(self.current_user, "kind", "") == "user" else None
         )
         snap = await self.pool.snapshot(show_holders=self.has_scope("admin:servers"), viewer=viewer)
+        snap["held_now"] = self.held_now(time.time(), viewer)
         self.write(json.dumps(snap))
+
+    def held_now(self, now: float, viewer: str | None) -> list[dict[str, Any]]:
+        """The holds keeping cards off "free" now (the allocator's own test: from ``reclaim_from``
+        to ``end``, less the cards its servers already took), for people: a booking by its
+        course's display name, a reservation by nobody's name but the viewer's own."""
+        alloc = self.pool.allocator
+        out = []
+        for h in sorted(alloc.holds, key=lambda h: (h.start, h.hold_id)):
+            cards = h.cards - alloc.hold_used(h.hold_id)
+            if cards <= 0 or not (h.reclaim_from <= now < h.end):
+                continue
+            kind, _, name = h.account.partition(":")
+            if h.kind == "booking" and kind == "course":
+                found = groups.find(self.db, name)
+                title = found[1].title if found is not None else name
+                what = f"{title}'s lab"
+            elif kind == "user" and name == viewer:
+                what = "your monthly reservation"
+            else:
+                what = "a monthly reservation"
+            out.append(
+                {
+                    "kind": h.kind,
+                    "gpu_type": h.gpu_type,
+                    "cards": cards,
+                    "for": what,
+                    "start": h.start,
+                    "end": h.end,
+                    "begun": h.start <= now,
+                }
+            )
+        return out
 
 
 class CatalogAPIHandler(GpulabAPIHandler):

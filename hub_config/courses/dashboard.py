@@ -1,5 +1,6 @@
-"""The teacher dashboard: ``/hub/gpulab/courses`` (the courses one staffs) and
-``/hub/gpulab/courses/C`` (one course), HTML pages in the hub's own look.
+"""The teacher dashboard: ``/hub/gpulab/courses`` (the courses one staffs; every course, and a
+form to create one, for admins) and ``/hub/gpulab/courses/C`` (one course), HTML pages in the
+hub's own look, so that nobody administers courses with curl.
 
 A course page shows the roster (teachers, TAs, students) with a roster CSV upload for teachers,
 each student's server (state, mode, GPU type and cards, course) with Open, Stop and Restart, the
@@ -13,8 +14,12 @@ template environment, so ``page.html`` (navbar, Bootstrap, ``window.jhdata`` wit
 token) is JupyterHub's. Everything that changes after the page loads comes from the JSON API in
 the browser (``static/dashboard.js``, inlined like the spawn form's script): the course
 (``GET /hub/api/gpulab/courses/C``, every few seconds), the roster upload
-(``POST .../roster``), JupyterHub's own server API for Stop and Restart, and the bookings
-(``GET .../bookings``).
+(``POST .../roster``, whose per-row report the page lists), JupyterHub's own server API for Stop
+and Restart, and the bookings (``GET``/``POST .../bookings``, ``DELETE .../bookings/ID`` after a
+confirmation). The list page's form posts to ``POST /hub/api/gpulab/courses`` (``static/
+courses.js``); the teacher is picked from the hub's users and an unknown name is the API's 400.
+Who sees which form is decided in :func:`gpulab.hub_config.courses.staff.page_rights`; the APIs
+check the same scopes again.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from jinja2 import ChoiceLoader, Environment, FileSystemLoader
+from jupyterhub import orm
 from jupyterhub.handlers.base import BaseHandler
 from jupyterhub.scopes import needs_scope
 from markupsafe import Markup
@@ -38,8 +44,10 @@ from traitlets.config import LoggingConfigurable
 from gpulab.catalog import NO_GPU
 from gpulab.hub_config.courses import groups
 from gpulab.hub_config.courses.handlers import student_server
-from gpulab.hub_config.scopes import COURSE_MANAGE_SCOPE, COURSE_READ_SCOPE
+from gpulab.hub_config.courses.staff import page_rights
+from gpulab.hub_config.scopes import COURSE_READ_SCOPE
 from gpulab.spawners.courses import Course
+from gpulab.spawners.node.pool import GpuPool
 
 TEMPLATES = Path(__file__).with_name("templates")
 STATIC = Path(__file__).with_name("static")
@@ -185,6 +193,7 @@ def page_context(
     viewer: str,
     can_manage: bool,
     refresh_seconds: float = 3.0,
+    bookable: list[str] = (),
 ) -> dict[str, Any]:
     """Everything ``gpulab-course-dashboard.html`` shows, from the course and billing's record."""
     missing = {"used": NO_VALUE, "left": NO_VALUE}
@@ -211,6 +220,8 @@ def page_context(
         "blank": {"server": server_view({"state": "stopped"}), "credit": missing},
         "credit": credit,
         "refresh_ms": int(refresh_seconds * 1000),
+        # The GPU types the bookings form offers (the course's, without no-GPU mode).
+        "bookable": [g for g in bookable if g != NO_GPU],
     }
 
 
@@ -224,7 +235,15 @@ def _static(name: str) -> Markup:
 
 
 def statics() -> dict[str, Markup]:
-    return {"dashboard_css": _static("dashboard.css"), "dashboard_js": _static("dashboard.js")}
+    return {
+        "dashboard_css": _static("dashboard.css"),
+        "dashboard_js": _static("dashboard.js"),
+        "courses_js": _static("courses.js"),
+    }
+
+
+# How many user names the create form offers to pick a teacher from (a longer list is typed).
+MAX_PICK_USERS = 2000
 
 
 @cache
@@ -249,16 +268,34 @@ class CoursePageHandler(BaseHandler):
 
 
 class CourseListPage(CoursePageHandler):
-    """``/hub/gpulab/courses``: the courses the caller teaches or assists, linked."""
+    """``/hub/gpulab/courses``: the courses the caller teaches or assists, linked; for admins
+    every course (a course they do not staff shows "admin") and the form to create one."""
 
     @web.authenticated
     async def get(self) -> None:
         me = self.current_user
+        rights = page_rights(self)
+        mine = {c.name: (g, c, role) for g, c, role in groups.staff_courses(self.db, me.name)}
+        if rights["create"]:
+            for g, c in groups.all_courses(self.db):
+                mine.setdefault(c.name, (g, c, "admin"))
         courses = [
             {"name": c.name, "title": c.title, "role": role, "students": len(g.users)}
-            for g, c, role in groups.staff_courses(self.db, me.name)
+            for g, c, role in (mine[k] for k in sorted(mine))
         ]
-        self.finish(await self.render_template(LIST_TEMPLATE, courses=courses))
+        users: list[str] = []
+        if rights["create"]:
+            query = self.db.query(orm.User.name).order_by(orm.User.name).limit(MAX_PICK_USERS)
+            users = [name for (name,) in query]
+        html = await self.render_template(
+            LIST_TEMPLATE,
+            courses=courses,
+            can_create=rights["create"],
+            users=users,
+            gpu_types=list(GpuPool.instance(config=self.settings["config"]).catalog.gpu_types),
+            **statics(),
+        )
+        self.finish(html)
 
 
 class CourseDashboardPage(CoursePageHandler):
@@ -274,6 +311,7 @@ class CourseDashboardPage(CoursePageHandler):
         students = groups.students(group)
         # The same per-student entry as GET /hub/api/gpulab/courses/C (it reads only self.users).
         servers = {name: student_server(self.users, name) for name in students}
+        catalog = GpuPool.instance(config=self.settings["config"]).catalog
         dashboard = self.dashboard
         record, reason = await dashboard.money(course.name)
         context = page_context(
@@ -282,8 +320,9 @@ class CourseDashboardPage(CoursePageHandler):
             servers=servers,
             credit=credit_view(record, reason),
             viewer=self.current_user.name,
-            can_manage=self.has_scope(f"{COURSE_MANAGE_SCOPE}!group={course.name}"),
+            can_manage=page_rights(self, course.name)["manage"],
             refresh_seconds=dashboard.refresh_seconds,
+            bookable=course.limits.allowed("gpu_types", catalog),
         )
         html = await self.render_template(DASHBOARD_TEMPLATE, **context, **statics())
         self.finish(html)

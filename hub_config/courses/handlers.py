@@ -7,8 +7,15 @@
   and per student their server (ready or not, what it runs, the cards it holds).
 - ``PATCH /courses/C`` (``custom:gpulab:course-manage!group=C``: its teachers): display name and
   limits; changing the teachers needs ``admin:groups``.
-- ``POST /courses/C/roster`` (course-manage): a roster CSV (``username,role``), all or nothing.
+- ``POST /courses/C/roster`` (course-manage): a roster CSV (``username,role``), all or nothing;
+  the answer's ``report`` says per row what happened (new account, invitation sent to an existing
+  user, already a member, added, role changed).
 - ``DELETE /courses/C/members/NAME`` (course-manage): take someone off the course.
+- ``POST /courses/C/join`` and ``POST /courses/C/decline``: the caller accepts or declines their
+  own invitation to C (nobody else's: the handlers act on the caller's name only).
+
+A course's teachers and TAs (create, PATCH) are chosen from the hub's existing users: an unknown
+name is a 400 naming the field, never a new account (a typo would otherwise make one).
 
 Errors are JSON ``{"status", "message", "field"}``; a refused request changes nothing.
 """
@@ -59,6 +66,46 @@ def _first_error(e: ValidationError, allowed: list[str]) -> CourseError:
     if err["type"] == "extra_forbidden":
         return CourseError(400, field, f"unknown field; allowed: {', '.join(allowed)}")
     return CourseError(400, field, err["msg"].removeprefix("Value error, "))
+
+
+# What a roster row did, in the words the dashboard shows (the report's ``outcome``).
+OUTCOMES = {
+    "new": "new account",
+    "invited": "invitation sent (existing user; they accept on their home page)",
+    "member": "already a member",
+    "added": "added (existing user)",
+    "role": "role changed",
+}
+
+
+def roster_report(
+    db: Any, rows: list[Any], course: Course, members: set[str], invited: set[str]
+) -> list[dict[str, Any]]:
+    """Per roster row, what importing it does (read before anything changes): ``outcome`` is a
+    key of :data:`OUTCOMES` and ``message`` its words."""
+    out = []
+    for r in rows:
+        now = course.staff_role(r.username) or ("student" if r.username in members else None)
+        if r.username in invited:
+            outcome = "invited"
+        elif now == r.role:
+            outcome = "member"
+        elif now is not None:
+            outcome = "role"
+        elif orm.User.find(db, r.username) is None:
+            outcome = "new"
+        else:
+            outcome = "added"
+        out.append(
+            {
+                "line": r.line,
+                "username": r.username,
+                "role": r.role,
+                "outcome": outcome,
+                "message": OUTCOMES[outcome],
+            }
+        )
+    return out
 
 
 def me_name(handler: Any) -> str:
@@ -130,9 +177,25 @@ class CourseAPIHandler(APIHandler):
         return found
 
     def check_people(self, names: list[str], field: str) -> None:
+        """Staff named by create/PATCH: valid names of users the hub has (400 naming ``field``
+        otherwise). Nobody is created here: a typo in a teacher's name is an error."""
         for name in names:
             if not USERNAME_RE.match(name) or not self.authenticator.validate_username(name):
                 raise CourseError(400, field, f"{name!r} is not a valid username")
+            if orm.User.find(self.db, name) is None:
+                raise CourseError(
+                    400,
+                    field,
+                    f"{name!r} is not a user of this hub; choose course staff from existing "
+                    "users (they sign up or are added by an admin first).",
+                )
+
+    def existing_user(self, name: str) -> Any:
+        """The ORM user ``name``, who must exist (checked by :meth:`check_people`)."""
+        user = orm.User.find(self.db, name)
+        if user is None:
+            raise CourseError(400, "username", f"{name!r} is not a user of this hub")
+        return user
 
     def check_limits(self, limits: CourseLimits) -> None:
         try:
@@ -209,7 +272,7 @@ class CoursesAPIHandler(CourseAPIHandler):
             tas=tuple(n for n in dict.fromkeys(new.tas) if n not in new.teachers),
             limits=new.limits,
         )
-        group = groups.save(self.db, course, self.make_user, create=True)
+        group = groups.save(self.db, course, self.existing_user, create=True)
         self.log.info("Course %s created by %s", course.name, self.current_user.name)
         self.set_status(201)
         self.write(json.dumps(self.course_json(group, course)))
@@ -256,7 +319,7 @@ class CourseAPIItemHandler(CourseAPIHandler):
                 )
             update[field] = tuple(dict.fromkeys(people))
         updated = course.model_copy(update=update)
-        groups.save(self.db, updated, self.make_user)
+        groups.save(self.db, updated, self.existing_user)
         self.write(json.dumps(self.course_json(group, updated)))
 
 
@@ -315,6 +378,7 @@ class RosterAPIHandler(CourseAPIHandler):
             and orm.User.find(self.db, r.username) is not None
         ]
         rows_now = [(r.username, r.role) for r in rows if r.username not in invite]
+        report = roster_report(self.db, rows, course, members, set(invite))
         updated = groups.add_members(self.db, group, course, rows_now, self.make_user)
         if invite:
             updated = groups.invite(self.db, group, updated, invite)
@@ -329,6 +393,7 @@ class RosterAPIHandler(CourseAPIHandler):
                     "rows": len(rows),
                     "added": added,
                     "invited": invite,
+                    "report": report,
                     "course": self.course_json(group, updated),
                 }
             )
@@ -353,6 +418,18 @@ class JoinAPIHandler(CourseAPIHandler):
         return found
 
 
+class DeclineAPIHandler(JoinAPIHandler):
+    """``POST /courses/C/decline``: the caller declines their invitation to C."""
+
+    def post(self, group_name: str) -> None:
+        me = self.current_user
+        if me is None or getattr(me, "kind", "") != "user":
+            raise web.HTTPError(403, "Missing or invalid credentials.")
+        group, course = self.course_for_invitee(group_name, me.name)
+        groups.remove_member(self.db, group, course, me.name)
+        self.write(json.dumps({"course": course.name, "role": None}))
+
+
 class MemberAPIHandler(CourseAPIHandler):
     @needs_scope(COURSE_MANAGE_SCOPE)
     def delete(self, group_name: str, member: str) -> None:
@@ -369,4 +446,5 @@ ROUTES = [
     (r"/api/gpulab/courses/([^/]+)/roster", RosterAPIHandler),
     (r"/api/gpulab/courses/([^/]+)/members/([^/]+)", MemberAPIHandler),
     (r"/api/gpulab/courses/([^/]+)/join", JoinAPIHandler),
+    (r"/api/gpulab/courses/([^/]+)/decline", DeclineAPIHandler),
 ]

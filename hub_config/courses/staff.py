@@ -16,6 +16,10 @@ enrols people (the roster) asks this module, and each refusal names the rule:
   "refuse": refused at start, or stopped, when the pool or the student's cap cannot pay).
 - **enrol rule**: a teacher adds an existing user to their course directly (no invitation) only
   when they already TEACH that user (as teacher, not as TA) in another course; admins always may.
+- **dashboard rights** (:func:`page_rights`): what the course pages show a caller: the create
+  form to admins (``admin:groups``, as ``POST /courses`` needs), the roster upload and the
+  bookings form with Cancel to holders of ``course-manage!group=C`` (as the roster and booking
+  APIs need). The pages only show; the APIs behind every form check the same scopes again.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpulab.hub_config.courses.groups import CourseError, staff_courses, students
+from gpulab.hub_config.scopes import COURSE_MANAGE_SCOPE
 from gpulab.spawners.courses import set_payer, student_courses
 
 
@@ -113,3 +118,24 @@ def enrols_directly(handler: Any, username: str, taught: set[str] | None = None)
     if taught is None:
         taught = taught_students(handler.db, me.name)
     return username in taught
+
+
+def may_create_courses(handler: Any) -> bool:
+    """May ``handler``'s caller create courses (and see every course)? Admins of groups only, as
+    ``POST /hub/api/gpulab/courses`` requires."""
+    return bool(handler.has_scope("admin:groups"))
+
+
+def may_manage(handler: Any, course: str) -> bool:
+    """May the caller import rosters into, and book or cancel lab sessions of, ``course``? The
+    scope the roster and booking APIs require (``course-manage!group=C``)."""
+    return bool(handler.has_scope(f"{COURSE_MANAGE_SCOPE}!group={course}"))
+
+
+def page_rights(handler: Any, course: str | None = None) -> dict[str, bool]:
+    """What the course pages show the caller: ``create`` (the new-course form), ``manage`` (the
+    roster upload, the bookings form and Cancel) for ``course`` when one is named."""
+    return {
+        "create": may_create_courses(handler),
+        "manage": course is not None and may_manage(handler, course),
+    }

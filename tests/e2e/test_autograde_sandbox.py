@@ -130,6 +130,7 @@ def token_for(hub: Hub, name: str) -> str:
 
 
 def make_course(hub: Hub, name: str, teacher: str, students: list[str]) -> None:
+    hub.create_user(teacher)  # a course's staff are existing users
     r = hub.api("POST", "/gpulab/courses", json={"name": name, "teachers": [teacher]})
     assert r.status_code == 201, r.text
     if not students:

@@ -124,6 +124,7 @@ def autograde_on_hub(
 
 
 def make_course(hub: Hub, name: str, teacher: str) -> None:
+    hub.create_user(teacher)  # a course's staff are existing users
     r = hub.api("POST", "/gpulab/courses", json={"name": name, "teachers": [teacher]})
     assert r.status_code == 201, r.text
 

@@ -6,7 +6,9 @@
 //   POST   api/gpulab/courses/C/roster     the roster CSV (teachers)
 //   DELETE api/users/NAME/server           Stop
 //   POST   api/users/NAME/server           Restart, naming the course ({"course": C, ...})
-//   GET    api/gpulab/courses/C/bookings   the lab-session bookings, when that API exists
+//   GET    api/gpulab/courses/C/bookings   the lab-session bookings
+//   POST   api/gpulab/courses/C/bookings   book one (teachers and admins)
+//   DELETE api/gpulab/courses/C/bookings/ID  cancel one, after the browser's confirmation
 (function () {
   "use strict";
   var root = document.getElementById("gpulab-course");
@@ -271,10 +273,28 @@
       el.textContent = text;
       el.classList.toggle("d-none", !text);
     };
+    var reportTable = document.getElementById("gpulab-roster-report");
+    var showReport = function (report) {
+      var body = reportTable.querySelector("tbody");
+      body.textContent = "";
+      report.forEach(function (r) {
+        var tr = document.createElement("tr");
+        tr.dataset.username = r.username;
+        tr.dataset.outcome = r.outcome;
+        [String(r.line), r.username, r.role, r.message].forEach(function (text) {
+          var td = document.createElement("td");
+          td.textContent = text;
+          tr.appendChild(td);
+        });
+        body.appendChild(tr);
+      });
+      reportTable.classList.toggle("d-none", !report.length);
+    };
     form.addEventListener("submit", function (ev) {
       ev.preventDefault();
       show(bad, "");
       show(ok, "");
+      showReport([]);
       var file = fileInput.files[0];
       if (!file) {
         show(bad, "Choose a roster CSV file first.");
@@ -288,9 +308,12 @@
           show(bad, "Nothing changed. " + errorText(res));
           return null;
         }
-        var added = (res.data && res.data.added) || [];
+        var report = (res.data && res.data.report) || [];
+        var invited = report.filter(function (r) { return r.outcome === "invited"; }).length;
         show(ok, "Imported " + res.data.rows + (res.data.rows === 1 ? " row" : " rows") +
-          (added.length ? "; new: " + added.join(", ") : "; nobody new") + ".");
+          (invited ? "; " + invited + " existing user" + (invited === 1 ? " was" : "s were") +
+            " invited and join once they accept" : "") + ". Each row's result is below.");
+        showReport(report);
         form.reset();
         return refresh();
       }).catch(function (e) {
@@ -308,14 +331,35 @@
     return isNaN(d.getTime()) ? String(text || NONE) : d.toLocaleString();
   }
 
+  function showAlert(id, text) {
+    var el = document.getElementById(id);
+    if (!el) return;
+    el.textContent = text;
+    el.classList.toggle("d-none", !text);
+  }
+
+  function cancelBooking(b, button) {
+    var question = "Cancel the lab session of " + when(b.start) + " (" + b.cards + " \u00d7 " +
+      b.gpu_type + ")? Its cards go back to everyone; servers already running keep going.";
+    if (!window.confirm(question)) return;
+    button.disabled = true;
+    showAlert("gpulab-bookings-error", "");
+    api("DELETE", coursePath + "/bookings/" + encodeURIComponent(b.id)).then(function (res) {
+      if (!res.ok) showAlert("gpulab-bookings-error", "Not cancelled. " + errorText(res));
+      loadBookings();
+    }, function () {
+      showAlert("gpulab-bookings-error", "Not cancelled: the hub did not answer.");
+      button.disabled = false;
+    });
+  }
+
   function loadBookings() {
     var table = document.getElementById("gpulab-bookings");
     var none = document.getElementById("gpulab-no-bookings");
     var template = document.getElementById("gpulab-booking-row");
-    api("GET", coursePath + "/bookings").then(function (res) {
+    return api("GET", coursePath + "/bookings").then(function (res) {
       var list = null;
-      if (res.ok && Array.isArray(res.data)) list = res.data;
-      else if (res.ok && res.data && Array.isArray(res.data.bookings)) list = res.data.bookings;
+      if (res.ok && res.data && Array.isArray(res.data.bookings)) list = res.data.bookings;
       var body = table.querySelector("tbody");
       body.textContent = "";
       (list || []).forEach(function (b) {
@@ -325,13 +369,75 @@
         setText(tr, ".gpulab-booking-gpu", b.gpu_type || NONE);
         setText(tr, ".gpulab-booking-cards", String(b.cards === undefined ? NONE : b.cards));
         setText(tr, ".gpulab-booking-state", b.state || NONE);
-        if (b.id !== undefined) tr.dataset.booking = String(b.id);
+        tr.dataset.booking = String(b.id);
+        var cancel = tr.querySelector(".gpulab-booking-cancel");
+        if (cancel) cancel.addEventListener("click", function () { cancelBooking(b, cancel); });
         body.appendChild(tr);
       });
       var any = !!(list && list.length);
       table.classList.toggle("d-none", !any);
       none.classList.toggle("d-none", any);
     }, function () {});
+  }
+
+  // ---- booking form (teachers) -------------------------------------------------------------
+
+  var bookingForm = document.getElementById("gpulab-booking-form");
+  if (bookingForm) {
+    // The field the API names -> the form's input.
+    var BOOKING_INPUTS = {gpu_type: "gpulab-booking-gpu", cards: "gpulab-booking-cards",
+      start: "gpulab-booking-start", minutes: "gpulab-booking-minutes", end: "gpulab-booking-minutes"};
+    var BOOKING_LABELS = {gpu_type: "GPU type", cards: "Cards", start: "Starts",
+      minutes: "Minutes", end: "Minutes"};
+    var bookingError = function (field, text) {
+      Object.keys(BOOKING_INPUTS).forEach(function (k) {
+        document.getElementById(BOOKING_INPUTS[k]).classList.toggle("is-invalid", !!text && k === field);
+      });
+      var label = BOOKING_LABELS[field];
+      showAlert("gpulab-booking-error", text ? (label ? label + ": " : "") + text : "");
+    };
+    bookingForm.addEventListener("submit", function (ev) {
+      ev.preventDefault();
+      bookingError("", "");
+      showAlert("gpulab-booking-ok", "");
+      var startText = document.getElementById("gpulab-booking-start").value;
+      var start = new Date(startText);  // datetime-local: the browser's own time zone
+      if (!startText || isNaN(start.getTime())) {
+        bookingError("start", "choose the day and time the class starts");
+        return;
+      }
+      var cards = Number(document.getElementById("gpulab-booking-cards").value);
+      var minutes = Number(document.getElementById("gpulab-booking-minutes").value);
+      if (!Number.isInteger(cards) || cards < 1) {
+        bookingError("cards", "a whole number of at least 1");
+        return;
+      }
+      if (!(minutes > 0)) {
+        bookingError("minutes", "a positive number of minutes");
+        return;
+      }
+      var submit = document.getElementById("gpulab-booking-submit");
+      submit.disabled = true;
+      api("POST", coursePath + "/bookings", {
+        gpu_type: document.getElementById("gpulab-booking-gpu").value,
+        cards: cards,
+        start: start.toISOString().replace(/\.\d{3}Z$/, "Z"),
+        minutes: minutes
+      }).then(function (res) {
+        if (!res.ok) {
+          var d = res.data || {};
+          var message = d.message || ("the hub answered " + res.status);
+          if (d.field && message.indexOf(d.field + ": ") === 0) message = message.slice(d.field.length + 2);
+          bookingError(d.field || "", message + " Nothing was booked.");
+          return null;
+        }
+        showAlert("gpulab-booking-ok", "Booked " + res.data.cards + " \u00d7 " + res.data.gpu_type +
+          " from " + when(res.data.start) + " to " + when(res.data.end) + ".");
+        return loadBookings();
+      }, function () {
+        bookingError("", "The hub did not answer; nothing was booked.");
+      }).then(function () { submit.disabled = false; });
+    });
   }
 
   poll();
