@@ -36,6 +36,11 @@ class HubLinks:
         return self._join("admin")
 
     @property
+    def signups(self) -> str:
+        # gpulab's own entry for admins (hub_config/templates/page.html): sign-ups to approve.
+        return self._join("authorize")
+
+    @property
     def logout(self) -> str:
         return self._join("logout")
 

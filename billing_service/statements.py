@@ -618,3 +618,89 @@ def reservation_json(row, currency: str) -> dict[str, Any]:
         "charged_at": iso(row.created_us),
         "actor": row.actor,
     }
+
+
+# ---- the statement page's rows (the page only; the JSON and CSV keep their fields) ------------
+
+# Ledger kinds that are rows of their own on the page: money put in. Charges are summed into
+# their session's row, compensations shown with the session they compensate, reservation
+# prepayments in the page's reservations table.
+DASH = "\u2013"  # the en dash of a range of times
+CREDIT_LABELS = {"trial": "Trial credit", "topup": "Top-up", "adjustment": "Adjustment"}
+
+
+def _parse(t: str | None) -> datetime | None:
+    return None if t is None else datetime.fromisoformat(t)
+
+
+def human_time(t: datetime, now: datetime) -> str:
+    """``2 Dec 13:35`` (the year only when it is not this one)."""
+    day = f"{t.day} {t:%b}" + (f" {t.year}" if t.year != now.year else "")
+    return f"{day} {t:%H:%M}"
+
+
+def human_duration(seconds: float) -> str:
+    """``45 s``, ``27 min``, ``2 h 05 min``, ``3 d 4 h``."""
+    s = max(0, round(seconds))
+    if s < 60:
+        return f"{s} s"
+    minutes = s // 60
+    if minutes < 60:
+        return f"{minutes} min"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours} h {minutes:02d} min"
+    days, hours = divmod(hours, 24)
+    return f"{days} d {hours} h"
+
+
+def human_span(started: str, stopped: str | None, now_us: int) -> str:
+    """``2 Dec 13:35-14:02 (27 min)``; across midnight ``2 Dec 23:50 - 3 Dec 00:20 (30 min)``;
+    a running session ``2 Dec 13:35 - now (27 min so far)`` (with en dashes, as typeset)."""
+    now = datetime.fromtimestamp(now_us / MICRO, UTC)
+    start = _parse(started)
+    assert start is not None
+    end = _parse(stopped)
+    if end is None:
+        took = human_duration((now - start).total_seconds())
+        return f"{human_time(start, now)} {DASH} now ({took} so far)"
+    took = human_duration((end - start).total_seconds())
+    if end.date() == start.date():
+        return f"{human_time(start, now)}{DASH}{end:%H:%M} ({took})"
+    return f"{human_time(start, now)} {DASH} {human_time(end, now)} ({took})"
+
+
+def page_rows(usage: dict[str, Any], entries: list[dict[str, Any]], now_us: int) -> list[dict]:
+    """What the statement page lists, newest first: one row per session of ``usage`` (when,
+    what it ran on, its total: the ledger's many small charges of a session are one amount),
+    and one per credit (trial, top-up, adjustment) posted in the statement's period."""
+    now = datetime.fromtimestamp(now_us / MICRO, UTC)
+    rows: list[dict[str, Any]] = [
+        {
+            "kind": "session",
+            "sort": s["started"],
+            "when": human_span(s["started"], s["stopped"], now_us),
+            "running": s["stopped"] is None,
+            "session": s,
+        }
+        for s in usage["servers"]
+    ]
+    lo, hi = _parse(usage["from"]), _parse(usage["to"])
+    for e in entries:
+        label = CREDIT_LABELS.get(e["kind"])
+        created = _parse(e["created"])
+        if label is None or created is None or not (lo <= created < hi):
+            continue
+        note = e["note"] or ""
+        rows.append(
+            {
+                "kind": "credit",
+                "sort": e["created"],
+                "when": human_time(created, now),
+                "label": label,
+                "note": "" if note == label else note,
+                "entry": e,
+            }
+        )
+    rows.sort(key=lambda r: r["sort"], reverse=True)
+    return rows

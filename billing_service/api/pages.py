@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
+import os
 import re
 
 from tornado import web
 
 from gpulab.billing_service import csv_export, statements
-from gpulab.billing_service.api.base import BaseHandler
+from gpulab.billing_service.api.base import BaseHandler, now_us
 from gpulab.billing_service.chart import bar_chart
 from gpulab.billing_service.hub_links import HubLinks
 
@@ -17,7 +18,8 @@ class StatementPage(BaseHandler):
     """One user's usage and balance; the admin also sees everyone.
 
     It is laid out as a page of the hub (its navigation bar, stylesheet and logo, see
-    ``hub_links``), with the spend per day drawn from the usage API's own ``daily``."""
+    ``hub_links``), with the spend per day drawn from the usage API's own ``daily``, and one
+    row per session and per credit (``statements.page_rows``), not per ledger entry."""
 
     @web.authenticated
     async def get(self) -> None:
@@ -42,11 +44,14 @@ class StatementPage(BaseHandler):
             chart=bar_chart(usage["daily"], usage["currency"], usage["time_zone"]),
             balance=balance,
             overview=overview,
-            entries=entries[-50:],
+            rows=statements.page_rows(usage, entries, now_us()),
             prefix=self.billing.prefix,
             hub=HubLinks(self.hub_auth.hub_prefix),
-            # As the hub's own navigation bar: its admin page for those who may open it.
+            # As the hub's own navigation bar: its admin page for those who may open it (the
+            # hub grants this service's tokens admin-ui where the user has it), and its
+            # Services menu, where the hub lists this service by its name.
             hub_admin="admin-ui" in self.scopes(),
+            service_name=os.environ.get("JUPYTERHUB_SERVICE_NAME") or "billing",
             from_arg=self.get_argument("from", ""),
             to_arg=self.get_argument("to", ""),
             xsrf=self._xsrf_value() if overview is not None else "",

@@ -396,9 +396,11 @@ def configure_billing(c, data_dir: str, catalog: str, roles: list[dict]) -> None
             "oauth_no_confirm": True,
             # Admins' OAuth tokens for the statement page carry admin:users (the admin view).
             # Course staff's tokens carry their course scopes (filtered by the course's group),
-            # so billing's course API shows TAs and teachers their course.
+            # so billing's course API shows TAs and teachers their course. admin-ui: the
+            # statement page shows the hub's Admin link to whom the hub shows it.
             "oauth_client_allowed_scopes": [
                 "admin:users",
+                "admin-ui",
                 COURSE_READ_SCOPE,
                 COURSE_MANAGE_SCOPE,
             ],
