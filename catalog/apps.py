@@ -17,10 +17,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from .no_gpu import NO_GPU
 
 # Placeholders a command may use. jupyter-server-proxy fills {port}, {unix_socket} and
-# {base_url}; gpulab's spawners fill {home} and {models} (paths inside the user's server) before
-# handing it over. A command with {unix_socket} listens on a socket in a folder only the server's
-# user can enter, instead of a loopback port that every account on the node can reach.
-PLACEHOLDERS = ("port", "unix_socket", "base_url", "home", "models")
+# {base_url}; gpulab's spawners fill {home} and {models} (paths inside the user's server) and
+# {checkout} (the app's ``local_checkout``) before handing it over. A command with {unix_socket}
+# listens on a socket in a folder only the server's user can enter, instead of a loopback port
+# that every account on the node can reach.
+PLACEHOLDERS = ("port", "unix_socket", "base_url", "home", "models", "checkout")
 _PLACEHOLDER_RE = re.compile(r"\{([^{}]*)\}")
 
 DEFAULT_APP = "jupyterlab"
@@ -54,6 +55,17 @@ def _check_local_command(value: list[str]) -> list[str]:
     return value
 
 
+def _check_checkout(value: str | None) -> str | None:
+    if value is None:
+        return None
+    if not value.startswith("/") or "{" in value or "\n" in value:
+        raise ValueError(
+            f"must be the absolute path of the app's checkout on this node (e.g. /opt/ComfyUI), "
+            f"not {value!r}"
+        )
+    return value
+
+
 def _check_path(value: str) -> str:
     if not value.startswith("/"):
         raise ValueError(f"must start with '/', not {value!r}")
@@ -83,6 +95,13 @@ class App(_Model):
         description="How the embedded local spawner (no images) starts it from the hub's own "
         "environment; empty: the app needs the Docker spawner.",
     )
+    local_checkout: str | None = Field(
+        None,
+        description="An operator's checkout of the app on this node (an absolute path, e.g. "
+        "/opt/ComfyUI), filled into {checkout} of local_command. A local_command that uses "
+        "{checkout} is offered only once this is set: the operator enables the app by pointing "
+        "the catalog at their checkout.",
+    )
     ready_path: str = Field(
         "/",
         description="A real endpoint of the app, under its URL, that answers 200 only once it "
@@ -95,6 +114,7 @@ class App(_Model):
     uses_models: bool = Field(False, description="Whether it reads the model store (~/models).")
 
     _cmd = field_validator("command", "local_command")(_check_command)
+    _checkout = field_validator("local_checkout")(_check_checkout)
     _local = field_validator("local_command")(_check_local_command)
     _paths = field_validator("ready_path", "open_path")(_check_path)
 
@@ -102,7 +122,17 @@ class App(_Model):
     def _commands_together(self) -> App:
         if self.local_command and not self.command:
             raise ValueError("local_command needs command (how its image starts it) too")
+        if self.local_checkout and not self.uses_checkout:
+            raise ValueError(
+                "local_checkout is set but local_command does not use {checkout}: "
+                "say in local_command where the checkout goes"
+            )
         return self
+
+    @property
+    def uses_checkout(self) -> bool:
+        """Whether its local command runs an operator's checkout ({checkout})."""
+        return any("{checkout}" in arg for arg in self.local_command)
 
     @property
     def is_server(self) -> bool:

@@ -20,16 +20,29 @@ from gpulab.spawners.inside.launcher import ENV_APP_SERVERS
 from gpulab.spawners.options import app_gpu_types
 
 
-def fill_placeholders(command: list[str], home: str) -> list[str]:
+def fill_placeholders(command: list[str], home: str, checkout: str | None = None) -> list[str]:
     """Fill gpulab's own placeholders; jupyter-server-proxy fills {port} and {base_url}."""
     models = f"{home.rstrip('/')}/models"
-    return [arg.replace("{home}", home.rstrip("/")).replace("{models}", models) for arg in command]
+    out = [arg.replace("{home}", home.rstrip("/")).replace("{models}", models) for arg in command]
+    return [arg.replace("{checkout}", checkout or "") for arg in out]
+
+
+def checkout_problem(app: App) -> str:
+    """Why a local command cannot run the operator's checkout of ``app`` ("" when it can, or
+    when it runs none): the operator enables such an app by setting its ``local_checkout``."""
+    if not app.uses_checkout:
+        return ""
+    if not app.local_checkout:
+        return f"set local_checkout of [apps.{app.slug}] in the catalog to your checkout of it"
+    if not Path(app.local_checkout).is_dir():
+        return f"its local_checkout {app.local_checkout} is not a folder on this node"
+    return ""
 
 
 def server_proxy_entry(app: App, command: list[str], home: str) -> dict[str, Any]:
     """One ``c.ServerProxy.servers`` entry for ``app``."""
     entry: dict[str, Any] = {
-        "command": fill_placeholders(command, home),
+        "command": fill_placeholders(command, home, app.local_checkout),
         "timeout": app.timeout,
         # The app gets the whole path (/user/NAME/APP/...), as its --subpath expects.
         "absolute_url": True,

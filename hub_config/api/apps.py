@@ -41,6 +41,8 @@ from gpulab.spawners.options import OptionsError, app_gpu_types, parse_options
 # How long the launch request waits for a spawn to be refused outright (bad option, balance, no
 # card) so that the refusal is its answer; a spawn still going after that is reported as started.
 REFUSAL_WAIT = 0.5
+# Apps whose absence the hub's log already explained.
+_TOLD: set[str] = set()
 
 
 class _UserHandler(GpulabAPIHandler):
@@ -62,6 +64,12 @@ class _UserHandler(GpulabAPIHandler):
             except KeyError:  # a type the market does not trade
                 continue
         return out
+
+    def tell_operators(self, app: Any, reason: str) -> None:
+        """Log once per app why this hub does not offer it (users only see it is not)."""
+        if app.slug not in _TOLD:
+            _TOLD.add(app.slug)
+            self.log.info("App %s is not offered on this hub: %s", app.slug, reason)
 
     @property
     def launch_watch(self) -> LaunchWatch:
@@ -124,9 +132,17 @@ class HomeAPIHandler(_UserHandler):
         allowed = allowed_choices(courses, catalog)
         # A student's server runs under a course: on demand it pays the education price.
         education = bool(courses)
+        operator = bool(getattr(self.current_user, "admin", False))
         apps = []
         for app in catalog.apps.values():
             reason = await spawner.app_unavailable(app)
+            if reason and not operator:
+                # An app this hub cannot run is not offered: users do not see it (the reason is
+                # the operator's business: their tiles and the hub's log say it).
+                self.tell_operators(app, reason)
+                continue
+            if reason:
+                reason = f"not offered on this hub: {reason}"
             if not reason and allowed is not None and app.slug not in allowed["apps"]:
                 reason = f"not offered by your courses ({', '.join(c.name for c in courses)})"
             # Only types this pool has (those with no free card the tile shows disabled).
@@ -144,7 +160,9 @@ class HomeAPIHandler(_UserHandler):
             )
             apps.append(
                 {
-                    **app.model_dump(mode="json", exclude={"command", "local_command"}),
+                    **app.model_dump(
+                        mode="json", exclude={"command", "local_command", "local_checkout"}
+                    ),
                     "is_server": app.is_server,
                     "gpu_choices": choices,
                     "available": not reason,
@@ -238,12 +256,16 @@ class LaunchAPIHandler(_UserHandler):
             raise web.HTTPError(e.status, str(e)) from None
         reason = await spawner.app_unavailable(app)
         if reason:
+            self.tell_operators(app, reason)
             runnable = [
-                a.slug for a in catalog.apps.values() if not await spawner.app_unavailable(a)
+                a.display_name
+                for a in catalog.apps.values()
+                if not await spawner.app_unavailable(a)
             ]
+            # Plain words for users; why it is not offered is the operator's (the hub's log).
             raise web.HTTPError(
                 409,
-                f"app: {app.display_name} cannot start here: {reason}; apps you can launch: "
+                f"app: {app.display_name} is not offered on this hub; apps you can launch: "
                 f"{', '.join(runnable)}",
             )
         try:

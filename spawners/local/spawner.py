@@ -35,6 +35,7 @@ from jupyterhub.utils import random_port
 from traitlets import Bool, Float, Integer, List, Unicode, default, validate
 
 from gpulab.catalog import App
+from gpulab.spawners.apps import checkout_problem
 from gpulab.spawners.images import ImageStatus
 from gpulab.spawners.inside.agent import signal_opted_in
 from gpulab.spawners.inside.launcher import enter_sandbox
@@ -287,7 +288,7 @@ class GpuLocalSpawner(LocalIsolationMixin, GpuSpawnerMixin, LocalProcessSpawner)
     def app_command(self, app: App) -> list[str] | None:
         # Local servers run the hub's own environment: an app runs if its local command is
         # installed there (the venv's bin comes first on the server's PATH).
-        if not app.local_command:
+        if not app.local_command or checkout_problem(app):
             return None
         path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
         return app.local_command if shutil.which(app.local_command[0], path=path) else None
@@ -297,6 +298,8 @@ class GpuLocalSpawner(LocalIsolationMixin, GpuSpawnerMixin, LocalProcessSpawner)
             return ""
         if not app.local_command:
             return f"needs the Docker spawner (image {app.image!r})"
+        if checkout_problem(app):
+            return checkout_problem(app)
         if self.app_command(app) is None:
             return f"{app.local_command[0]} is not installed in the hub's environment"
         return ""
