@@ -130,3 +130,51 @@ def test_a_course_student_sees_the_education_price(phub: Hub, browser) -> None:
         shot(page, "home-student")
     finally:
         context.close()
+
+
+def status_bar(browser, hub: Hub, name: str, shot_name: str) -> tuple[str, str]:
+    """(price text, tooltip) of the gpulab status bar in ``name``'s JupyterLab, once the spot
+    status (on spot) has been read."""
+    context = browser.new_context(viewport={"width": 1280, "height": 720})
+    page = context.new_page()
+    try:
+        browser_log_in(page, hub, name, PASSWORD, timeout=SLOW)
+        page.goto(hub.user_url(name, "lab"), timeout=SLOW)
+        item = page.locator("#gpulab-status")
+        # The tooltip's price line is there once the status (and on spot its price) is read.
+        page.locator('#gpulab-status[title*="Price: CNY"]').wait_for(timeout=SLOW)
+        if SHOTS:
+            page.locator(".jp-Launcher").first.wait_for(timeout=SLOW)
+            Path(SHOTS).mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(Path(SHOTS) / f"{shot_name}.png"))
+        return item.locator(".jp-gpulab-price").inner_text(), item.get_attribute("title")
+    finally:
+        context.close()
+
+
+def test_the_status_bar_shows_the_price_billing_charges(phub: Hub, browser) -> None:
+    """Filed: the status bar said 0.68 to a course student billed 0.48, and a spot server's
+    tooltip said "Price: CNY 0.68/h (spot)" while spot was 0.51."""
+    name = approved_user(phub, "spotbar")
+    phub.create_user(name)
+    phub.spawn_ready(name, {"gpu": "rtx-4090", "pricing": "spot"})
+    try:
+        # The tooltip waits for the hub's spot price: the on-demand price never shows.
+        page_price, title = status_bar(browser, phub, name, "statusbar-spot")
+        assert page_price == "spot CNY 0.51/h (max 0.68)"
+        assert "Price: CNY 0.51/h (spot, now)" in title, title
+        assert "0.68/h (spot)" not in title
+    finally:
+        phub.stop_server(name)
+
+    teacher = approved_user(phub, "teach")
+    make_course(phub, "bar101", [teacher], gpu_types=["none", "rtx-4090"], images=["base"])
+    student = phub.create_user(approved_user(phub, "stud"))
+    r = phub.api("POST", "/groups/bar101/users", json={"users": [student]})
+    assert r.status_code == 200, r.text
+    phub.spawn_ready(student, {"gpu": "rtx-4090"})
+    try:
+        page_price, title = status_bar(browser, phub, student, "statusbar-student")
+        assert page_price == "CNY 0.48/h" and "Price: CNY 0.48/h (on-demand)" in title, title
+    finally:
+        phub.stop_server(student)
