@@ -88,3 +88,19 @@ def quote(
     if education:
         return Quote(gpu_type.course_price, cards, EDUCATION)
     return Quote(gpu_type.on_demand_price, cards, ON_DEMAND)
+
+
+def price_list(catalog: Catalog, education: bool = False) -> dict[str, object]:
+    """One viewer's on-demand prices, for pages and extensions that list every choice (the
+    JupyterLab switch dialog and no-GPU toggle): per GPU type its price per card-hour, and
+    no-GPU mode's per hour, with their kind ("education" for a course's student)."""
+
+    def entry(q: Quote) -> dict[str, str]:
+        return {"price_per_hour": str(q.per_card), "price_kind": q.kind}
+
+    return {
+        "gpu_types": {
+            slug: entry(quote(catalog, slug, 1, education=education)) for slug in catalog.gpu_types
+        },
+        "no_gpu": entry(quote(catalog, NO_GPU, education=education)),
+    }

@@ -24,12 +24,14 @@ from jupyterhub.scopes import needs_scope
 from tornado import web
 
 from gpulab.catalog import NO_GPU, card_type
+from gpulab.catalog.pricing import price_list
 from gpulab.hub_config.api.base import GpulabAPIHandler
 from gpulab.hub_config.courses import groups
 from gpulab.hub_config.courses.groups import CourseError
 from gpulab.hub_config.courses.staff import check_staff_start, mark_payer
 from gpulab.hub_config.overrides.errors import http_error
 from gpulab.hub_config.scopes import READ_POOL_SCOPE
+from gpulab.spawners.courses import student_courses
 from gpulab.spawners.node.allocator import RESERVED, NoCapacity, owner_key
 from gpulab.spawners.request import SpawnRequest, hand_over
 
@@ -42,6 +44,7 @@ class PoolAPIHandler(GpulabAPIHandler):
         )
         snap = await self.pool.snapshot(show_holders=self.has_scope("admin:servers"), viewer=viewer)
         snap["held_now"] = self.held_now(time.time(), viewer)
+        snap["your_prices"] = your_prices(self)
         self.write(json.dumps(snap))
 
     def held_now(self, now: float, viewer: str | None) -> list[dict[str, Any]]:
@@ -80,7 +83,15 @@ class PoolAPIHandler(GpulabAPIHandler):
 class CatalogAPIHandler(GpulabAPIHandler):
     @needs_scope(READ_POOL_SCOPE)
     def get(self) -> None:
-        self.write(json.dumps(self.pool.catalog.public()))
+        self.write(json.dumps({**self.pool.catalog.public(), "your_prices": your_prices(self)}))
+
+
+def your_prices(handler: GpulabAPIHandler) -> dict[str, Any]:
+    """The caller's own on-demand prices (one price function, billing's): a course's student
+    (or their server's token) pays the education price, as their servers run under a course."""
+    user = handler.current_user
+    student = getattr(user, "kind", "") == "user" and bool(student_courses(user.orm_user))
+    return price_list(handler.pool.catalog, education=student)
 
 
 class SwitchAPIHandler(GpulabAPIHandler):

@@ -7,7 +7,10 @@ Points of the issue this covers (each failed on the old page):
 - the GPU dropdown offered types with 0 free cards: such a type is shown disabled, "0 free";
 - after an error the tile forgot the chosen GPU, the Spot box and the price: they stay;
 - a course student's home page said 0.68 per hour where billing charges the education price
-  0.48: the tile and the free-cards table say 0.48 (education price).
+  0.48: the tile and the free-cards table say 0.48 (education price), and so do the pool and
+  catalog answers the JupyterLab switch dialog and no-GPU toggle read;
+- the status bar said 0.68 to that student, and a spot server's tooltip the on-demand price
+  while spot was 0.51: it says 0.48, and on spot "Price: CNY 0.51/h (spot, now)".
 
 The prices on the page all come from the hub's plans (``launch_plan.plan_table``) and the one
 price function billing rates by (``catalog/pricing.py``); tests/unit/test_one_price.py proves
@@ -21,7 +24,7 @@ import re
 from pathlib import Path
 
 import pytest
-from course_helpers import make_course
+from course_helpers import make_course, token_for
 from harness import FAST_BILLING_ENV, PASSWORD, SLOW, Hub, approved_user, browser_log_in
 
 SHOTS = os.environ.get("GPULAB_SCREENSHOTS")
@@ -130,6 +133,16 @@ def test_a_course_student_sees_the_education_price(phub: Hub, browser) -> None:
         shot(page, "home-student")
     finally:
         context.close()
+    # The pool and catalog answers (the JupyterLab switch dialog's and no-GPU toggle's prices)
+    # give the student their own prices too; another user the on-demand ones.
+    token = token_for(phub, student)
+    for path in ("/gpulab/pool", "/gpulab/catalog"):
+        yours = phub.api("GET", path, token=token).json()["your_prices"]
+        assert yours["gpu_types"]["rtx-4090"]["price_per_hour"] == "0.48"
+        assert yours["no_gpu"] == {"price_per_hour": "0.05", "price_kind": "education"}
+    other = token_for(phub, teacher)
+    yours = phub.api("GET", "/gpulab/pool", token=other).json()["your_prices"]
+    assert yours["gpu_types"]["rtx-4090"] == {"price_per_hour": "0.68", "price_kind": "on-demand"}
 
 
 def status_bar(browser, hub: Hub, name: str, shot_name: str) -> tuple[str, str]:

@@ -49,10 +49,23 @@ export interface IPoolType {
   simulated: number;
 }
 
+/** The hub's price of one choice for the viewer (billing's price function). */
+export interface IYourPrice {
+  price_per_hour: string; // per card-hour (per hour in no-GPU mode)
+  price_kind: string; // "on-demand" or "education" (a course's student)
+}
+
+/** The viewer's own on-demand prices, as the hub's pool and catalog answers give them. */
+export interface IYourPrices {
+  gpu_types: { [slug: string]: IYourPrice };
+  no_gpu: IYourPrice;
+}
+
 export interface IPool {
   currency: string;
   gpu_types: IPoolType[];
   no_gpu: { available: boolean; price_per_hour: string };
+  your_prices?: IYourPrices;
 }
 
 export interface ICatalogDataset {
@@ -69,6 +82,7 @@ export interface ICatalog {
   no_gpu: { display_name: string; price_per_hour: string; description: string };
   gpu_types: { [slug: string]: { display_name: string; on_demand_price: string } };
   datasets: { [slug: string]: ICatalogDataset };
+  your_prices?: IYourPrices;
 }
 
 /** "CNY 2.10"; amounts below 1 keep 4 decimals so a fresh session's cost visibly moves. */
@@ -204,20 +218,27 @@ export interface IGpuChoice {
   disabled: boolean;
 }
 
-/** The GPU types to offer, with free cards and price; types without a free card are disabled. */
+/**
+ * The GPU types to offer, with free cards and price; types without a free card are disabled.
+ * The price is the viewer's own as the hub answers it (a course's student: the education
+ * price); a hub that does not say falls back to the on-demand price.
+ */
 export function gpuChoices(pool: IPool): IGpuChoice[] {
   return pool.gpu_types
     .filter(t => t.total > 0)
     .map(t => {
       const sim = t.simulated > 0 ? ' (simulated)' : '';
+      const yours = pool.your_prices?.gpu_types[t.slug];
+      const price = yours ? yours.price_per_hour : t.on_demand_price;
+      const kind = yours && yours.price_kind === 'education' ? ' (education price)' : '';
       return {
         slug: t.slug,
         label: `${t.display_name}${sim} — ${t.free} of ${t.total} free — ${formatRate(
-          t.on_demand_price,
+          price,
           pool.currency
-        )} per card`,
+        )} per card${kind}`,
         free: t.free,
-        price: t.on_demand_price,
+        price,
         disabled: t.free < 1
       };
     });

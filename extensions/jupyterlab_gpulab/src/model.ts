@@ -78,8 +78,13 @@ export class GpulabSession implements IGpulabSession {
     return this._balance;
   }
 
+  /** No-GPU mode's price for this user, as the hub answers it (a student's: education). */
   get noGpuPrice(): string | null {
-    return this._catalog ? this._catalog.no_gpu.price_per_hour : null;
+    if (!this._catalog) {
+      return null;
+    }
+    const yours = this._catalog.your_prices?.no_gpu;
+    return yours ? yours.price_per_hour : this._catalog.no_gpu.price_per_hour;
   }
 
   get statusChanged(): ISignal<IGpulabSession, IStatus> {

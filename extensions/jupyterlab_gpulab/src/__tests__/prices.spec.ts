@@ -1,6 +1,7 @@
 // Issue 22, "one price everywhere": the status bar's price and tooltip are the hub's price for
 // THIS server (billing's own price function), never the on-demand price of its type.
-import { IStatus, priceNow, statusParts } from '../logic';
+import { gpuChoices, ICatalog, IPool, IStatus, priceNow, statusParts } from '../logic';
+import { GpulabSession, ISessionApi } from '../model';
 
 function status(over: Partial<IStatus> = {}): IStatus {
   return {
@@ -46,5 +47,57 @@ describe('one price in the status bar', () => {
     const course = status({ price_per_hour: '0.48' });
     expect(priceNow(course, '0.51')).toBe('0.48');
     expect(statusParts(course, null, 1000 * 1000).title).toContain('Price: CNY 0.48/h (on-demand)');
+  });
+});
+
+describe('one price in the switch dialog and the no-GPU toggle', () => {
+  const pool: IPool = {
+    currency: 'CNY',
+    no_gpu: { available: true, price_per_hour: '0.09' },
+    gpu_types: [
+      { slug: 'rtx-4090', display_name: 'RTX 4090', vram_gb: 24, on_demand_price: '0.68', total: 2, free: 1, simulated: 2 }
+    ]
+  };
+
+  it("offers a course student the GPU at the hub's education price", () => {
+    // Filed: a course student was shown 0.68 while billing charges 0.48.
+    const student = {
+      ...pool,
+      your_prices: {
+        gpu_types: { 'rtx-4090': { price_per_hour: '0.48', price_kind: 'education' } },
+        no_gpu: { price_per_hour: '0.05', price_kind: 'education' }
+      }
+    };
+    const [choice] = gpuChoices(student);
+    expect(choice.price).toBe('0.48');
+    expect(choice.label).toBe('RTX 4090 (simulated) — 1 of 2 free — CNY 0.48/h per card (education price)');
+    // A hub that does not say keeps the on-demand price.
+    expect(gpuChoices(pool)[0].price).toBe('0.68');
+  });
+});
+
+describe("the no-GPU toggle's price", () => {
+  it("is the hub's price for this user (a student's: the education price)", async () => {
+    const catalog: ICatalog = {
+      currency: 'CNY',
+      max_gpus_per_server: 4,
+      no_gpu: { display_name: 'No GPU', price_per_hour: '0.09', description: '' },
+      gpu_types: {},
+      datasets: {},
+      your_prices: {
+        gpu_types: {},
+        no_gpu: { price_per_hour: '0.05', price_kind: 'education' }
+      }
+    };
+    const api: ISessionApi = {
+      getStatus: async () => status(),
+      getBalance: async () => ({ available: false }),
+      getCatalog: async () => catalog,
+      pollServer: async () => null,
+      reload: () => undefined
+    };
+    const session = new GpulabSession(status(), api);
+    await session.loadCatalog();
+    expect(session.noGpuPrice).toBe('0.05');
   });
 });
