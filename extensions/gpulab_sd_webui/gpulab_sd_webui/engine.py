@@ -45,6 +45,13 @@ def process_start_time() -> float:
     return time.time() - max(age, 0.0)
 
 
+def _shown(path: Path) -> str:
+    """``path`` as its user knows it: ``~/models`` rather than the home's full path."""
+    home = os.environ.get("HOME", "").rstrip("/")
+    text = str(path)
+    return "~" + text[len(home) :] if home and text.startswith(home + "/") else text
+
+
 class NotReady(Exception):
     """Why no image can be made now, as the HTTP status and message a client gets."""
 
@@ -137,11 +144,12 @@ class Engine:
             }
 
     def no_model_message(self) -> str:
-        where = " or ".join(str(d) for d in self.model_dirs) or "a --models folder"
-        example = self.model_dirs[0] / "tiny-sd" if self.model_dirs else "models/tiny-sd"
+        where = " or ".join(_shown(d) for d in self.model_dirs) or "a --models folder"
+        example = _shown(self.model_dirs[0] / "tiny-sd") if self.model_dirs else "models/tiny-sd"
         return (
-            f"no model: put a diffusers Stable Diffusion folder (one holding model_index.json) "
-            f"in {where}, e.g. {example}, and restart the app"
+            f"no model in {where}: it needs a diffusers Stable Diffusion folder (one holding "
+            f"model_index.json), e.g. {example}; on a gpulab hub the operator adds models to the "
+            "store (`gpulab models --make-tiny-sd` makes the demo one), then launch again"
         )
 
     def check_ready(self) -> None:
