@@ -9,6 +9,19 @@ ARGS ?=
 
 .PHONY: install run test lint format bench bench-apps bench-swarm bench-class clean labext-test
 
+# The install steps print one line each: on a fresh machine their own output (Yarn's alone was
+# 2,361 lines) buried how to log in, which `make run` prints last. A step's whole output goes to
+# $(LOGS)/STEP.log, and its last 60 lines are shown if it fails. VERBOSE=1 shows it all as it runs.
+LOGS := $(VENV)/make-logs
+VERBOSE ?=
+ifeq ($(VERBOSE),)
+quietly = @mkdir -p $(LOGS) && echo "make: $(1)" && { ( $(3) ) >$(LOGS)/$(2).log 2>&1 || { status=$$?; \
+	tail -n 60 $(LOGS)/$(2).log; echo "make: FAILED: $(1) (exit $$status); all its output: $(LOGS)/$(2).log"; \
+	exit $$status; }; }
+else
+quietly = $(3)
+endif
+
 install: $(VENV)/.installed node_modules/.installed $(VENV)/.labext-installed
 
 $(VENV)/.installed: pyproject.toml extensions/gpulab_spot/pyproject.toml extensions/gpulab_reporter/pyproject.toml \
@@ -17,14 +30,15 @@ $(VENV)/.installed: pyproject.toml extensions/gpulab_spot/pyproject.toml extensi
 		{ echo "gpulab needs Python >= 3.11 (found $$($(PYTHON) --version))"; exit 1; }
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || \
 		{ echo "Creating the venv failed: on Debian run 'apt-get install python3-venv'"; exit 1; }
-	$(BIN)/pip install -q --disable-pip-version-check -e '.[test]'
-	$(BIN)/pip install -q --disable-pip-version-check -e extensions/gpulab_spot -e extensions/gpulab_reporter \
-		-e extensions/gpulab_sd_webui
+	$(call quietly,installing gpulab and its Python packages into $(VENV),pip,\
+		$(BIN)/pip install -q --disable-pip-version-check -e '.[test]' && \
+		$(BIN)/pip install -q --disable-pip-version-check -e extensions/gpulab_spot \
+			-e extensions/gpulab_reporter -e extensions/gpulab_sd_webui)
 	@touch $@
 
 node_modules/.installed: package.json
 	@command -v npm >/dev/null || { echo "npm (Node.js >= 18) is needed for configurable-http-proxy"; exit 1; }
-	npm install --no-audit --no-fund --loglevel=error
+	$(call quietly,installing configurable-http-proxy (npm),npm,npm install --no-audit --no-fund --loglevel=error)
 	@touch $@
 
 # ---- the JupyterLab extension (extensions/jupyterlab_gpulab) ----------------------------------
@@ -40,24 +54,27 @@ LABEXT_PY := $(wildcard $(LABEXT)/jupyterlab_gpulab/*.py) $(LABEXT)/pyproject.to
 ABS_BIN := $(abspath $(BIN))
 
 $(LABEXT)/node_modules/.installed: $(VENV)/.installed $(LABEXT)/package.json $(LABEXT)/yarn.lock
-	cd $(LABEXT) && PATH="$(ABS_BIN):$$PATH" jlpm install
+	$(call quietly,installing the JupyterLab extension's build tools (jlpm),jlpm-install,\
+		cd $(LABEXT) && PATH="$(ABS_BIN):$$PATH" jlpm install)
 	@touch $@
 
 $(LABEXT_BUILT): $(LABEXT)/node_modules/.installed $(LABEXT_SRC)
-	cd $(LABEXT) && PATH="$(ABS_BIN):$$PATH" jlpm build:prod
+	$(call quietly,building the JupyterLab extension (jlpm build:prod),jlpm-build,\
+		cd $(LABEXT) && PATH="$(ABS_BIN):$$PATH" jlpm build:prod)
 
 $(VENV)/.labext-installed: $(LABEXT_BUILT) $(LABEXT_PY)
-	$(BIN)/pip install -q --disable-pip-version-check hatchling 'hatch-jupyter-builder>=0.5'
-	$(BIN)/pip install -q --disable-pip-version-check --no-build-isolation ./$(LABEXT)
+	$(call quietly,installing the JupyterLab extension into $(VENV),pip-labext,\
+		$(BIN)/pip install -q --disable-pip-version-check hatchling 'hatch-jupyter-builder>=0.5' && \
+		$(BIN)/pip install -q --disable-pip-version-check --no-build-isolation ./$(LABEXT))
 	@touch $@
 
 labext-test: $(LABEXT)/node_modules/.installed
 	cd $(LABEXT) && PATH="$(ABS_BIN):$$PATH" jlpm jest
 
-# The demo model for the Stable Diffusion WebUI tile (7 MB, random weights; made once).
+# `gpulab up` makes the Stable Diffusion tile's demo model in its own data dir (--data-dir) and
+# prints how to log in last, once the hub runs.
 run: install
-	$(BIN)/gpulab models --make-tiny-sd --data-dir $${GPULAB_DATA_DIR:-.gpulab} >/dev/null
-	$(BIN)/gpulab up $(ARGS)
+	@$(BIN)/gpulab up $(ARGS)
 
 lint: install
 	$(BIN)/ruff check .

@@ -113,6 +113,13 @@ TABLE: tuple[Setting, ...] = (
         default_text="(the shipped catalog)",
     ),
     _S(
+        "GPULAB_DEMO_MODEL",
+        "bool",
+        True,
+        "`gpulab up` makes the catalog's demo model (tiny-sd: a 7 MB Stable Diffusion pipeline with random weights, so that the Stable Diffusion tile has a model) in the data dir when it is missing; 0: never (a node with real models, or tests)",
+        HUB,
+    ),
+    _S(
         "GPULAB_OPEN_SIGNUP",
         "bool",
         False,

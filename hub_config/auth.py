@@ -3,7 +3,12 @@ and LTI 1.3 launches from an LMS when ``GpulabLTI`` is configured (:mod:`gpulab.
 
 On first start the hub writes a random admin password to the data dir; this authenticator creates
 the admin account with it, so there is never a fixed default password. Its ``get_handlers`` is
-where JupyterHub lets gpulab in: it hands over to :func:`gpulab.hub_config.plugin.attach`.
+where JupyterHub lets gpulab in: it hands over to :func:`gpulab.hub_config.plugin.attach`, and
+quiets the hub's log of routine refusals (:mod:`gpulab.hub_config.hub_log`).
+
+Someone whose sign-up still waits for approval, and who gives the right password, is told so on
+the log-in page instead of "Invalid username or password" (nobody else learns whether a name has
+signed up).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from traitlets import Bool, Integer, Unicode
 
 from gpulab.hub_config import plugin
 from gpulab.hub_config.courses.lti import GpulabLTI, LTILaunchHandler
+from gpulab.hub_config.hub_log import quiet_refusals
 from gpulab.hub_config.signup_handlers import REPLACEMENTS as SIGNUP_REPLACEMENTS
 
 
@@ -32,6 +38,7 @@ class GpulabHubMixin:
     """
 
     def get_handlers(self, app) -> list:
+        quiet_refusals(app.log)
         return [*super().get_handlers(app), *plugin.attach(app)]
 
 
@@ -48,12 +55,24 @@ class _NoStats:
         return None
 
 
+# What the log-in page says to someone whose sign-up waits (right password, not yet approved).
+PENDING_MESSAGE = (
+    "Your sign-up waits for an administrator's approval: you can log in once they approve it."
+)
+
+
 class LoginHandler(NativeLoginHandler):
-    """NativeAuthenticator's log-in page, made to work on JupyterHub 6."""
+    """NativeAuthenticator's log-in page, made to work on JupyterHub 6, and telling a person
+    whose sign-up waits for approval that it does."""
 
     statsd = _NoStats()
+    # Set by GpulabAuthenticator.authenticate for this request: the password was right, but the
+    # sign-up is not approved yet.
+    gpulab_pending = False
 
     def _render(self, login_error=None, username=None, sync=False, **kwargs):
+        if login_error and self.gpulab_pending:
+            login_error = PENDING_MESSAGE
         # JupyterHub 6 renders failed form posts through _render(sync=True, ...): accept that.
         return self.render_template(
             "native-login.html",
@@ -113,7 +132,19 @@ class GpulabAuthenticator(GpulabHubMixin, NativeAuthenticator):
         # every other log-in (the form) is a password log-in.
         if isinstance(handler, LTILaunchHandler):
             return self.lti.authenticate(handler, data, taken=self.name_taken)
-        return await super().authenticate(handler, data)
+        name = await super().authenticate(handler, data)
+        if name is None and isinstance(handler, LoginHandler):
+            handler.gpulab_pending = self._waits_for_approval(data)
+        return name
+
+    def _waits_for_approval(self, data: dict) -> bool:
+        """Whether these credentials are right but their sign-up is not approved yet."""
+        info = self.get_user(data.get("username", ""))
+        if info is None or info.is_authorized:
+            return False
+        if self.allowed_failed_logins and self.is_blocked(info.username):
+            return False
+        return info.is_valid_password(data.get("password", ""))
 
     def name_taken(self, name: str) -> bool:
         """Whether ``name`` is somebody's already (a hub user, a sign-up, an admin name), so

@@ -18,6 +18,7 @@ from gpulab.hub_config.courses.lti import configure_from_env as configure_lti
 from gpulab.hub_config.data_dir import admin_password, make_private_data_dir, secret_file
 from gpulab.hub_config.origin import configure_origin, route_servers_to_services, users_host
 from gpulab.hub_config.plugin import configure_plugin
+from gpulab.hub_config.signup_handlers import signups_waiting
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -199,6 +200,14 @@ def configure(c, settings: Settings | None = None) -> None:
     route_servers_to_services(c)
     c.Spawner.start_timeout = 60
     c.Spawner.http_timeout = 30
+    # Log-in and /hub/ land on the home page (balance, apps, free cards) for everyone, whether
+    # or not their server runs: JupyterHub's default sends a person with no server straight to
+    # the raw spawn form. A start is the home page's Launch or the form's Start, when asked.
+    c.JupyterHub.redirect_to_server = False
+    # Every hub page's navbar: an admin sees how many sign-ups wait (templates/page.html).
+    template_vars = dict(c.JupyterHub.template_vars) if "template_vars" in c.JupyterHub else {}
+    template_vars.setdefault("gpulab_signups_waiting", signups_waiting)
+    c.JupyterHub.template_vars = template_vars
 
 
 def configure_docker(c, s: Settings) -> None:

@@ -238,7 +238,13 @@ class Hub:
         if self.data_dir not in STARTED_DATA_DIRS:
             STARTED_DATA_DIRS.append(self.data_dir)
         passable_for_accounts(self.data_dir)
-        env = {**os.environ, "GPULAB_ADMIN_TOKEN": self.token, **self.extra_env}
+        # No demo model unless a test asks (env): making it takes seconds of CPU per hub.
+        env = {
+            **os.environ,
+            "GPULAB_ADMIN_TOKEN": self.token,
+            "GPULAB_DEMO_MODEL": "0",
+            **self.extra_env,
+        }
         if "GPULAB_BILLING_EXTERNAL_URL" not in env:
             env.setdefault("GPULAB_BILLING_PORT", str(self.billing_port))
         args = [

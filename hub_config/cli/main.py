@@ -1,7 +1,8 @@
 """``gpulab``: the command line of a gpulab node.
 
 ``gpulab up`` validates the catalog and GPU settings, prepares the data dir (admin password on
-first start), prints how to log in and runs JupyterHub in this process.
+first start, the demo model for the Stable Diffusion tile), runs JupyterHub in this process
+(:mod:`.hub_app`) and, once it runs, prints how to log in: last, where a person looks.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from gpulab.catalog import CatalogError, load_catalog, settings
 from gpulab.hub_config import origin
 from gpulab.hub_config.cli.images import add_images_parser, cmd_images
 from gpulab.hub_config.cli.kubernetes import add_kubernetes_parser, cmd_kubernetes
-from gpulab.hub_config.cli.models import add_models_parser, cmd_models
+from gpulab.hub_config.cli.models import TINY, add_models_parser, cmd_models, make_tiny_sd
 from gpulab.hub_config.data_dir import admin_password, make_private_data_dir
 from gpulab.spawners.node.inventory import GpuInventory, SimulateSpecError, parse_simulate_spec
 
@@ -154,7 +155,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         print(f"gpulab: {e}", file=sys.stderr)
         return 2
     if users_host:
-        print(f"gpulab: starting on {users_host}  (data: {data_dir})")
+        hub_url = users_host
+        print(f"gpulab: starting on {hub_url}  (data: {data_dir})")
         name = urlparse(users_host)
         print(
             f"gpulab: each user's server on its own origin: {name.scheme}://NAME.{name.netloc}"
@@ -162,35 +164,105 @@ def cmd_up(args: argparse.Namespace) -> int:
         )
     else:
         host = "127.0.0.1" if args.ip in ("", "0.0.0.0") else args.ip
-        print(f"gpulab: starting on http://{host}:{args.port}  (data: {data_dir})")
+        hub_url = f"http://{host}:{args.port}"
+        print(f"gpulab: starting on {hub_url}  (data: {data_dir})")
         print(
             "gpulab: WARNING: --subdomain-host none: users' servers share the hub's origin, so "
             "a page a user serves can act as anyone who opens it (staff included)"
         )
-    if new:
-        print(
-            f"gpulab: log in as 'admin' with password {password}  (saved in {data_dir}/admin-password)"
-        )
-    else:
-        print(f"gpulab: log in as 'admin'; the password is in {data_dir}/admin-password")
-    if args.spawner == "local" and os.geteuid() != 0 and not args.unsafe_signup_without_isolation:
-        pass  # configure() says why sign-up is closed
-    else:
-        print(
-            "gpulab: new users sign up at /hub/signup; "
-            + (
-                "sign-up is open."
-                if args.open_signup
-                else "the admin approves them at /hub/authorize."
-            )
-        )
+    if settings.get("GPULAB_DEMO_MODEL"):
+        ensure_demo_model(data_dir, args.catalog)
+    signup = args.spawner != "local" or os.geteuid() == 0 or args.unsafe_signup_without_isolation
+    banner = login_banner(
+        hub_url, data_dir, password if new else None, signup=signup, open_signup=args.open_signup
+    )
     sys.stdout.flush()
 
     # JupyterHub's app is heavy to import: only `gpulab up` needs it.
-    from jupyterhub.app import main as jupyterhub_main
+    from gpulab.hub_config.cli.hub_app import GpulabHub
 
-    jupyterhub_main(["-f", str(CONFIG_FILE), *args.jupyterhub_args])
+    # The instance launch_instance runs (a singleton), made first to hand it the banner.
+    GpulabHub.instance(login_banner=banner)
+    GpulabHub.launch_instance(["-f", str(CONFIG_FILE), *args.jupyterhub_args])
     return 0
+
+
+def login_banner(
+    hub_url: str, data_dir: Path, password: str | None, *, signup: bool, open_signup: bool
+) -> list[str]:
+    """What ``gpulab up`` prints once the hub runs: where to open it and how to log in."""
+    admin = settings.get("GPULAB_ADMIN_USER")
+    if password is not None:
+        login = (
+            f"log in as '{admin}' with password {password}  (saved in {data_dir}/admin-password)"
+        )
+    else:
+        login = f"log in as '{admin}'; the password is in {data_dir}/admin-password"
+    lines = [f"gpulab is running: open {hub_url}/", f"  {login}"]
+    if signup:
+        lines.append(
+            f"  new users sign up at {hub_url}/hub/signup; "
+            + (
+                "sign-up is open."
+                if open_signup
+                else f"you approve them at {hub_url}/hub/authorize"
+            )
+        )
+    lines.append("  Ctrl-C stops gpulab and every server it runs.")
+    return lines
+
+
+def ensure_demo_model(data_dir: Path, catalog_path: str) -> None:
+    """Make the catalog's demo model (``tiny-sd``: a 7 MB Stable Diffusion pipeline with random
+    weights) in this data dir's model store if it is missing, so that the Stable Diffusion tile
+    has a model to load. Its maker's output goes to a log file in the data dir; a failure is a
+    warning (the tile then says it has no model), never a reason not to start."""
+    try:
+        model = load_catalog(catalog_path or None).models.get(TINY)
+    except CatalogError:
+        return  # cmd_up has checked the catalog already
+    if model is None:
+        return  # an operator's catalog without the demo model
+    target = model.resolve_source(data_dir)
+    if (target / "model_index.json").exists():
+        return
+    log = data_dir / "demo-model.log"
+    print(
+        f"gpulab: making the demo model for the Stable Diffusion tile ({TINY}, random weights, "
+        f"{model.size}; once) in {target}",
+        flush=True,
+    )
+    status = _quietly(lambda: make_tiny_sd(target), log)
+    if status:
+        print(
+            f"gpulab: WARNING: the demo model could not be made (see {log}); the Stable "
+            "Diffusion tile has no model until `gpulab models --make-tiny-sd` makes it",
+            file=sys.stderr,
+        )
+
+
+def _quietly(run, log: Path) -> int:
+    """``run()`` with this process's stdout and stderr (its children's too) going to ``log``."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    try:
+        with open(log, "wb") as out:
+            os.dup2(out.fileno(), 1)
+            os.dup2(out.fileno(), 2)
+            try:
+                return run()
+            except Exception as e:  # a warning for the operator, not a failed start
+                print(f"gpulab: {e!r}", file=sys.stderr)
+                return 1
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        os.close(saved[0])
+        os.close(saved[1])
 
 
 def add_config_parser(sub) -> None:

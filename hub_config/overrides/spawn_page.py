@@ -28,7 +28,7 @@ spawn.
 4. A refusal is shown to the person in plain words (``human``, see
 :mod:`gpulab.hub_config.overrides.errors`), above the form as they filled it in (the form is
 rendered from the POST's choices, not the last server's); a max price that only needs
-confirming comes with a checkbox that confirms it on the next Start.
+confirming comes with a checkbox in the form that confirms it on the next Start.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from tornado import web
 
 from gpulab.hub_config.courses.groups import CourseError
 from gpulab.hub_config.courses.staff import check_staff_view
-from gpulab.hub_config.overrides.errors import for_people
+from gpulab.hub_config.overrides.errors import confirm_field, for_people
 from gpulab.hub_config.overrides.queue import gate_start, idle_spawner
 
 # JupyterHub's own wait, for spawners that do not say.
@@ -76,9 +76,14 @@ class SpawnPageHandler(SpawnHandler):
             if error is not None:
                 if isinstance(error, web.HTTPError):
                     # A refusal (bad option, no free card, balance) is the user's answer, not a
-                    # hub fault: no error line for it here.
-                    log = self.log.warning if error.status_code < 500 else self.log.error
+                    # hub fault: JupyterHub's own line says it (one line at INFO, hub_log.py).
+                    log = self.log.debug if error.status_code < 500 else self.log.error
                     log("Not starting %s: %s", name, error)
+                    # JupyterHub renders the form again with the error, through
+                    # ``spawner.handler`` (which its spawn cleared): this handler, with what was
+                    # posted (4.) and the field that confirms what only needs confirming.
+                    self.gpulab_confirm = confirm_field(error)
+                    spawner.handler = self
                     raise for_people(error)
                 self.log.error("Error starting server %s: %s", name, error)
                 raise web.HTTPError(500, f"Unhandled error starting server {name}")
@@ -142,10 +147,8 @@ class SpawnPageHandler(SpawnHandler):
                 options = await maybe_future(spawner.run_options_from_form(form_options))
             except Exception:
                 options = None  # JupyterHub's own handling reports it
-            # A refused POST shows the form as the person filled it in (4.): JupyterHub renders
-            # it again through ``spawner.handler``, which it sets only on a GET.
+            # A refused POST shows the form as the person filled it in (4.).
             self.gpulab_posted = dict(options or {})
-            spawner.handler = self
             entry = await gate_start(self, user, spawner, options or {})
             if options is not None and entry is not None:
                 # 303 to the form (which shows the queued request): answering the POST with the
