@@ -6,6 +6,7 @@ import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 from sqlalchemy import Connection, func, select
@@ -633,6 +634,12 @@ def _parse(t: str | None) -> datetime | None:
     return None if t is None else datetime.fromisoformat(t)
 
 
+def _when(t: str) -> datetime:
+    parsed = _parse(t)
+    assert parsed is not None
+    return parsed
+
+
 def human_time(t: datetime, now: datetime) -> str:
     """``2 Dec 13:35`` (the year only when it is not this one)."""
     day = f"{t.day} {t:%b}" + (f" {t.year}" if t.year != now.year else "")
@@ -670,6 +677,20 @@ def human_span(started: str, stopped: str | None, now_us: int) -> str:
     return f"{human_time(start, now)} {DASH} {human_time(end, now)} ({took})"
 
 
+def price_text(price: str) -> str:
+    """A price as the rest of the page writes money: at least two decimals (``2.10``)."""
+    d = Decimal(price)
+    return str(d.quantize(Decimal("0.01"))) if d == d.quantize(Decimal("0.01")) else str(d)
+
+
+def human_period(usage: dict[str, Any], now_us: int) -> str:
+    """The statement's period in the page's words: ``1 Dec 00:00 to 3 Dec 02:41``."""
+    now = datetime.fromtimestamp(now_us / MICRO, UTC)
+    lo, hi = _parse(usage["from"]), _parse(usage["to"])
+    assert lo is not None and hi is not None
+    return f"{human_time(lo, now)} to {human_time(hi, now)}"
+
+
 def page_rows(usage: dict[str, Any], entries: list[dict[str, Any]], now_us: int) -> list[dict]:
     """What the statement page lists, newest first: one row per session of ``usage`` (when,
     what it ran on, its total: the ledger's many small charges of a session are one amount),
@@ -678,9 +699,23 @@ def page_rows(usage: dict[str, Any], entries: list[dict[str, Any]], now_us: int)
     rows: list[dict[str, Any]] = [
         {
             "kind": "session",
-            "sort": s["started"],
+            "sort": _when(s["started"]),
             "when": human_span(s["started"], s["stopped"], now_us),
             "running": s["stopped"] is None,
+            "price": price_text(s["price_per_hour"]),
+            "billed": human_duration(s["billed_seconds"]),
+            "kernels": [
+                {**k, "span": human_span(k["first_seen"], k["last_seen"], now_us)}
+                for k in s["kernels"]
+            ],
+            "apps": [
+                {**a, "span": human_span(a["first_seen"], a["last_seen"], now_us)}
+                for a in s["apps"]
+            ],
+            "compensations": [
+                {**c, "when": human_time(_when(c["created"]), now)}
+                for c in s.get("compensations", [])
+            ],
             "session": s,
         }
         for s in usage["servers"]
@@ -695,7 +730,7 @@ def page_rows(usage: dict[str, Any], entries: list[dict[str, Any]], now_us: int)
         rows.append(
             {
                 "kind": "credit",
-                "sort": e["created"],
+                "sort": created,
                 "when": human_time(created, now),
                 "label": label,
                 "note": "" if note == label else note,

@@ -36,6 +36,7 @@ class StatementPage(BaseHandler):
             )
             overview["pool"] = await self.billing.pool_snapshot()
         entries = await self.billing.read(self.billing.entries, name)
+        now = now_us()
         self.render(
             "statement.html",
             me=me,
@@ -44,7 +45,8 @@ class StatementPage(BaseHandler):
             chart=bar_chart(usage["daily"], usage["currency"], usage["time_zone"]),
             balance=balance,
             overview=overview,
-            rows=statements.page_rows(usage, entries, now_us()),
+            rows=statements.page_rows(usage, entries, now),
+            period=statements.human_period(usage, now),
             prefix=self.billing.prefix,
             hub=HubLinks(self.hub_auth.hub_prefix),
             # As the hub's own navigation bar: its admin page for those who may open it (the
