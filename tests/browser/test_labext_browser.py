@@ -8,6 +8,7 @@ the Datasets panel. Screenshots land in artifacts/screenshots/.
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -61,6 +62,9 @@ def confirm_switch(page, expect_in_body: str, shot_name: str = "") -> float:
     page.evaluate("delete document.body.dataset.gpulabSwitchSeconds")
     t0 = time.monotonic()
     dialog.locator(".jp-Dialog-button.jp-mod-accept").click()
+    # Through the hub's page that follows the restart, back into JupyterLab.
+    page.wait_for_url(re.compile(r"/hub/spawn-pending/"), timeout=SLOW)
+    page.wait_for_url(re.compile(r"/user/[^/]+/lab"), timeout=SLOW)
     page.wait_for_function("document.body.dataset.gpulabSwitchSeconds !== undefined", timeout=SLOW)
     wall = time.monotonic() - t0
     seconds = float(page.evaluate("document.body.dataset.gpulabSwitchSeconds"))
@@ -209,7 +213,10 @@ def test_switch_without_a_free_gpu_says_so_and_changes_nothing(
         error.wait_for(timeout=SLOW)
         assert "free" in error.inner_text()
         shot(page, "07-no-free-gpu")
-        error.locator(".jp-Dialog-button").last.click()
+        # The page had let go of the server before asking: it loads again, on the same server.
+        with page.expect_navigation(timeout=SLOW):
+            error.locator(".jp-Dialog-button").last.click()
+        wait_mode(page, "No GPU")
 
         # Every card taken: the chooser is not even offered.
         other = hub.create_user()

@@ -1,13 +1,21 @@
 // The restart flow shared by the no-GPU toggle, "Switch to GPU..." and dataset mounts:
 // confirm (with the price change) -> save every open document -> ask the hub (through this
-// server) -> show progress -> wait for the new server -> reload into it.
+// server) -> leave this page for the hub's own progress page, which comes back to the same
+// JupyterLab URL once the hub says the new server is ready.
+//
+// Why leave: while the server restarts, every poller of this page (JupyterLab's kernels,
+// sessions, contents and terminals, and ours) would hit the proxy for a server that is not
+// there (a 503 each), and a page reloaded on the first answer of the new process could come
+// up before its contents API did (an empty file browser). The hub's page polls nothing of
+// this server; it follows the hub's progress events and redirects only when the hub has
+// routed the new server.
 import { JupyterFrontEnd } from '@jupyterlab/application';
 import { Dialog, showDialog, showErrorMessage } from '@jupyterlab/apputils';
 import { PageConfig, URLExt } from '@jupyterlab/coreutils';
 import { Widget } from '@lumino/widgets';
 
-import { ApiError, ISwitchRequest, pollServer, postSwitch } from './api';
-import { IStatus, waitForNewServer } from './logic';
+import { ApiError, ISwitchRequest, postSwitch } from './api';
+import { IStatus } from './logic';
 
 const T0_KEY = 'gpulab-switch-started';
 const TARGET_KEY = 'gpulab-switch-target';
@@ -41,13 +49,6 @@ class Progress {
 
   set(text: string): void {
     this.step.textContent = text;
-  }
-
-  addLink(href: string, text: string): void {
-    const link = document.createElement('a');
-    link.href = href;
-    link.textContent = text;
-    this.step.after(link);
   }
 
   dispose(): void {
@@ -133,13 +134,19 @@ export async function runSwitch(
     return false;
   }
   progress.set('Asking the hub to restart this server…');
+  // This page lets go of the server before it asks: the kernels' websockets and the pollers
+  // (JupyterLab's and ours) are closed now, so that they have finished closing when the server
+  // stops; closed under a stopping server they fail in the console and reconnect to it.
+  quiet(app);
   try {
     await postSwitch(plan.request);
   } catch (e) {
     if (e instanceof ApiError && e.answered) {
-      // The hub (or this server) refused: nothing was changed, and the message says why.
+      // The hub (or this server) refused: nothing was changed, and the message says why. The
+      // page reconnects to the same server (its kernels kept running) by loading again.
       progress.dispose();
       await showErrorMessage('Nothing was changed', e.message);
+      window.location.reload();
       return false;
     }
     // No answer from this server (a dropped connection, or the proxy's error page for it): a
@@ -148,27 +155,56 @@ export async function runSwitch(
   }
   sessionStorage.setItem(T0_KEY, String(t0));
   sessionStorage.setItem(TARGET_KEY, plan.target);
-  try {
-    await waitForNewServer({
-      fetchServer: pollServer,
-      oldServerId: status.server_id,
-      onTick: () =>
-        progress.set(`Restarting on ${plan.target}… ${((Date.now() - t0) / 1000).toFixed(1)} s`)
-    });
-  } catch (e) {
-    progress.set(
-      `The new server did not come up (${(e as Error).message}). ` +
-        'Open the hub home page to see what happened.'
-    );
-    progress.addLink(URLExt.join(PageConfig.getOption('hubPrefix') || '/hub/', 'home'), 'Hub home');
-    return false;
-  }
-  progress.set('Reloading into the new server…');
-  window.location.reload();
+  progress.set(`Restarting on ${plan.target}; the hub shows the progress…`);
+  window.location.assign(restartPageUrl());
   return true;
 }
 
-/** After the reload: how long the switch took (click to usable JupyterLab), once. */
+/** Close this page's connections to the server (kernels, sessions, contents, terminals). */
+function quiet(app: JupyterFrontEnd): void {
+  try {
+    app.serviceManager.dispose();
+  } catch {
+    // The page is left either way; a connection that did not close ends with it.
+  }
+}
+
+/**
+ * The hub's page that follows this server's restart (JupyterHub's spawn-pending page: the
+ * stop, then the spawn's progress events) and then redirects to `next`: this very JupyterLab
+ * URL, so the same documents and layout come back. On the hub's origin, which may differ from
+ * this server's (users on subdomains): then `next` is absolute, which the hub accepts for its
+ * users' hosts only.
+ */
+export function restartPageUrl(
+  location: { origin: string; pathname: string; search: string; hash: string } = window.location,
+  option: (name: string) => string = PageConfig.getOption
+): string {
+  const hubHost = option('hubHost') || '';
+  const hubPrefix = option('hubPrefix') || '/hub/';
+  const user = option('hubUser');
+  const server = option('hubServerName') || '';
+  // The hub adds `redirects=N` to a URL it redirects to (its loop guard): not carried along.
+  const query = new URLSearchParams(location.search);
+  query.delete('redirects');
+  const search = query.toString() ? `?${query}` : '';
+  const here = `${location.pathname}${search}${location.hash}`;
+  if (!user) {
+    // Not started by a hub (a bare jupyter lab): nothing to follow but this page.
+    return here;
+  }
+  const page = URLExt.join(
+    hubHost,
+    hubPrefix,
+    'spawn-pending',
+    encodeURIComponent(user),
+    ...(server ? [encodeURIComponent(server)] : [])
+  );
+  const next = hubHost ? `${location.origin}${here}` : here;
+  return `${page}?next=${encodeURIComponent(next)}`;
+}
+
+/** After the return to JupyterLab: how long the switch took (click to usable JupyterLab), once. */
 export function takeSwitchTiming(): { startedMs: number; target: string } | null {
   const started = sessionStorage.getItem(T0_KEY);
   const target = sessionStorage.getItem(TARGET_KEY) || '';
