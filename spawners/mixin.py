@@ -433,6 +433,11 @@ class GpuSpawnerMixin(AppServersMixin, HasTraits):
         try:
             request = await self.check_affordable(self._start_request())
             self.gpulab_request = request
+            refusal = request.admission.refusal if request.admission is not None else None
+            if refusal is not None:
+                # The market refused at the hub's gate: billing is not told of a start that
+                # never was (it would open a session for it).
+                raise SpawnError(refusal.status, refusal.message, refusal.human)
             if self.pre_allocate_hook is not None:
                 await self.pre_allocate_hook(self, request)
             request = request.seated(await self.gpulab_course_seats())

@@ -17,7 +17,7 @@ Every field is checked against the catalog; an error names the field and the all
 Nothing is "fixed" quietly: a value that cannot be read is refused, never replaced by a default.
 
 ``max_price`` (per card-hour, spot only) must read as a positive decimal number with at most
-:data:`PRICE_PLACES` decimal places and at most :data:`MAX_PRICE_CEILING` times the type's
+:data:`PRICE_PLACES` decimal places, below 10 ** (:data:`MAX_PRICE_DIGITS` + 1), and at most :data:`MAX_PRICE_CEILING` times the type's
 on-demand price; a bid above :data:`CONFIRM_FACTOR` times the on-demand price is refused until
 the request also says ``"confirm_max_price": true`` (a slip of the finger, 1e9 for 0.9, must not
 become a bid that never lets the server be reclaimed).
@@ -77,6 +77,8 @@ CONFIRM_FACTOR = Decimal(10)
 MAX_PRICE_CEILING = Decimal(1000)
 # Prices have at most this many decimal places (billing keeps bids to the millionth).
 PRICE_PLACES = 6
+# A max price has at most this many digits before the decimal point, plus one (1e20: a typo).
+MAX_PRICE_DIGITS = 8
 
 # What a person calls each field (the spawn form's and the home page's words).
 LABELS = {
@@ -222,6 +224,14 @@ def parse_max_price(value: Any, field: str = "max_price") -> Decimal:
         raise OptionsError(field, api, plain) from None
     if not price.is_finite() or price <= 0:
         raise OptionsError(field, api, plain)
+    if price.adjusted() > MAX_PRICE_DIGITS:
+        # 1e999999 reads as a finite Decimal: no price has that many digits (nor any message).
+        raise OptionsError(
+            field,
+            f"at most {MAX_PRICE_DIGITS + 1} digits before the decimal point, not {value!r}",
+            f"The max price must be a sensible amount of money per card-hour, like 0.50; "
+            f"“{value}” is not one.",
+        )
     exponent = price.normalize().as_tuple().exponent
     if isinstance(exponent, int) and -exponent > PRICE_PLACES:
         raise OptionsError(

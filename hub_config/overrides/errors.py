@@ -10,13 +10,13 @@ Now the exceptions that refuse carry a second text, ``human`` (``OptionsError``,
   naming the API's fields, ``human`` is the plain sentence a page shows (absent when the message
   is plain already), and ``field`` / ``confirm`` say which field was refused and which one
   accepts it anyway (a max price above ten times on-demand: ``confirm_max_price``);
-- the spawn form (a page for people): the plain sentence, and for a value that needs confirming,
-  a checkbox that confirms it on the next Start (:func:`for_people`).
+- the spawn form (a page for people): the plain sentence (:func:`for_people`), and for a value
+  that needs confirming, a checkbox in the form that confirms it on the next Start
+  (:func:`confirm_field`).
 """
 
 from __future__ import annotations
 
-import html
 import json
 from typing import Any
 
@@ -81,24 +81,24 @@ def http_error(status: int, message: str, exc: Any = None, **details: Any) -> we
 
 
 def for_people(error: web.HTTPError) -> web.HTTPError:
-    """The same refusal as a page for people shows it: JupyterHub's spawn page prints
-    ``jupyterhub_message`` (escaped) or else ``jupyterhub_html_message``; here the plain sentence,
-    and a checkbox confirming the refused value on the next Start when it only needs confirming
-    (the checkbox belongs to JupyterHub's ``spawn_form``, which the message sits above)."""
+    """The same refusal as a page for people shows it: JupyterHub's spawn page prints the
+    exception's ``jupyterhub_message`` (escaped; its ``jupyterhub_html_message`` never reaches
+    the template in JupyterHub 6.1: the handler passes it under another name), so here that is
+    the plain sentence. A value that only needs confirming is offered by the form itself
+    (:func:`confirm_field`)."""
     human = human_text(error)
-    confirm = _details(error).get("confirm")
-    if not human and not confirm:
+    if not human:
         return error
-    text = html.escape(human or getattr(error, "jupyterhub_message", "") or str(error))
-    if confirm:
-        text += (
-            '<br><label class="mt-2"><input type="checkbox" form="spawn_form" '
-            f'name="{html.escape(confirm)}" value="true" data-gpulab-confirm> '
-            "Yes, I mean it: start with this max price.</label> Then press Start again."
-        )
     out = web.HTTPError(error.status_code, log_message=error.log_message)
     out.args = error.args
-    out.jupyterhub_message = None  # type: ignore[attr-defined]
-    out.jupyterhub_html_message = text  # type: ignore[attr-defined]
+    out.jupyterhub_message = human  # type: ignore[attr-defined]
     out.human = human  # type: ignore[attr-defined]
+    out.details = _details(error)  # type: ignore[attr-defined]
     return out
+
+
+def confirm_field(error: Any) -> str | None:
+    """The field that accepts ``error``'s refused value when set (``confirm_max_price``), or
+    None when nothing can confirm it."""
+    confirm = _details(error).get("confirm")
+    return confirm if isinstance(confirm, str) and confirm else None

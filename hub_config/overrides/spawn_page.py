@@ -80,10 +80,11 @@ class SpawnPageHandler(SpawnHandler):
                     log = self.log.debug if error.status_code < 500 else self.log.error
                     log("Not starting %s: %s", name, error)
                     # JupyterHub renders the form again with the error, through
-                    # ``spawner.handler`` (which its spawn cleared): this handler, with what was
-                    # posted (4.) and the field that confirms what only needs confirming.
+                    # ``user.spawner.handler`` (its spawn cleared it; after an earlier failure
+                    # ``user.spawner`` is the failed spawner this POST replaced): this handler,
+                    # with what was posted (4.) and the field that confirms what only needs it.
                     self.gpulab_confirm = confirm_field(error)
-                    spawner.handler = self
+                    spawner.handler = user.spawner.handler = self
                     raise for_people(error)
                 self.log.error("Error starting server %s: %s", name, error)
                 raise web.HTTPError(500, f"Unhandled error starting server {name}")

@@ -76,6 +76,9 @@ async def render_form(spawner: Any) -> str:
     )
     if posted and not prefill:
         context["prefilled"] = False
+    # A refused POST whose value only needs confirming (a max price above ten times on-demand):
+    # the form offers the field that confirms it (hub_config/overrides/spawn_page.py).
+    context["confirm"] = getattr(handler, "gpulab_confirm", None) if posted else None
     return render(context)
 
 

@@ -36,11 +36,17 @@ def test_unreadable_max_price_is_refused_naming_the_field(value) -> None:
 
 
 def test_absurd_max_price_is_refused_even_confirmed() -> None:
-    for value in ("1e20", 1e9, "1000000000"):
+    for value in ("9999", 1e8, "100000000"):
         with pytest.raises(OptionsError) as e:
             parse_options({**SPOT, "max_price": value, "confirm_max_price": True}, CATALOG)
         assert e.value.field == "max_price" and e.value.confirm is None
         assert "at most" in str(e.value) and "Enter at most CNY 680.00" in e.value.human
+    for value in ("1e20", 1e9, "1e999999"):
+        with pytest.raises(OptionsError) as e:
+            parse_options({**SPOT, "max_price": value, "confirm_max_price": True}, CATALOG)
+        assert e.value.field == "max_price" and e.value.confirm is None
+        assert "digits" in str(e.value) and "sensible amount" in e.value.human
+        assert len(e.value.human) < 200  # never the number written out
 
 
 def test_max_price_above_ten_times_on_demand_needs_a_confirmation() -> None:

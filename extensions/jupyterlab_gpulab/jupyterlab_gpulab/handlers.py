@@ -365,8 +365,10 @@ class SwitchHandler(_Handler):
                 501,
             )
         else:
-            message = self.hub_message(status, data, error, "switch")
-            self.finish_json({"message": message}, status=502 if error else status)
+            answer = {"message": self.hub_message(status, data, error, "switch")}
+            if isinstance(data, dict) and isinstance(data.get("human"), str):
+                answer["human"] = data["human"]  # the hub's plain sentence, for the dialog
+            self.finish_json(answer, status=502 if error else status)
 
 
 class SpotHandler(_Handler):

@@ -36,7 +36,9 @@ export async function request<T>(path: string, init: RequestInit = {}): Promise<
   }
   if (!response.ok) {
     const answered = !!data && typeof data.message === 'string';
-    const message = answered ? data.message : `HTTP ${response.status} from ${path}`;
+    // A refusal's plain sentence (`human`) is what a person reads; `message` names API fields.
+    const human = answered && typeof data.human === 'string' && data.human ? data.human : '';
+    const message = answered ? human || data.message : `HTTP ${response.status} from ${path}`;
     throw new ApiError(response.status, message, answered);
   }
   return data as T;
