@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 from jinja2 import ChoiceLoader, Environment, FileSystemLoader
-from jupyterhub import orm
 from jupyterhub.handlers.base import BaseHandler
 from jupyterhub.scopes import needs_scope
 from markupsafe import Markup
@@ -43,7 +42,7 @@ from traitlets.config import LoggingConfigurable
 
 from gpulab.catalog import NO_GPU
 from gpulab.hub_config.courses import groups
-from gpulab.hub_config.courses.handlers import student_server
+from gpulab.hub_config.courses.handlers import pickable_people, student_server
 from gpulab.hub_config.courses.staff import page_rights
 from gpulab.hub_config.scopes import COURSE_READ_SCOPE
 from gpulab.spawners.courses import Course
@@ -285,8 +284,7 @@ class CourseListPage(CoursePageHandler):
         ]
         users: list[str] = []
         if rights["create"]:
-            query = self.db.query(orm.User.name).order_by(orm.User.name).limit(MAX_PICK_USERS)
-            users = [name for (name,) in query]
+            users = pickable_people(self.db, self.authenticator, MAX_PICK_USERS)
         html = await self.render_template(
             LIST_TEMPLATE,
             courses=courses,

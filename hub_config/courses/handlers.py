@@ -79,7 +79,7 @@ OUTCOMES = {
 
 
 def roster_report(
-    db: Any, rows: list[Any], course: Course, members: set[str], invited: set[str]
+    rows: list[Any], course: Course, members: set[str], invited: set[str], exists: Any
 ) -> list[dict[str, Any]]:
     """Per roster row, what importing it does (read before anything changes): ``outcome`` is a
     key of :data:`OUTCOMES` and ``message`` its words."""
@@ -92,7 +92,7 @@ def roster_report(
             outcome = "member"
         elif now is not None:
             outcome = "role"
-        elif orm.User.find(db, r.username) is None:
+        elif not exists(r.username):
             outcome = "new"
         else:
             outcome = "added"
@@ -106,6 +106,49 @@ def roster_report(
             }
         )
     return out
+
+
+def _approved_signup(authenticator: Any, name: str) -> bool | None:
+    """Whether ``name`` signed up and was approved (None: they did not sign up, or the
+    authenticator has no sign-ups)."""
+    get = getattr(authenticator, "get_user", None)
+    info = get(name) if callable(get) else None
+    return None if info is None else bool(getattr(info, "is_authorized", False))
+
+
+def has_account(db: Any, authenticator: Any, name: str) -> bool:
+    """Does ``name`` have an account of their own: a hub user, or a sign-up (approved or not,
+    logged in or not)? A roster row naming them is then an invitation, not an enrolment."""
+    return orm.User.find(db, name) is not None or _approved_signup(authenticator, name) is not None
+
+
+def person_problem(db: Any, authenticator: Any, name: str) -> str | None:
+    """Why ``name`` cannot be made course staff (None: they can): staff are people the hub
+    knows, a user or an approved sign-up, never an account made from a typo."""
+    if orm.User.find(db, name) is not None:
+        return None
+    approved = _approved_signup(authenticator, name)
+    if approved:
+        return None
+    if approved is False:
+        return (
+            f"{name!r} signed up and waits for an admin's approval; approve them "
+            "(Authorize users) first."
+        )
+    return (
+        f"{name!r} is not a user of this hub; choose course staff from existing users (they "
+        "sign up or are added by an admin first)."
+    )
+
+
+def pickable_people(db: Any, authenticator: Any, limit: int) -> list[str]:
+    """The names the create-course form offers as teachers: the hub's users and approved
+    sign-ups, sorted, at most ``limit``."""
+    names = {n for (n,) in db.query(orm.User.name).order_by(orm.User.name).limit(limit)}
+    get_authed = getattr(authenticator, "get_authed_users", None)
+    if callable(get_authed):
+        names |= {n for n in get_authed() if isinstance(n, str)}
+    return sorted(names)[:limit]
 
 
 def me_name(handler: Any) -> str:
@@ -182,20 +225,17 @@ class CourseAPIHandler(APIHandler):
         for name in names:
             if not USERNAME_RE.match(name) or not self.authenticator.validate_username(name):
                 raise CourseError(400, field, f"{name!r} is not a valid username")
-            if orm.User.find(self.db, name) is None:
-                raise CourseError(
-                    400,
-                    field,
-                    f"{name!r} is not a user of this hub; choose course staff from existing "
-                    "users (they sign up or are added by an admin first).",
-                )
+            problem = person_problem(self.db, self.authenticator, name)
+            if problem is not None:
+                raise CourseError(400, field, problem)
 
     def existing_user(self, name: str) -> Any:
-        """The ORM user ``name``, who must exist (checked by :meth:`check_people`)."""
-        user = orm.User.find(self.db, name)
-        if user is None:
-            raise CourseError(400, "username", f"{name!r} is not a user of this hub")
-        return user
+        """The ORM user ``name``: a hub user, or an approved sign-up who has not logged in yet
+        (made now, as their first log-in would). Nobody else (checked by :meth:`check_people`)."""
+        problem = person_problem(self.db, self.authenticator, name)
+        if problem is not None:
+            raise CourseError(400, "username", problem)
+        return self.make_user(name)
 
     def check_limits(self, limits: CourseLimits) -> None:
         try:
@@ -369,16 +409,20 @@ class RosterAPIHandler(CourseAPIHandler):
         # and files without their say. The enrol rule (courses/staff.py) says who adds them
         # directly instead: an admin, or a teacher who already TEACHES them elsewhere.
         taught = None if self.has_scope("admin:groups") else taught_students(self.db, me_name(self))
+
+        def exists(name: str) -> bool:
+            return has_account(self.db, auth, name)
+
         invite = [
             r.username
             for r in rows
             if r.role == "student"
             and r.username not in before
             and not enrols_directly(self, r.username, taught)
-            and orm.User.find(self.db, r.username) is not None
+            and exists(r.username)
         ]
         rows_now = [(r.username, r.role) for r in rows if r.username not in invite]
-        report = roster_report(self.db, rows, course, members, set(invite))
+        report = roster_report(rows, course, members, set(invite), exists)
         updated = groups.add_members(self.db, group, course, rows_now, self.make_user)
         if invite:
             updated = groups.invite(self.db, group, updated, invite)

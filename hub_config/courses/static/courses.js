@@ -69,7 +69,7 @@
         var message = data.message || ("the hub answered " + r.status);
         var field = data.field || "";
         if (field && message.indexOf(field + ": ") === 0) message = message.slice(field.length + 2);
-        showError(field, message + " Nothing was created.");
+        showError(field, message.replace(/[.!]?$/, ".") + " Nothing was created.");
       });
     }, function () {
       showError("", "The hub did not answer; nothing was created.");

@@ -428,7 +428,7 @@
           var d = res.data || {};
           var message = d.message || ("the hub answered " + res.status);
           if (d.field && message.indexOf(d.field + ": ") === 0) message = message.slice(d.field.length + 2);
-          bookingError(d.field || "", message + " Nothing was booked.");
+          bookingError(d.field || "", message.replace(/[.!]?$/, ".") + " Nothing was booked.");
           return null;
         }
         showAlert("gpulab-booking-ok", "Booked " + res.data.cards + " \u00d7 " + res.data.gpu_type +

@@ -23,7 +23,7 @@
   }
 
   function clock(seconds) {
-    return new Date(seconds * 1000).toLocaleTimeString([], {hour: "2-digit", minute: "2-digit"});
+    return new Date(seconds * 1000).toLocaleTimeString([], {hour: "2-digit", minute: "2-digit", hourCycle: "h23"});
   }
 
   // ---- invitations -------------------------------------------------------------------------
@@ -101,7 +101,7 @@
         var li = document.createElement("li");
         li.textContent = h.cards + " " + h.gpu_type + " card" + (h.cards === 1 ? "" : "s") +
           " held for " + h["for"] + " " + clock(h.start) + "\u2013" + clock(h.end) +
-          (h.begun ? "" : " (starting soon)") + ": not counted as free.";
+          ": not counted as free.";
         note.appendChild(li);
       });
     }, function () {});
