@@ -212,7 +212,7 @@ def parse_max_price(value: Any, field: str = "max_price") -> Decimal:
         f"The max price must be a positive number of money per card-hour, like 0.50; "
         f"“{value}” is not one."
     )
-    api = f"must be a positive decimal number (price per card-hour, e.g. 0.50), not {value!r}"
+    api = f"must be a positive number (price per card-hour, e.g. 0.50), not {value!r}"
     if isinstance(value, bool) or not isinstance(value, int | float | str):
         raise OptionsError(field, api, plain)
     if isinstance(value, float) and not math.isfinite(value):

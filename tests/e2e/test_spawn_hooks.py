@@ -113,7 +113,7 @@ def test_deployment_form_hook_alone_is_a_400_naming_the_field(
         assert r.status_code == 400, r.text[-2000:]
         # The form is a page for people: the plain sentence, naming the field (the API's
         # "Invalid spawn option energy: unknown field" is for JSON clients).
-        assert "“energy” is not a server option this hub knows" in r.text
+        assert "“energy” is not a server option this hub knows" in r.content.decode()
         assert "Unhandled error" not in r.text
         assert admin.server() is None
     finally:
