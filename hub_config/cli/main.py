@@ -198,7 +198,7 @@ def login_banner(
         )
     else:
         login = f"log in as '{admin}'; the password is in {data_dir}/admin-password"
-    lines = [f"gpulab is running: open {hub_url}/", f"  {login}"]
+    lines = [f"gpulab is running: open {hub_url}/"]
     if signup:
         lines.append(
             f"  new users sign up at {hub_url}/hub/signup; "
@@ -209,6 +209,8 @@ def login_banner(
             )
         )
     lines.append("  Ctrl-C stops gpulab and every server it runs.")
+    # The log-in line last of all: the one a person looks for.
+    lines.append(f"  {login}")
     return lines
 
 
