@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
-from traitlets import Float
+from traitlets import Float, Int
 from traitlets.config import SingletonConfigurable
 
 from gpulab.hub_config.billing.observer import ActivityObserver
@@ -139,10 +139,22 @@ class LaunchWatch(SingletonConfigurable):
         as failed, its server stopped and its charge credited back.""",
     )
 
+    credits_per_day = Int(
+        3,
+        config=True,
+        help="""How many failed launches a user is credited back in any 24 hours. A user controls
+        everything in their server, its app's readiness answer included: without a bound, a
+        launch made to fail on purpose would give up to the app's timeout of free GPU time, again
+        and again. Beyond this the launch still ends (server stopped, reason shown) but its time
+        is charged as usual. 0: never credit.""",
+    )
+
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._failures: dict[str, str] = {}
-        self._tasks: dict[str, asyncio.Task] = {}
+        self._credited: dict[str, list[float]] = {}
+        self._tasks: dict[str, asyncio.Task] = {}  # launches still watched, by user
+        self._ending: set[asyncio.Task] = set()  # failed launches being stopped and credited
 
     def failure(self, user: str) -> str:
         """Why ``user``'s last launch was ended ("" when it was not)."""
@@ -181,25 +193,44 @@ class LaunchWatch(SingletonConfigurable):
         except Exception:
             log.exception("Watching %s's launch of %s failed", user, app.slug)
             return
+        # The watch is over: a new launch must not cancel what follows (the stop, the credit).
+        if self._tasks.get(user) is asyncio.current_task():
+            task = self._tasks.pop(user)
+            self._ending.add(task)
+            task.add_done_callback(self._ending.discard)
         if not why:
             return
         started = spawner.orm_spawner.started
+        # A moment inside this session (its server still runs): billing credits the session in
+        # force then, not a later launch's.
+        now = time.time()
+        recent = [t for t in self._credited.get(user, []) if now - t < 24 * 3600]
+        credit = compensate is not None and len(recent) < self.credits_per_day
+        if credit:
+            recent.append(now)
+        self._credited[user] = recent
+        if credit or compensate is None:
+            charged = "this launch is not charged" if credit else "no charge was made"
+        else:
+            charged = (
+                f"this launch is charged as usual ({len(recent)} launches that could not start "
+                "were already not charged in the last 24 hours)"
+            )
         message = (
-            f"{app.display_name} could not start: {why}. Your server was stopped and this launch "
-            "is not charged."
+            f"{app.display_name} could not start: {why}. Your server was stopped and {charged}."
         )
         self._failures[user] = message
         log.warning("Ending %s's launch of %s: %s", user, app.slug, why)
         try:
             await stop(user)
             await self._stopped(spawner)
-            if compensate is not None:
+            if credit and compensate is not None:
                 await self._observed_to_the_end(getattr(spawner, "owner", f"{user}/"))
                 stamp = started.timestamp() if started is not None else time.time()
                 await compensate(
                     user=user,
                     server=spawner.name or "",
-                    at=time.time(),
+                    at=now,
                     reason="launch-failed",
                     checkpoint="not-run",
                     key=f"launch-failed-{user}-{spawner.name or ''}-{stamp:.6f}",

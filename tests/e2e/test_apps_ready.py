@@ -74,9 +74,58 @@ def test_an_app_without_a_model_ends_as_an_error_that_bills_nothing(nohub: Hub) 
 
     usage = wait_for(settled, 90, 0.5, "the failed launch's charge to be credited back")
     (srv,) = usage["servers"]
+    # What the session was charged for the seconds it held the card (0 when it ended before the
+    # hub's observer first sampled it), all of it credited back.
     charged = Decimal(srv["amount"]["exact"])
-    assert charged > 0, srv
     (credit,) = srv["compensations"]
     assert Decimal(credit["amount"]["exact"]) == charged
     assert credit["note"].startswith("launch failed: the session's whole charge")
     assert Decimal(usage["compensation"]["exact"]) == charged
+
+
+@pytest.fixture(scope="module")
+def capped(module_hub_factory) -> Hub:
+    return apps_hub(
+        module_hub_factory,
+        "apps-nomodel-capped",
+        model=False,
+        extra_args=["--LaunchWatch.credits_per_day=1"],
+    )
+
+
+def failed_launch(hub: Hub, user: str, token: str) -> str:
+    r = hub.api("POST", f"/gpulab/users/{user}/apps/sd-webui/launch", token, json={})
+    assert r.status_code == 202, r.text
+    status = wait_for(
+        lambda: (s := launch_status(hub, user, token))["failed"] and s,
+        120,
+        0.5,
+        "the launch to end as failed",
+    )
+    wait_for(lambda: hub.server(user) is None, 90, 0.5, "the server to be stopped")
+    return status["failed"]
+
+
+def test_launches_made_to_fail_are_credited_a_bounded_number_of_times(capped: Hub) -> None:
+    """The attack: a user controls their server, its app's readiness answer included, and could
+    make launches fail on purpose to use a GPU server for free until the hub ends each one.
+    Only ``LaunchWatch.credits_per_day`` failed launches a day are credited; the next is charged
+    as usual (and says so). Before this bound every failed launch was credited."""
+    user = capped.create_user()
+    token = user_token(capped, user)
+    billing = Billing(capped)
+    first = failed_launch(capped, user, token)
+    assert "this launch is not charged" in first
+    second = failed_launch(capped, user, token)
+    assert "charged as usual" in second and "not charged in the last 24 hours" in second
+
+    def two_sessions() -> list | None:
+        servers = billing.usage(user)["servers"]
+        ok = len(servers) == 2 and any(s.get("compensations") for s in servers)
+        return servers if ok else None
+
+    first_session, second_session = sorted(
+        wait_for(two_sessions, 90, 0.5, "both sessions, the first credited"),
+        key=lambda s: s["session"],
+    )
+    assert first_session["compensations"] and not second_session.get("compensations")
