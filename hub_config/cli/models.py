@@ -11,12 +11,14 @@ operator's to provide (their licenses differ); gpulab never downloads one.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 from gpulab.catalog import CatalogError, load_catalog, settings
+from gpulab.spawners.apps import checkout_problem
 
 TINY = "tiny-sd"
 # The builder lives in gpulab's diffusers WebUI (extensions/gpulab_sd_webui), which already
@@ -85,4 +87,27 @@ def cmd_models(args: argparse.Namespace) -> int:
         src = model.resolve_source(data_dir)
         state = "present" if src.is_dir() else "MISSING"
         print(f"{slug:20} {state:8} {model.size:>8}  {model.kind:10} {src}  ({model.license})")
+    if not any(model.resolve_source(data_dir).is_dir() for model in catalog.models.values()):
+        print(
+            "gpulab: the model store is empty: apps that use models (Stable Diffusion WebUI) "
+            "will end every launch with 'no model'; `gpulab models --make-tiny-sd` makes the demo"
+        )
+    print_local_apps(catalog)
     return 0
+
+
+def print_local_apps(catalog) -> None:
+    """Which apps the embedded local spawner offers, and for the rest why not (users only see
+    that an app is not offered; this is where the operator learns what to change)."""
+    print("\napps of the local spawner (gpulab-local):")
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    for slug, app in catalog.apps.items():
+        if app.is_server:
+            why = ""
+        elif not app.local_command:
+            why = f"needs the Docker spawner (image {app.image!r}); not offered to users here"
+        else:
+            why = checkout_problem(app)
+            if not why and shutil.which(app.local_command[0], path=path) is None:
+                why = f"{app.local_command[0]} is not installed in the hub's environment"
+        print(f"{slug:20} {'offered' if not why else 'NOT OFFERED':11}  {why}")

@@ -15,9 +15,11 @@ unknown field, and ComfyUI had no local command at all).
 from __future__ import annotations
 
 import os
+import subprocess
 import tomllib
 
 import pytest
+from harness import VENV_BIN
 
 from gpulab.catalog import CatalogError, load_catalog
 from gpulab.catalog.models import DEFAULT_CATALOG
@@ -91,3 +93,20 @@ def test_a_local_command_on_a_tcp_port_is_refused_on_a_multi_user_node(tmp_path)
         catalog_with(tmp_path, text)
     assert "apps.comfyui.local_command" in str(e.value)
     assert "{unix_socket}" in str(e.value)
+
+
+def test_gpulab_models_tells_the_operator_what_is_not_offered_and_why(tmp_path) -> None:
+    """Users only see that an app is not offered; ``gpulab models`` says why, in the operator's
+    terms (before: no word on apps, and the users' tiles said "needs the Docker spawner")."""
+    done = subprocess.run(
+        [str(VENV_BIN / "gpulab"), "models", "--data-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = {line.split()[0]: line for line in done.stdout.splitlines() if line.strip()}
+    assert "the model store is empty" in done.stdout
+    assert "NOT OFFERED" in lines["comfyui"] and "set local_checkout" in lines["comfyui"]
+    assert "NOT OFFERED" in lines["tensorboard"] and "Docker spawner" in lines["tensorboard"]
+    assert "offered" in lines["sd-webui"] and "NOT" not in lines["sd-webui"]
