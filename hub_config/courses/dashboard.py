@@ -193,6 +193,7 @@ def page_context(
     can_manage: bool,
     refresh_seconds: float = 3.0,
     bookable: list[str] = (),
+    admin: bool = False,
 ) -> dict[str, Any]:
     """Everything ``gpulab-course-dashboard.html`` shows, from the course and billing's record."""
     missing = {"used": NO_VALUE, "left": NO_VALUE}
@@ -212,7 +213,7 @@ def page_context(
             "tas": list(course.tas),
             "students": list(students),
         },
-        "role": course.staff_role(viewer) or "staff",
+        "role": course.staff_role(viewer) or ("admin" if admin else "staff"),
         "can_manage": can_manage,
         "rows": rows,
         # What a row the script adds (a student the roster upload brought) starts from.
@@ -321,6 +322,7 @@ class CourseDashboardPage(CoursePageHandler):
             can_manage=page_rights(self, course.name)["manage"],
             refresh_seconds=dashboard.refresh_seconds,
             bookable=course.limits.allowed("gpu_types", catalog),
+            admin=page_rights(self)["create"],
         )
         html = await self.render_template(DASHBOARD_TEMPLATE, **context, **statics())
         self.finish(html)

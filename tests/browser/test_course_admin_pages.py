@@ -119,7 +119,9 @@ def test_courses_without_curl(ahub: Hub, browser, tmp_path: Path) -> None:
         admin.fill("#gpulab-course-teacher", prof)
         admin.click("#gpulab-create-course")
         admin.wait_for_url(f"{hub.url}/hub/gpulab/courses/{cs}", timeout=SLOW)
-        expect(admin.locator("h1")).to_contain_text(f"CS 101 ({tag})")
+        expect(admin.locator("h1")).to_contain_text(f"CS 101 ({tag}) {cs} · you are an admin")
+        expect(admin.locator("#gpulab-booking-form")).to_be_visible()
+        pages.shot(admin, "03a-admin-new-course-dashboard")
         assert hub.api("GET", f"/gpulab/courses/{cs}").json()["teachers"] == [prof]
 
         admin.goto(f"{hub.url}/hub/gpulab/courses")
