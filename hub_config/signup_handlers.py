@@ -1,4 +1,5 @@
-"""NativeAuthenticator's sign-up approval pages, made safe against cross-site request forgery.
+"""NativeAuthenticator's sign-up pages: approval safe against cross-site request forgery, and a
+sign-up that tells a person where they stand.
 
 NativeAuthenticator 1.3 approves (``/hub/authorize/NAME``), discards (``/hub/discard/NAME``) and
 self-approves (``/hub/confirm/SLUG``) on a plain GET. JupyterHub checks its XSRF token only on
