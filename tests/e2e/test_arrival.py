@@ -160,6 +160,11 @@ def test_a_full_gpu_type_is_one_line_in_the_hub_log_not_an_error(ahub: Hub) -> N
         log = log_since(ahub, mark)
         assert "Traceback" not in log, log
         assert not re.search(r"^\[E ", log, re.M), log
+        # Each refusal's reason on one line (besides the request's own access-log line), at INFO
+        # or WARNING: not repeated by the form's handler nor by tornado.
+        reasons = [ln for ln in log.splitlines() if "No rtx-4090 available" in ln]
+        assert len(reasons) == 3, reasons
+        assert all(ln.startswith(("[I ", "[W ")) for ln in reasons), reasons
         line = next(ln for ln in log.splitlines() if f"Not starting {refused}'s server" in ln)
         assert line.startswith("[I ") and "No rtx-4090 available" in line, line
     finally:

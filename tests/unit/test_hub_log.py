@@ -15,7 +15,7 @@ from jupyterhub import user as jupyterhub_user
 from jupyterhub.app import JupyterHub
 from jupyterhub.handlers import pages
 from tornado import web
-from tornado.log import app_log
+from tornado.log import app_log, gen_log
 
 from gpulab.hub_config.cli.hub_app import GpulabHub
 from gpulab.hub_config.hub_log import RoutineRefusals, quiet_refusals
@@ -54,12 +54,38 @@ def test_the_forms_traceback_of_a_refusal_is_dropped() -> None:
     assert not RoutineRefusals().filter(r)
 
 
-def test_installed_on_the_hubs_logger_and_on_tornados_app_log_once() -> None:
+def test_tornados_repeat_of_a_reason_just_logged_is_dropped() -> None:
+    logging.getLogger("JupyterHub").setLevel(logging.INFO)
+    quiet = RoutineRefusals()
+    assert quiet.filter(record(logging.ERROR, f"Error starting ann's server: {refusal(409)}"))
+    # tornado.web's log_exception: "%d %s: " + log_message, (status, request summary).
+    summary = "POST /hub/api/users/ann/server (127.0.0.1)"
+    repeat = logging.LogRecord(
+        "JupyterHub", logging.WARNING, "web.py", 2106, "%d %s: " + WHY, (409, summary), None
+    )
+    assert not quiet.filter(repeat)
+    # Another reason (a refusal JupyterHub's User.spawn never saw) is kept.
+    other = logging.LogRecord(
+        "JupyterHub",
+        logging.WARNING,
+        "web.py",
+        2106,
+        "%d %s: app: no such app",
+        (404, summary),
+        None,
+    )
+    assert quiet.filter(other)
+
+
+def test_one_filter_on_the_hubs_logger_and_tornados_app_and_general_logs() -> None:
     hub_log = logging.getLogger("test-hub-log")
     quiet_refusals(hub_log)
     quiet_refusals(hub_log)
-    for logger in (hub_log, app_log):
-        assert sum(isinstance(f, RoutineRefusals) for f in logger.filters) == 1
+    filters = [
+        [f for f in logger.filters if isinstance(f, RoutineRefusals)]
+        for logger in (hub_log, app_log, gen_log)
+    ]
+    assert all(len(f) == 1 for f in filters) and len({id(f[0]) for f in filters}) == 1
 
 
 def test_the_jupyterhub_messages_and_order_it_is_written_for() -> None:
