@@ -691,10 +691,14 @@ def human_period(usage: dict[str, Any], now_us: int) -> str:
     return f"{human_time(lo, now)} to {human_time(hi, now)}"
 
 
-def page_rows(usage: dict[str, Any], entries: list[dict[str, Any]], now_us: int) -> list[dict]:
+def page_rows(
+    usage: dict[str, Any], entries: list[dict[str, Any]], now_us: int, open_end: bool = False
+) -> list[dict]:
     """What the statement page lists, newest first: one row per session of ``usage`` (when,
     what it ran on, its total: the ledger's many small charges of a session are one amount),
-    and one per credit (trial, top-up, adjustment) posted in the statement's period."""
+    and one per credit (trial, top-up, adjustment) posted in the statement's period (``open_end``:
+    a period "so far", whose credits include those posted while the page was made, such as a
+    new account's trial credit)."""
     now = datetime.fromtimestamp(now_us / MICRO, UTC)
     rows: list[dict[str, Any]] = [
         {
@@ -724,7 +728,7 @@ def page_rows(usage: dict[str, Any], entries: list[dict[str, Any]], now_us: int)
     for e in entries:
         label = CREDIT_LABELS.get(e["kind"])
         created = _parse(e["created"])
-        if label is None or created is None or not (lo <= created < hi):
+        if label is None or created is None or not (lo <= created and (open_end or created < hi)):
             continue
         note = e["note"] or ""
         rows.append(

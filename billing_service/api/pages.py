@@ -45,7 +45,9 @@ class StatementPage(BaseHandler):
             chart=bar_chart(usage["daily"], usage["currency"], usage["time_zone"]),
             balance=balance,
             overview=overview,
-            rows=statements.page_rows(usage, entries, now),
+            rows=statements.page_rows(
+                usage, entries, now, open_end=not self.get_argument("to", "")
+            ),
             period=statements.human_period(usage, now),
             prefix=self.billing.prefix,
             hub=HubLinks(self.hub_auth.hub_prefix),
