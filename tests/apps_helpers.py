@@ -32,3 +32,22 @@ def apps_hub(factory: Callable[..., Hub], name: str, model: bool = True, **setti
     hub.start()
     wait_for(Billing(hub).up, 30, 0.2, "the billing service")
     return hub
+
+
+class Console:
+    """What a developer console shows in red for one tab: console errors, page errors and
+    answers >= 400 (the browser logs each of those as an error)."""
+
+    def __init__(self, page) -> None:
+        self.seen: list[str] = []
+        page.on("console", self._console)
+        page.on("pageerror", lambda e: self.seen.append(f"pageerror: {e}"))
+        page.on("response", self._response)
+
+    def _console(self, msg) -> None:
+        if msg.type == "error":
+            self.seen.append(f"console: {msg.text} ({msg.location.get('url', '')})")
+
+    def _response(self, response) -> None:
+        if response.status >= 400:
+            self.seen.append(f"{response.status} {response.request.method} {response.url}")

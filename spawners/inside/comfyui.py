@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import mimetypes
 import os
 import re
 import runpy
@@ -168,17 +169,19 @@ async def _relative_favicon_answer(response: Any) -> Any:
     from aiohttp import web
 
     body: bytes | None = None
+    kind = response.content_type
     if isinstance(response, web.FileResponse):
         path = getattr(response, "_path", None)
         if path is not None:
             body = await asyncio.to_thread(_read_file, Path(path))
+            # A file answer learns its type only when sent: the browser runs a module script
+            # only when it is named JavaScript.
+            kind = mimetypes.guess_type(str(path))[0] or "application/octet-stream"
     elif isinstance(response, web.Response) and isinstance(response.body, bytes):
         body = response.body
     if body is None or not FAVICON_RE.search(body):
         return response
-    out = web.Response(
-        body=relative_favicon(body), status=response.status, content_type=response.content_type
-    )
+    out = web.Response(body=relative_favicon(body), status=response.status, content_type=kind)
     if "Cache-Control" in response.headers:
         out.headers["Cache-Control"] = response.headers["Cache-Control"]
     return out

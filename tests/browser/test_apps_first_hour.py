@@ -22,7 +22,7 @@ import os
 from pathlib import Path
 
 import pytest
-from apps_helpers import apps_hub
+from apps_helpers import Console, apps_hub
 from harness import PASSWORD, SLOW, Hub, approved_user, browser_log_in, wait_for
 from playwright.sync_api import expect
 
@@ -34,25 +34,6 @@ def shot(page, name: str) -> None:
     if SHOTS:
         Path(SHOTS).mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(Path(SHOTS) / f"{name}.png"), full_page=True)
-
-
-class Console:
-    """What a developer console shows in red for one tab: console errors, page errors and
-    answers >= 400 (the browser logs each of those as an error)."""
-
-    def __init__(self, page) -> None:
-        self.seen: list[str] = []
-        page.on("console", self._console)
-        page.on("pageerror", lambda e: self.seen.append(f"pageerror: {e}"))
-        page.on("response", self._response)
-
-    def _console(self, msg) -> None:
-        if msg.type == "error":
-            self.seen.append(f"console: {msg.text} ({msg.location.get('url', '')})")
-
-    def _response(self, response) -> None:
-        if response.status >= 400:
-            self.seen.append(f"{response.status} {response.request.method} {response.url}")
 
 
 @pytest.fixture(scope="module")

@@ -29,6 +29,7 @@ from pathlib import Path
 import pytest
 import requests
 import websocket
+from apps_helpers import Console
 from billing.client import user_token
 from harness import FAST_BILLING_ENV, REPO, Hub, wait_for
 
@@ -131,7 +132,9 @@ def test_operator_enabled_comfyui_runs_on_a_unix_socket_behind_the_hub(chub: Hub
 
     # The progress favicon: named from the site root by the frontend, served relative to the
     # page instead, and its frames load through the proxy.
-    script = requests.get(info["url"] + "assets/app.js", headers=auth, timeout=30).text
+    answer = requests.get(info["url"] + "assets/app.js", headers=auth, timeout=30)
+    assert answer.headers["Content-Type"].startswith("text/javascript")  # a module runs only so
+    script = answer.text
     assert "'./assets/images/favicon_progress_16x16/frame_9.png'" in script
     assert "`./assets/images/favicon_progress_16x16/frame_" in script
     assert "'/assets/images" not in script and "`/assets/images" not in script
@@ -140,3 +143,53 @@ def test_operator_enabled_comfyui_runs_on_a_unix_socket_behind_the_hub(chub: Hub
     )
     assert frame.status_code == 200 and frame.content.startswith(b"\x89PNG")
     chub.stop_server(user)
+
+
+def test_comfyui_page_in_a_browser_loads_its_favicon_frames_without_errors(chub: Hub, browser):
+    """The issue's symptom as a person sees it: ComfyUI's frontend asked for
+    ``/assets/images/favicon_progress_16x16/frame_N.png`` at the site root (404 behind the hub);
+    the page now loads, its websocket delivers binary frames, and the console stays clean."""
+    from harness import PASSWORD, SLOW, approved_user, browser_log_in
+
+    name = approved_user(chub, "cf")
+    context = browser.new_context(viewport={"width": 1024, "height": 600})
+    page = context.new_page()
+    console = Console(page)
+    try:
+        browser_log_in(page, chub, name, PASSWORD, timeout=SLOW)
+        token = user_token(chub, name)
+        r = chub.api("POST", f"/gpulab/users/{name}/apps/comfyui/launch", token, json={})
+        assert r.status_code == 202, r.text
+        url = r.json()["url"]
+        wait_for(
+            lambda: (
+                (
+                    chub.api("GET", f"/gpulab/users/{name}/launch", token).json().get("app_probe")
+                    or {}
+                ).get("status")
+                == 200
+            ),
+            180,
+            0.5,
+            "ComfyUI to answer ready",
+        )
+        frames = []
+        page.on(
+            "response",
+            lambda resp: "favicon_progress_16x16" in resp.url and frames.append(resp),
+        )
+        page.goto(url)
+        page.locator("#ws", has_text="binary frames 1").wait_for(timeout=SLOW)
+        page.wait_for_load_state("networkidle")
+        if os.environ.get("GPULAB_SCREENSHOTS"):
+            page.screenshot(path=os.path.join(os.environ["GPULAB_SCREENSHOTS"], "comfyui.png"))
+        assert frames, "the page asked for no favicon frame"
+        prefix = chub.user_url(name, "comfyui/assets/images/favicon_progress_16x16/")
+        assert all(f.url.startswith(prefix) and f.status == 200 for f in frames), [
+            (f.url, f.status) for f in frames
+        ]
+        assert console.seen == [], console.seen
+    finally:
+        context.close()
+        if chub.server(name) is not None:
+            chub.stop_server(name)
