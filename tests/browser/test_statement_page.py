@@ -21,7 +21,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from billing.client import Billing, user_token
-from billing.scenario import heartbeat, kernel, server_start, server_stop
+from billing.scenario import app, heartbeat, kernel, server_start, server_stop
 from harness import PASSWORD, REPO, SLOW, Hub, approved_user, browser_log_in, wait_for
 
 SHOTS = REPO / "artifacts" / "screenshots"
@@ -181,5 +181,44 @@ def test_statement_groups_charges_per_session_with_human_dates_and_the_hubs_navb
     except Exception:
         shot(page, "statement-admin-failure")
         raise
+    finally:
+        context.close()
+
+
+def test_names_from_a_users_server_are_text_on_the_admins_page(sthub: Hub, browser) -> None:
+    """A user's server reports its kernels' and apps' names and ids (the user controls all of
+    it); the admin reads them on that user's statement. The new details (names, and ids in
+    ``title`` attributes) must stay text: a guard, the old page escaped them as well."""
+    billing = Billing(sthub)
+    user = approved_user(sthub, "stmtx", PASSWORD)
+    evil = '<img src=x onerror="window.pwned=1">\'"'
+    t0 = time.time() - 3600
+    run = 'x" onmouseover="window.pwned=2'
+    events = [
+        server_start(user, t0),
+        kernel("kernel_start", user, "k-" + evil, t0 + 1),
+        app("app_start", user, run, t0 + 2, name=evil),
+        heartbeat(user, t0 + 60, ["k-" + evil], apps=[run]),
+        kernel("kernel_stop", user, "k-" + evil, t0 + 120),
+        app("app_stop", user, run, t0 + 120, name=evil),
+        server_stop(user, t0 + 180),
+    ]
+    r = billing.post("api/v1/events", {"events": events})
+    assert r.status_code == 200, r.text
+    since = (datetime.now(UTC) - timedelta(days=1)).date().isoformat()
+    context = browser.new_context()
+    page = context.new_page()
+    try:
+        password = (sthub.data_dir / "admin-password").read_text().strip()
+        browser_log_in(page, sthub, "admin", password, timeout=SLOW)
+        page.goto(f"{sthub.url}/services/billing/?user={user}&from={since}", timeout=SLOW)
+        row = page.locator("#servers tr.session").first
+        row.locator("details summary").click()
+        app_row = row.locator("tr.app")
+        app_row.hover()
+        assert f"App: {evil}" in app_row.inner_text()
+        assert app_row.locator("small").get_attribute("title") == run
+        assert page.evaluate("window.pwned") is None
+        assert page.locator("img[src=x]").count() == 0
     finally:
         context.close()
