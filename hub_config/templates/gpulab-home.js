@@ -412,16 +412,12 @@
           tAppUp = secs();
         }
         if (probe && probe.status === 200) break;
-        if (probe && probe.status === 404) {
-          return fail(app.display_name + " is not configured in this server (404).");
-        }
+        // An app that cannot become ready (404, a failed stage, no model) is the hub's to end:
+        // its verdict (s.data.failed, above) says why and what it costs.
         if (up && !loadingShown) {
           loadingShown = true;
           step("Loading the model (" + secs().toFixed(1) + " s)");
           bar.style.width = "85%";
-        }
-        if (probe && probe.stage === "failed") {
-          return fail(app.display_name + " failed: " + probe.error);
         }
         if (secs() > app.timeout + 60) return fail(app.display_name + " did not become ready.");
         await sleep(250);
