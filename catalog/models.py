@@ -265,7 +265,7 @@ class Catalog(_Model):
             exclude={
                 "datasets": {"__all__": {"source"}},
                 "models": {"__all__": {"source"}},
-                "apps": {"__all__": {"command", "local_command"}},
+                "apps": {"__all__": {"command", "local_command", "local_checkout"}},
             },
         )
 
