@@ -49,13 +49,15 @@ class PoolAPIHandler(GpulabAPIHandler):
 
     def held_now(self, now: float, viewer: str | None) -> list[dict[str, Any]]:
         """The holds keeping cards off "free" now (the allocator's own test: from ``reclaim_from``
-        to ``end``, less the cards its servers already took), for people: a booking by its
+        to ``end``; ``cards`` all it holds, ``in_use`` those its own servers took), for people: a booking by its
         course's display name, a reservation by nobody's name but the viewer's own."""
         alloc = self.pool.allocator
         out = []
         for h in sorted(alloc.holds, key=lambda h: (h.start, h.hold_id)):
-            cards = h.cards - alloc.hold_used(h.hold_id)
-            if cards <= 0 or not (h.reclaim_from <= now < h.end):
+            # Every hold keeping cards now is listed, its cards in use by its own servers too
+            # (an open lab whose students took every card still explains "0 free").
+            in_use = alloc.hold_used(h.hold_id)
+            if h.cards <= 0 or not (h.reclaim_from <= now < h.end):
                 continue
             kind, _, name = h.account.partition(":")
             if h.kind == "booking" and kind == "course":
@@ -70,7 +72,8 @@ class PoolAPIHandler(GpulabAPIHandler):
                 {
                     "kind": h.kind,
                     "gpu_type": h.gpu_type,
-                    "cards": cards,
+                    "cards": h.cards,
+                    "in_use": min(in_use, h.cards),
                     "for": what,
                     "start": h.start,
                     "end": h.end,

@@ -77,6 +77,13 @@ class BookingKeeper(SingletonConfigurable):
         help="""How far ahead (days) a lab session may be booked: a booking's start more than this
         many days from now is refused (400, field start).""",
     )
+    start_grace_seconds = Float(
+        60.0,
+        config=True,
+        help="""How far in the past (seconds) a lab session's start may lie when it is booked (a
+        clock a little behind, a form sent slowly). A start further back is refused (400, field
+        start): a booking would otherwise hold cards at once for a window already under way.""",
+    )
     hold_margin_seconds = Float(
         600.0,
         config=True,
@@ -264,7 +271,8 @@ def parse_booking(
     """The booking ``body`` asks for, or :class:`CourseError` naming the first wrong field.
 
     Pure (no pool, no request), so every refusal is tested without a hub: a known type the
-    course allows, whole cards, a window that is not over, not longer than a session or
+    course allows, whole cards, a window that is not over and does not start in the past (beyond
+    ``start_grace_seconds``), not longer than a session or
     ``max_window_hours``, and not further ahead than ``max_days_ahead``.
     """
     unknown = sorted(set(body) - set(FIELDS))
@@ -300,6 +308,13 @@ def parse_booking(
         end = start + float(minutes) * 60
     if end <= now:
         raise CourseError(400, "start", f"the window {_iso(start)}-{_iso(end)} is over")
+    if start < now - keeper.start_grace_seconds:
+        raise CourseError(
+            400,
+            "start",
+            f"{_iso(start)} is in the past; a lab session starts now or later (at most "
+            f"{keeper.start_grace_seconds:g} s ago, BookingKeeper.start_grace_seconds)",
+        )
     if end <= start:
         raise CourseError(400, "end", "must be after start")
     if end - start > keeper.max_minutes * 60:

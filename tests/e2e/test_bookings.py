@@ -256,3 +256,44 @@ def test_a_course_holds_one_card_per_student_for_a_bounded_window(lab_hub: Hub) 
     finally:
         r = hub.api("DELETE", f"/gpulab/courses/one1/bookings/{first['id']}", token=token)
         assert r.status_code == 204
+
+
+def test_a_booking_cannot_start_in_the_past_and_an_open_one_is_listed_as_held(
+    lab_hub: Hub,
+) -> None:
+    """Issue 22, attack F5: a teacher booked a window that began 30 minutes ago (201, state open)
+    and it held cards at once, while /hub/api/gpulab/pool's held_now did not list the open lab
+    once its students' servers took its cards, so everyone else saw "0 free" with no reason.
+    Now a start more than BookingKeeper.start_grace_seconds in the past is a 400 naming start
+    (nothing held), and a booking starting now is in held_now while its servers use the cards."""
+    hub = lab_hub
+    make_course(hub, "past1", ["pastprof"])
+    token = token_for(hub, "pastprof")
+    assert roster(hub, "past1", "pastann,student\n", hub.token).status_code == 200
+    free = hub.free("rtx-4090")
+
+    got = book(hub, "past1", token, gpu_type="rtx-4090", cards=1,
+               start=iso(time.time() - 1800), minutes=60)  # fmt: skip
+    assert (got["status"], got["field"]) == (400, "start"), got
+    assert "in the past" in got["message"] and "start_grace_seconds" in got["message"], got
+    assert hub.free("rtx-4090") == free
+    listed = hub.api("GET", "/gpulab/courses/past1/bookings", token=token).json()["bookings"]
+    assert listed == []
+
+    got = book(hub, "past1", token, gpu_type="rtx-4090", cards=1, start=iso(time.time()),
+               minutes=5)  # fmt: skip
+    assert got["status"] == 201, got
+    try:
+        wait_for(lambda: (hub.server("pastann") or {}).get("ready"), 60, 0.5, "pastann's server")
+
+        def held() -> list[dict]:
+            return [h for h in hub.pool()["held_now"] if "Course past1" in h["for"]]
+
+        (h,) = held() or [None]
+        assert h is not None, hub.pool()["held_now"]
+        assert (h["gpu_type"], h["cards"], h["begun"]) == ("rtx-4090", 1, True), h
+    finally:
+        r = hub.api("DELETE", f"/gpulab/courses/past1/bookings/{got['id']}", token=token)
+        assert r.status_code == 204
+        if hub.server("pastann"):
+            hub.stop_server("pastann")
