@@ -70,6 +70,13 @@ class Course(BaseModel):
     # Existing users a teacher put on the roster as students: they join when they accept (the
     # course's staff would otherwise reach their servers and files without their say).
     invited: tuple[str, ...] = ()
+    # Those of ``invited`` the roster named as TAs: accepting makes them a TA, not a student.
+    invited_tas: tuple[str, ...] = ()
+
+    def invited_as(self, user: str) -> str | None:
+        if user not in self.invited:
+            return None
+        return "ta" if user in self.invited_tas else "student"
 
     @property
     def title(self) -> str:

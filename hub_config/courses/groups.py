@@ -164,28 +164,42 @@ def add_members(
     return updated
 
 
-def invite(db: Any, group: Any, course: Course, names: Iterable[str]) -> Course:
-    """Invite existing users to join as students (see :attr:`Course.invited`)."""
+def invite(
+    db: Any, group: Any, course: Course, names: Iterable[str], tas: Iterable[str] = ()
+) -> Course:
+    """Invite existing users to join as students, those in ``tas`` as TAs (see
+    :attr:`Course.invited`); nobody gets the role before they accept."""
+    tas, names = set(tas), list(names)
+    names += [n for n in sorted(tas) if n not in names]
     invited = [*course.invited, *(n for n in names if n not in course.invited)]
-    updated = course.model_copy(update={"invited": tuple(invited)})
+    as_ta = [n for n in course.invited_tas if n not in names] + [n for n in names if n in tas]
+    updated = course.model_copy(update={"invited": tuple(invited), "invited_tas": tuple(as_ta)})
     _store(db, group, updated)
     return updated
 
 
 def accept(db: Any, group: Any, course: Course, name: str, make_user: MakeUser) -> Course:
-    """``name`` accepts their invitation: they join as a student."""
-    if name not in course.invited:
+    """``name`` accepts their invitation: they join in the role it names (student or TA)."""
+    role = course.invited_as(name)
+    if role is None:
         raise CourseError(404, "course", f"{name!r} has no invitation to course {course.name}")
-    pending = course.model_copy(update={"invited": tuple(n for n in course.invited if n != name)})
-    return add_members(db, group, pending, [(name, "student")], make_user)
+    pending = _uninvite(course, name)
+    return add_members(db, group, pending, [(name, role)], make_user)
+
+
+def _uninvite(course: Course, name: str) -> Course:
+    return course.model_copy(
+        update={
+            "invited": tuple(n for n in course.invited if n != name),
+            "invited_tas": tuple(n for n in course.invited_tas if n != name),
+        }
+    )
 
 
 def remove_member(db: Any, group: Any, course: Course, name: str) -> Course:
     user = orm.User.find(db, name)
     if name in course.invited:
-        updated = course.model_copy(
-            update={"invited": tuple(n for n in course.invited if n != name)}
-        )
+        updated = _uninvite(course, name)
         _store(db, group, updated)
         return updated
     if user is None or (

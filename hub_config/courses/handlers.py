@@ -284,6 +284,8 @@ class CoursesAPIHandler(CourseAPIHandler):
         out = []
         for group, course, role in listed:
             entry = {"name": course.name, "display_name": course.title, "role": role}
+            if role == "invited":
+                entry["invited_as"] = course.invited_as(getattr(me, "name", ""))
             if role != "student":
                 entry["students"] = len(group.users)
             out.append(entry)
@@ -404,9 +406,10 @@ class RosterAPIHandler(CourseAPIHandler):
                         "only an admin (admin:groups) adds teachers; use ta or student",
                     )
         before = set(groups.students(group)) | set(course.teachers) | set(course.tas)
-        # A student row naming someone the hub already has (and who is not in this course yet)
-        # is an invitation they accept: the course's staff would otherwise reach their server
-        # and files without their say. The enrol rule (courses/staff.py) says who adds them
+        # A student or TA row naming someone the hub already has (and who is not in this course
+        # yet) is an invitation they accept: the course's staff would otherwise reach their
+        # server and files without their say, and a TA would get power over the students'
+        # servers and the course pool without being asked. The enrol rule (courses/staff.py) says who adds them
         # directly instead: an admin, or a teacher who already TEACHES them elsewhere.
         taught = None if self.has_scope("admin:groups") else taught_students(self.db, me_name(self))
 
@@ -416,7 +419,7 @@ class RosterAPIHandler(CourseAPIHandler):
         invite = [
             r.username
             for r in rows
-            if r.role == "student"
+            if r.role in ("student", "ta")
             and r.username not in before
             and not enrols_directly(self, r.username, taught)
             and exists(r.username)
@@ -425,7 +428,8 @@ class RosterAPIHandler(CourseAPIHandler):
         report = roster_report(rows, course, members, set(invite), exists)
         updated = groups.add_members(self.db, group, course, rows_now, self.make_user)
         if invite:
-            updated = groups.invite(self.db, group, updated, invite)
+            tas = [r.username for r in rows if r.role == "ta" and r.username in invite]
+            updated = groups.invite(self.db, group, updated, invite, tas)
         added = [name for name, _ in rows_now if name not in before]
         self.log.info(
             "Roster of %s: %d rows, %d new, %d invited", course.name, len(rows), len(added),
@@ -452,8 +456,9 @@ class JoinAPIHandler(CourseAPIHandler):
         if me is None or getattr(me, "kind", "") != "user":
             raise web.HTTPError(403, "Missing or invalid credentials.")
         group, course = self.course_for_invitee(group_name, me.name)
+        role = course.invited_as(me.name)
         updated = groups.accept(self.db, group, course, me.name, self.make_user)
-        self.write(json.dumps({"course": updated.name, "role": "student"}))
+        self.write(json.dumps({"course": updated.name, "role": role}))
 
     def course_for_invitee(self, name: str, user: str) -> tuple[Any, Course]:
         found = groups.find(self.db, name)

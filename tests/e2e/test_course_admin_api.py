@@ -186,3 +186,45 @@ def test_cards_held_now_are_explained_and_tomorrow_holds_none(hub: Hub) -> None:
     finally:
         for booking in made:
             hub.api("DELETE", f"/gpulab/courses/{course}/bookings/{booking}", token=teacher)
+
+
+def test_an_existing_user_named_ta_is_invited_not_made_ta(hub: Hub) -> None:
+    """Issue 22, attack F2: a teacher's roster row ``username,ta`` made an existing user a TA at
+    once ("added (existing user)"), with power over the students' servers and the course pool,
+    without being asked. Now it is an invitation (like a student row) that records the role: the
+    user reaches nothing of the course until they accept, and accepting makes them a TA."""
+    tag = uuid.uuid4().hex[:5]
+    course = f"tai{tag}"
+    make_course(hub, course, [f"tt{tag}"])
+    teacher = token_for(hub, f"tt{tag}")
+    student = hub.create_user(f"ts{tag}")
+    assert roster(hub, course, f"{student},student\n", hub.token).status_code == 200
+    mal = hub.create_user(f"tm{tag}")
+    m_token = token_for(hub, mal)
+
+    r = roster(hub, course, f"username,role\n{mal},ta\n", teacher)
+    assert r.status_code == 200, r.text
+    (row,) = r.json()["report"]
+    assert (row["outcome"], row["role"]) == ("invited", "ta"), row
+    assert row["message"].startswith("invitation sent (existing user")
+    assert r.json()["added"] == [] and mal not in r.json()["course"]["tas"]
+
+    # Not a TA yet: no course read, no start of a student's server.
+    assert hub.api("GET", f"/gpulab/courses/{course}", token=m_token).status_code in (403, 404)
+    r = hub.api("POST", f"/users/{student}/server", token=m_token,
+                json={"gpu": "none", "course": course})  # fmt: skip
+    assert r.status_code in (403, 404), r.text
+    assert hub.server(student) is None
+    listed = hub.api("GET", "/gpulab/courses", token=m_token).json()["courses"]
+    assert [(c["name"], c["role"], c.get("invited_as")) for c in listed] == [
+        (course, "invited", "ta")
+    ]
+
+    # Accepting makes them a TA (not a student) and the invitation is gone.
+    r = hub.api("POST", f"/gpulab/courses/{course}/join", token=m_token)
+    assert r.status_code == 200, r.text
+    assert r.json()["role"] == "ta"
+    now = hub.api("GET", f"/gpulab/courses/{course}", token=m_token)
+    assert now.status_code == 200, now.text
+    assert mal in now.json()["tas"] and mal not in now.json()["students"]
+    assert now.json()["invited"] == []
