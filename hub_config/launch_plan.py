@@ -20,6 +20,9 @@ from gpulab.catalog import NO_GPU, App, Catalog
 from gpulab.catalog.pricing import ON_DEMAND, quote
 from gpulab.spawners.options import PRICING, OptionsError, app_gpu_types, parse_max_price
 
+# A tile's GPU choice that names no type: the cheapest free one that fits.
+CHEAPEST = ""
+
 
 class LaunchRefused(Exception):
     """A launch that cannot go ahead; ``status`` is the HTTP answer, the message names a fix
@@ -180,7 +183,7 @@ def plan_table(
     cheapest free one that fits) and each pricing: ``{"gpu", "price_per_hour", "price_kind"}``
     or ``{"refused": why}``, in plain words."""
     table: dict[str, dict[str, dict[str, Any]]] = {}
-    for gpu in ["", *choices]:
+    for gpu in [CHEAPEST, *choices]:
         row: dict[str, dict[str, Any]] = {}
         for pricing in PRICING:
             if gpu == NO_GPU and pricing == "spot":

@@ -11,7 +11,7 @@ from pathlib import Path
 SD_PIPELINE = "StableDiffusionPipeline"
 # A file in a model's folder saying its weights are random (gpulab's tiny demo model): the page
 # says so, since such a model draws noise whatever the prompt.
-RANDOM_WEIGHTS_MARK = "GPULAB_RANDOM_WEIGHTS"
+RANDOM_WEIGHTS_MARK = "random-weights.txt"
 # The catalog's demo model, from before the mark was written.
 DEMO_MODEL = "tiny-sd"
 
