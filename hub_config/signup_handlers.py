@@ -38,6 +38,8 @@ from nativeauthenticator.handlers import (
 from nativeauthenticator.orm import UserInfo
 from tornado import web
 
+from gpulab.hub_config.courses.roster import USERNAME_RE
+
 ACTION_PAGE = "signup-action.html"
 FORM_PAGE = "signup-form.html"
 DONE_PAGE = "signup-done.html"
@@ -123,6 +125,17 @@ class SignUp(SignUpHandler):
         name = auth.normalize_username(username)
         if not name:
             return 400, "username", "Username: required."
+        if not USERNAME_RE.match(name):
+            # The roster's rule (names become Unix accounts and paths): plain ASCII only, so
+            # nobody signs up as a look-alike of someone else (full-width letters, a zero-width space, a dotless i).
+            return (
+                400,
+                "username",
+                (
+                    f"Username: {username!r} is not allowed (lower-case letters a-z, digits, '.', "
+                    "'_' and '-', starting with a letter or digit, at most 63 characters)."
+                ),
+            )
         if not auth.validate_username(name):
             allowed = "no spaces, commas or slashes, and not only dots"
             if auth.username_pattern:

@@ -21,6 +21,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pytest
 from harness import (
     PASSWORD,
     Hub,
@@ -175,6 +176,24 @@ def test_a_sign_up_with_a_common_password_is_refused(hub: Hub) -> None:
     r = WebSession(hub).signup(name, "password123")
     assert "not too common" in r.text, r.text[-2000:]
     assert not listed(hub, name)
+
+
+@pytest.mark.parametrize(
+    "look_alike",
+    ["\uff41dmin", "ad\u200bmin", "adm\u0131n", "\uff54\uff49\uff4e\uff41"],
+    ids=["fullwidth-a", "zero-width-space", "dotless-i", "fullwidth-name"],
+)
+def test_a_look_alike_name_cannot_sign_up(hub: Hub, look_alike: str) -> None:
+    """Attack (issue 22 wave, F4): sign-up took "admin" with a full-width a, with a zero-width
+    space (shown exactly as "admin"), with a dotless i, and a teacher's name in full-width letters, each able to log in and to pass
+    as someone else wherever names are shown. Sign-up now takes the roster's plain ASCII rule:
+    a 400 naming the field and what is allowed, nobody listed, no log-in."""
+    web = WebSession(hub)
+    r = web.signup(look_alike, PASSWORD)
+    assert r.status_code == 400, (r.status_code, r.text[-1500:])
+    assert "Username:" in r.text and "lower-case letters a-z" in r.text
+    assert not listed(hub, look_alike)
+    assert not WebSession(hub).login(look_alike, PASSWORD)
 
 
 def shot(page, name: str) -> None:
