@@ -27,7 +27,8 @@ Rules (one string, so that an operator sets one traitlet):
 - ``fixed:AMOUNT``: a fixed amount in the catalog currency, e.g. ``fixed:1.00``.
 
 A failed launch (reason ``launch-failed``: the hub stopped a server whose app could not become
-ready) is credited the session's whole charge whatever the rule, so that it costs nothing.
+ready) is credited the session's whole charge whatever the rule, so that it costs nothing,
+unless notebooks ran on its server meanwhile (then nothing: the server was used).
 
 The amount is computed when the compensation is posted and never re-computed: a replay of the
 same key answers the entry already made.
@@ -42,7 +43,7 @@ from sqlalchemy import Connection, select
 
 from gpulab.billing_service import courses, ledger, reservations
 from gpulab.billing_service.metering import session_intervals
-from gpulab.billing_service.models import MICRO, ServerSession
+from gpulab.billing_service.models import MICRO, KernelSpan, ServerSession
 from gpulab.billing_service.rating import (
     PriceBook,
     bid_of,
@@ -51,6 +52,7 @@ from gpulab.billing_service.rating import (
     rated_pricing,
     to_micro,
 )
+from gpulab.billing_service.schemas import APP_PREFIX, OBSERVED_PREFIX
 
 KIND = "compensation"
 # A launch the hub ended because its app could not become ready (no model, the app died, it
@@ -161,6 +163,12 @@ def compensate(
         if reason == LAUNCH_FAILED:
             rule = WHOLE_SESSION
         amount = rule.amount(conn, prices, sess, until_us)
+        if reason == LAUNCH_FAILED and notebooks_ran(conn, sess.id):
+            # The user's own server says when its app is ready: a launch they stall on purpose
+            # while running notebooks would be free GPU time (attack wave F1). A failed launch
+            # whose server ran kernels was used: nothing is credited.
+            amount = 0
+            note = (note + "; " if note else "") + "not credited: notebooks ran on the server"
         pool_part, own_part = split(conn, sess, amount)
         what = "launch failed" if reason == LAUNCH_FAILED else f"{reason}, checkpoint {checkpoint}"
         text = (
@@ -210,6 +218,15 @@ def compensate(
             f"session {row.session_id}"
         )
     return row, False
+
+
+def notebooks_ran(conn: Connection, session_id: int) -> bool:
+    """Whether any kernel (not the app's own span, nor the hub's observation) was seen in the
+    session: its server was used beyond the app that failed to start."""
+    ids = conn.execute(
+        select(KernelSpan.kernel_id).where(KernelSpan.session_id == session_id)
+    ).scalars()
+    return any(not k.startswith((APP_PREFIX, OBSERVED_PREFIX)) for k in ids)
 
 
 def split(conn: Connection, sess, amount: int) -> tuple[int, int]:

@@ -210,7 +210,11 @@ class LaunchWatch(SingletonConfigurable):
             recent.append(now)
         self._credited[user] = recent
         if credit or compensate is None:
-            charged = "this launch is not charged" if credit else "no charge was made"
+            charged = (
+                "this launch is not charged (unless notebooks ran on the server meanwhile)"
+                if credit
+                else "no charge was made"
+            )
         else:
             charged = (
                 f"this launch is charged as usual ({len(recent)} launches that could not start "

@@ -8,7 +8,7 @@ import time
 import uuid
 
 import pytest
-from billing.scenario import heartbeat, kernel, server_start, server_stop
+from billing.scenario import app, heartbeat, kernel, server_start, server_stop
 
 from gpulab.billing_service import ledger, statements
 from gpulab.billing_service.compensation import Rule, compensate, find_session
@@ -186,3 +186,42 @@ def test_a_course_sessions_compensation_goes_back_to_whoever_paid(
         assert not created
         assert ledger.balance(conn, ledger.pool(course)) == pool_before + pool_paid
         assert ledger.balance(conn, user) == own_before + own_paid
+
+
+@pytest.mark.parametrize("notebooks", [False, True], ids=["app-only", "kernel-ran"])
+def test_a_failed_launch_is_credited_only_if_no_notebook_ran(engine, notebooks) -> None:
+    """Attack wave F1 (issue 22): a user stalled their own app (its readiness answer is theirs)
+    and ran a kernel on the card for the 5.5 minutes the hub waited; the failed launch was then
+    credited whole: free GPU time. A launch-failed credit now covers a session in which only
+    the app ran; a session whose server ran kernels is credited nothing, and says why."""
+    user = f"l{uuid.uuid4().hex[:8]}"
+    events = [server_start(user, T0), app("app_start", user, "r1", T0)]
+    if notebooks:
+        events.append(kernel("kernel_start", user, "k1", T0 + 10))
+    events += [
+        heartbeat(user, T0 + t, ["k1"] if notebooks else [], apps=["r1"])
+        for t in range(30, 331, 30)
+    ]
+    events.append(server_stop(user, T0 + 330))
+    ingest(engine, parse_batch({"events": events}, time.time()), PRICES, 10 * MICRO, 0)
+    with engine.begin() as conn:
+        sess = find_session(conn, user, "", None)
+        entry, created = compensate(
+            conn,
+            PRICES,
+            Rule.parse("last-minutes:1"),
+            sess,
+            reason="launch-failed",
+            checkpoint="not-run",
+            key=f"launch-failed-{user}",
+            note="",
+            actor="hub",
+            now_us=0,
+            until_us=0,
+        )
+    assert created
+    if notebooks:
+        assert entry.amount_micro == 0 and "notebooks ran" in entry.note
+    else:
+        # The whole session (330 s of an A100 at 2.10/h), not the operator's last minute.
+        assert entry.amount_micro == 192_500
