@@ -203,6 +203,10 @@ def _as_int(field: str, value: Any) -> int:
     raise OptionsError(field, f"must be a whole number, not {value!r}", human)
 
 
+# A price as people write it: ASCII digits, an optional fraction and exponent.
+_PLAIN_NUMBER = re.compile(r"[0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?|\.[0-9]+(?:[eE][+-]?[0-9]+)?")
+
+
 def parse_max_price(value: Any, field: str = "max_price") -> Decimal:
     """A max price as the user wrote it (a JSON number or a string) -> Decimal, or OptionsError
     naming ``field``: not a number, NaN or infinite, zero or negative, or more decimal places
@@ -218,6 +222,10 @@ def parse_max_price(value: Any, field: str = "max_price") -> Decimal:
     if isinstance(value, float) and not math.isfinite(value):
         raise OptionsError(field, api, plain)
     text = str(value).strip()
+    if isinstance(value, str) and not _PLAIN_NUMBER.fullmatch(text):
+        # Decimal() also reads non-ASCII digits, "1_0" and "+1": one ASCII grammar is simpler to reason
+        # about (attack wave F8), and what people type in a price box fits it.
+        raise OptionsError(field, api, plain)
     try:
         price = Decimal(text)
     except InvalidOperation:

@@ -26,7 +26,12 @@ SPOT = {"gpu": "rtx-4090", "pricing": "spot"}
 
 
 @pytest.mark.parametrize(
-    "value", ["abc", "-1", "0", "NaN", "Infinity", "1e999999", "1e-9", " ", [], True]
+    "value",
+    # The last five were read by Decimal() as 1, 3, 100, 10 and 1 (attack wave F8).
+    [
+        *("abc", "-1", "0", "NaN", "Infinity", "1e999999", "1e-9", " ", [], True),
+        *("\uff11", "\u0663", "\U0001d7cf\U0001d7ce\U0001d7ce", "1_0", "+1"),
+    ],
 )
 def test_unreadable_max_price_is_refused_naming_the_field(value) -> None:
     with pytest.raises(OptionsError) as e:
