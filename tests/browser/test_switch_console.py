@@ -19,6 +19,7 @@ import json
 import re
 
 import pytest
+from apps_helpers import Console as Errors
 from harness import PASSWORD, REPO, SLOW, Hub, approved_user, browser_log_in
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
@@ -54,25 +55,6 @@ def wait_mode(page, expected: str) -> None:
         arg=expected,
         timeout=SLOW,
     )
-
-
-class Errors:
-    """Everything a developer console would show in red for one tab: console errors, page
-    errors, and answers >= 400 (a 503 from the proxy is logged by the browser as an error)."""
-
-    def __init__(self, page) -> None:
-        self.seen: list[str] = []
-        page.on("console", self._console)
-        page.on("pageerror", lambda e: self.seen.append(f"pageerror: {e}"))
-        page.on("response", self._response)
-
-    def _console(self, msg) -> None:
-        if msg.type == "error":
-            self.seen.append(f"console: {msg.text} ({msg.location.get('url', '')})")
-
-    def _response(self, response) -> None:
-        if response.status >= 400:
-            self.seen.append(f"{response.status} {response.request.method} {response.url}")
 
 
 def notebook_json() -> str:
