@@ -70,6 +70,12 @@
         item.dataset.course = c.name;
         item.querySelector(".gpulab-invitation-title").textContent = c.display_name || c.name;
         item.querySelector(".gpulab-invitation-name").textContent = "(" + c.name + ")";
+        if (c.invited_as === "ta") {
+          // A TA may open, start and stop the course's students' servers, on its pool.
+          item.querySelector(".gpulab-invitation-role").textContent = "TA";
+          item.querySelector(".gpulab-invitation-what").textContent =
+            "As a TA you will be able to open, start and stop its students' servers.";
+        }
         item.querySelector(".gpulab-invitation-accept").addEventListener("click", function () {
           answer(c, "join", item);
         });
