@@ -190,6 +190,78 @@ class ServerLimits(_Model):
     )
 
 
+GiB = 2**30
+
+
+class Storage(_Model):
+    """Each user's persistent home: its free size, what more costs, and how long it is kept.
+
+    Sizes are in GB (2**30 bytes; a fraction is allowed, so a test can use a small home). The
+    home's size is its quota: a write past it fails in the writer's own code (ENOSPC/EDQUOT)."""
+
+    free_gb: Decimal = Field(
+        Decimal(50),
+        gt=0,
+        max_digits=12,
+        decimal_places=6,
+        description="Quota every user gets free of charge.",
+    )
+    max_gb: Decimal = Field(
+        Decimal(500),
+        gt=0,
+        max_digits=12,
+        decimal_places=6,
+        description="Most a user may raise their own quota to (operator's limit).",
+    )
+    price_per_gb_day: Money = Field(
+        Decimal("0.01"), description="Price of each GB of quota above free_gb, per day."
+    )
+    tmp_gb: Decimal = Field(
+        Decimal(10),
+        gt=0,
+        max_digits=12,
+        decimal_places=6,
+        description="Size of each server's /tmp (scratch, wiped when the server stops).",
+    )
+    shm_gb: Decimal = Field(
+        Decimal(2),
+        gt=0,
+        max_digits=12,
+        decimal_places=6,
+        description="Size of each server's /dev/shm (wiped when the server stops).",
+    )
+    keep_days: int = Field(
+        90,
+        ge=1,
+        description="Days a home is kept after its user last ran a server; then it is released.",
+    )
+    warn_days: tuple[int, ...] = Field(
+        (14, 3), description="Days before release at which the user is warned (each once)."
+    )
+
+    @model_validator(mode="after")
+    def _check_sizes(self) -> Storage:
+        if self.max_gb < self.free_gb:
+            raise ValueError(f"max_gb ({self.max_gb}) must be at least free_gb ({self.free_gb})")
+        if any(d < 1 or d >= self.keep_days for d in self.warn_days):
+            raise ValueError(
+                f"warn_days must each be between 1 and keep_days - 1 ({self.keep_days - 1})"
+            )
+        return self
+
+    def bytes_of(self, gb: Decimal) -> int:
+        """GB (2**30 bytes, fractions allowed) as a whole number of bytes."""
+        return int(gb * GiB)
+
+    @property
+    def free_bytes(self) -> int:
+        return self.bytes_of(self.free_gb)
+
+    @property
+    def max_bytes(self) -> int:
+        return self.bytes_of(self.max_gb)
+
+
 class Catalog(_Model):
     currency: str = Field(pattern=r"^[A-Z]{3}$")
     trial_credit: Money
@@ -202,6 +274,7 @@ class Catalog(_Model):
     apps: dict[str, App] = Field(default_factory=lambda: {DEFAULT_APP: JUPYTERLAB})
     models: dict[str, StoreModel] = Field(default_factory=dict)
     limits: ServerLimits = Field(default_factory=ServerLimits)
+    storage: Storage = Field(default_factory=Storage)
 
     @model_validator(mode="before")
     @classmethod

@@ -20,6 +20,7 @@ from traitlets.config import SingletonConfigurable
 from gpulab.catalog import Catalog, load_catalog, settings
 from gpulab.spawners.node.allocator import GpuAllocator
 from gpulab.spawners.node.inventory import GpuDevice, GpuInventory
+from gpulab.spawners.storage.homes import HomeStore
 
 
 class GpuPool(SingletonConfigurable):
@@ -48,6 +49,7 @@ class GpuPool(SingletonConfigurable):
     catalog = Instance(Catalog)
     inventory = Instance(GpuInventory)
     allocator = Instance(GpuAllocator)
+    homes = Instance(HomeStore)
 
     @default("data_dir")
     def _default_data_dir(self) -> str:
@@ -60,6 +62,10 @@ class GpuPool(SingletonConfigurable):
     @default("inventory")
     def _default_inventory(self) -> GpuInventory:
         return GpuInventory(self.catalog, parent=self)
+
+    @default("homes")
+    def _default_homes(self) -> HomeStore:
+        return HomeStore(self.data_dir, self.catalog.storage, parent=self)
 
     @default("allocator")
     def _default_allocator(self) -> GpuAllocator:

@@ -1,0 +1,236 @@
+"""The home store: one persistent home per user, its quota and its measured usage.
+
+Every spawner asks the store for a user's home before a server starts (``ensure``), the hub's
+storage API and billing's metering read ``usage``/``scan``, and a user raises their quota with
+``set_quota``. Two backends sit behind one interface:
+
+- ``image``: each home is a filesystem image of its own, loop-mounted at the home's path, so the
+  kernel enforces the quota (ENOSPC in the writer's code), hard links cannot cross into another
+  home, and measuring a home is one ``statvfs`` (see :mod:`.loopfs`). Needs root.
+- ``directory``: a plain folder, measured by a walk that never follows a link and never leaves
+  the home's filesystem. Nothing is enforced, and every answer says so (``enforced: false``).
+
+All methods block (filesystem calls, mounts): the hub calls them in a thread.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from traitlets import Unicode
+from traitlets.config import LoggingConfigurable
+
+from gpulab.catalog.models import Storage
+
+MODES = ("auto", "image", "directory")
+
+
+class StorageError(ValueError):
+    """A quota or home request that cannot be done; ``field`` names what was wrong."""
+
+    def __init__(self, message: str, field: str = "quota_gb", status: int = 400) -> None:
+        super().__init__(message)
+        self.field = field
+        self.status = status
+
+
+@dataclass(frozen=True)
+class HomeUsage:
+    """One home as the hub measured it."""
+
+    name: str
+    used_bytes: int
+    quota_bytes: int
+    files: int | None  # files and folders (inodes) in use, where known
+    files_limit: int | None  # most files the home can hold (image backend), else None
+    enforced: bool  # the kernel refuses writes past quota_bytes
+    measured_at: float  # unix time of the measurement
+
+    @property
+    def percent(self) -> float:
+        return 100.0 * self.used_bytes / self.quota_bytes if self.quota_bytes else 0.0
+
+    def as_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["percent"] = round(self.percent, 2)
+        return out
+
+
+def home_name(user_name: str) -> str:
+    """A user name made safe as one path component (the spawners' ``user_home_name``)."""
+    out = []
+    for ch in user_name:
+        out.append(ch if ch.isascii() and (ch.isalnum() or ch in "_-") else f"-{ord(ch):x}-")
+    return "".join(out)
+
+
+def walk_usage(root: Path) -> tuple[int, int]:
+    """(bytes allocated, files) under ``root``: hard links counted once, links never followed,
+    nothing outside ``root``'s filesystem. Sparse files count what they hold, not their length."""
+    try:
+        top = os.lstat(root)
+    except FileNotFoundError:
+        return 0, 0
+    if not stat.S_ISDIR(top.st_mode):
+        return 0, 0
+    seen: set[tuple[int, int]] = set()
+    used = 0
+    for _dirpath, dirnames, filenames, dirfd in os.fwalk(root, follow_symlinks=False):
+        keep = []
+        for name in dirnames + filenames:
+            try:
+                st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            if st.st_dev != top.st_dev:
+                continue  # a mount below the home (a dataset bind) is not the home's
+            key = (st.st_dev, st.st_ino)
+            if key in seen:
+                continue
+            seen.add(key)
+            used += st.st_blocks * 512
+            if name in dirnames and stat.S_ISDIR(st.st_mode):
+                keep.append(name)
+        dirnames[:] = [d for d in dirnames if d in keep]
+    return used + top.st_blocks * 512, len(seen) + 1
+
+
+class HomeStore(LoggingConfigurable):
+    """The homes of this node's users (one per hub process, made by the pool)."""
+
+    mode = Unicode(
+        "auto",
+        config=True,
+        help="""How homes are kept and their quota enforced: 'image' (a filesystem image per
+        user, loop-mounted at the home: the kernel enforces the quota; needs root), 'directory'
+        (plain folders: usage is measured but not enforced, and every answer says so), or 'auto'
+        (image where the hub runs as root and can loop-mount, else directory).""",
+    )
+
+    def __init__(self, data_dir: str | os.PathLike, storage: Storage, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if self.mode not in MODES:
+            raise ValueError(f"HomeStore.mode: {self.mode!r} is not allowed; allowed: {MODES}")
+        self.data_dir = Path(data_dir)
+        self.storage = storage
+        self._lock = threading.Lock()
+
+    # ---- where -------------------------------------------------------------------------------
+
+    @property
+    def homes_dir(self) -> Path:
+        return self.data_dir / "users"
+
+    def path(self, name: str) -> Path:
+        """Where the home of ``name`` (a :func:`home_name`) lives on this machine."""
+        return self.homes_dir / name
+
+    @property
+    def enforced(self) -> bool:
+        """Whether the kernel enforces quotas on this hub."""
+        return self.backend == "image"
+
+    @property
+    def backend(self) -> str:
+        if self.mode == "auto":
+            return "directory"  # the image backend takes over 'auto' where it can run
+        return self.mode
+
+    # ---- quotas ------------------------------------------------------------------------------
+
+    @property
+    def _quota_file(self) -> Path:
+        return self.data_dir / "storage" / "quotas.json"
+
+    def _quotas(self) -> dict[str, int]:
+        try:
+            return {k: int(v) for k, v in json.loads(self._quota_file.read_text()).items()}
+        except FileNotFoundError:
+            return {}
+
+    def quota(self, name: str) -> int:
+        """The quota of ``name`` in bytes: the free size unless they raised it."""
+        return self._quotas().get(name, self.storage.free_bytes)
+
+    def set_quota(self, name: str, quota_bytes: int) -> HomeUsage:
+        """Set the quota of ``name``: between the free size and the operator's maximum, and never
+        below what the home holds now (StorageError naming ``quota_gb`` otherwise)."""
+        s = self.storage
+        if not s.free_bytes <= quota_bytes <= s.max_bytes:
+            raise StorageError(
+                f"quota_gb must be between {s.free_gb} and {s.max_gb} (GB); "
+                f"got {quota_bytes / 2**30:.3f}"
+            )
+        with self._lock:
+            now = self.usage(name)
+            if quota_bytes < now.used_bytes:
+                raise StorageError(
+                    f"quota_gb: the home holds {now.used_bytes / 2**30:.3f} GB; delete files "
+                    "first or choose a larger quota",
+                    status=409,
+                )
+            quotas = self._quotas()
+            if quota_bytes == s.free_bytes:
+                quotas.pop(name, None)
+            else:
+                quotas[name] = quota_bytes
+            self._write_quotas(quotas)
+        return self.usage(name)
+
+    def _write_quotas(self, quotas: dict[str, int]) -> None:
+        path = self._quota_file
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "w") as f:
+            json.dump(quotas, f, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+
+    # ---- homes -------------------------------------------------------------------------------
+
+    def ensure(self, name: str, uid: int | None = None, gid: int | None = None) -> Path:
+        """The home of ``name`` exists (and, with the image backend, is mounted at its path), its
+        top folder owned by ``uid``:``gid`` when given. Idempotent."""
+        home = self.path(name)
+        home.mkdir(parents=True, exist_ok=True)
+        if uid is not None:
+            fd = os.open(home, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                os.fchown(fd, uid, -1 if gid is None else gid)
+                os.fchmod(fd, 0o700)
+            finally:
+                os.close(fd)
+        return home
+
+    def names(self) -> list[str]:
+        """Every home on this node."""
+        try:
+            return sorted(p.name for p in self.homes_dir.iterdir() if not p.name.startswith("."))
+        except FileNotFoundError:
+            return []
+
+    def usage(self, name: str) -> HomeUsage:
+        """What the home of ``name`` holds, measured now by the hub."""
+        used, files = walk_usage(self.path(name))
+        return HomeUsage(
+            name=name,
+            used_bytes=used,
+            quota_bytes=self.quota(name),
+            files=files,
+            files_limit=None,
+            enforced=False,
+            measured_at=time.time(),
+        )
+
+    def scan(self) -> list[HomeUsage]:
+        """Every home's usage, largest first."""
+        out = [self.usage(n) for n in self.names()]
+        return sorted(out, key=lambda u: u.used_bytes, reverse=True)
