@@ -15,6 +15,7 @@ All methods block (filesystem calls, mounts): the hub calls them in a thread.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
@@ -100,6 +101,37 @@ def walk_usage(root: Path) -> tuple[int, int]:
                 keep.append(name)
         dirnames[:] = [d for d in dirnames if d in keep]
     return used + top.st_blocks * 512, len(seen) + 1
+
+
+def remove_tree(root: Path) -> None:
+    """Delete ``root`` and all below it: links are removed, never followed, and a folder of
+    another filesystem (a mount) below it stops the removal before anything is deleted."""
+    try:
+        top = os.lstat(root)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(top.st_mode):
+        os.unlink(root)
+        return
+    for dirpath, dirnames, _files, dirfd in os.fwalk(root, follow_symlinks=False):
+        for name in dirnames:
+            st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
+            if stat.S_ISDIR(st.st_mode) and st.st_dev != top.st_dev:
+                raise OSError(
+                    errno.EXDEV, "another filesystem is mounted here", f"{dirpath}/{name}"
+                )
+    for _dirpath, dirnames, filenames, dirfd in os.fwalk(
+        root, topdown=False, follow_symlinks=False
+    ):
+        for name in filenames:
+            os.unlink(name, dir_fd=dirfd)
+        for name in dirnames:
+            st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
+            if stat.S_ISDIR(st.st_mode):
+                os.rmdir(name, dir_fd=dirfd)
+            else:
+                os.unlink(name, dir_fd=dirfd)
+    os.rmdir(root)
 
 
 class HomeStore(LoggingConfigurable):
@@ -229,6 +261,45 @@ class HomeStore(LoggingConfigurable):
             enforced=False,
             measured_at=time.time(),
         )
+
+    # ---- release (hub_config/storage_keeper.py decides when) ----------------------------------
+
+    RELEASED_PREFIX = ".released-"
+
+    def release(self, name: str) -> bool:
+        """Delete the home of ``name`` for good, with its quota. First moved aside in one rename
+        (a ``.released-`` entry is no one's home: a server started afterwards gets a fresh home),
+        then removed without following a link or leaving the home's filesystem. The caller has
+        made sure no server of ``name`` runs or starts. False when there was no home."""
+        home = self.path(name)
+        trash = self.homes_dir / f"{self.RELEASED_PREFIX}{name}-{time.time_ns()}"
+        with self._lock:
+            try:
+                os.rename(home, trash)
+            except FileNotFoundError:
+                return False
+            quotas = self._quotas()
+            if quotas.pop(name, None) is not None:
+                self._write_quotas(quotas)
+        remove_tree(trash)
+        return True
+
+    def purge_released(self) -> list[str]:
+        """Finish the releases a crash or an error interrupted; the entries still left."""
+        left = []
+        try:
+            entries = [
+                p for p in self.homes_dir.iterdir() if p.name.startswith(self.RELEASED_PREFIX)
+            ]
+        except FileNotFoundError:
+            return []
+        for trash in entries:
+            try:
+                remove_tree(trash)
+            except OSError as e:
+                self.log.error("Removing the released home %s failed: %s", trash, e)
+                left.append(trash.name)
+        return left
 
     def scan(self) -> list[HomeUsage]:
         """Every home's usage, largest first."""
