@@ -7,7 +7,7 @@ spawn then costs a fork plus the server's own initialisation.
 
 Protocol: one JSON line per connection on a Unix socket (mode 0600, in the hub's data dir)::
 
-    -> {"argv": [...], "env": {...}, "cwd": "/home/x", "log": "/path/to/log"}
+    -> {"argv": [...], "env": {...}, "cwd": "/home/x", "log": "/path/to/log", "log_max_bytes": N}
     <- {"pid": 1234}   or   {"error": "..."}
 
 Rules that keep forking safe: the server process never starts a thread or an event loop, and every
@@ -34,7 +34,9 @@ from gpulab.spawners.inside.launcher import (
     libc,
     start_server_environment,
 )
+from gpulab.spawners.local import serverlog
 
+DEFAULT_LOG_BYTES = 16 * 2**20  # GpuLocalSpawner.log_max_bytes's default
 PR_SET_PDEATHSIG = 1
 PR_SET_NAME = 15
 
@@ -93,7 +95,7 @@ def _run_child(request: dict, listener: socket.socket, conn: socket.socket) -> N
         # What a freshly started Python has: SIGINT raises KeyboardInterrupt, which
         # jupyter_server turns into a clean shutdown (kernels stopped) when the hub stops us.
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        log = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        log = request["log_fd"]  # the write end of the log keeper's pipe (.serverlog)
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
         os.dup2(log, 1)
@@ -169,9 +171,15 @@ class ForkServer:
                     continue  # a readiness probe
                 try:
                     request = json.loads(line)
-                    pid = os.fork()
-                    if pid == 0:
-                        _run_child(request, listener, conn)
+                    request["log_fd"] = serverlog.open_bounded(
+                        request["log"], int(request.get("log_max_bytes") or DEFAULT_LOG_BYTES)
+                    )
+                    try:
+                        pid = os.fork()
+                        if pid == 0:
+                            _run_child(request, listener, conn)
+                    finally:
+                        os.close(request["log_fd"])
                     self.children[pid] = request["log"]
                     reply = {"pid": pid}
                 except Exception as e:
@@ -246,11 +254,24 @@ class ForkServerClient:
             writer.close()
             return
 
-    async def spawn(self, argv: list[str], env: dict[str, str], cwd: str, log: str) -> int:
+    async def spawn(
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        cwd: str,
+        log: str,
+        log_max_bytes: int = DEFAULT_LOG_BYTES,
+    ) -> int:
         await self.ensure_started()
         reader, writer = await asyncio.open_unix_connection(self.socket_path)
         try:
-            request = {"argv": argv, "env": env, "cwd": cwd, "log": log}
+            request = {
+                "argv": argv,
+                "env": env,
+                "cwd": cwd,
+                "log": log,
+                "log_max_bytes": log_max_bytes,
+            }
             writer.write(json.dumps(request).encode() + b"\n")
             await writer.drain()
             reply = json.loads(await reader.readline())

@@ -39,7 +39,7 @@ from gpulab.spawners.apps import checkout_problem
 from gpulab.spawners.images import ImageStatus
 from gpulab.spawners.inside.agent import signal_opted_in
 from gpulab.spawners.inside.launcher import enter_sandbox
-from gpulab.spawners.local import accounts, exchange
+from gpulab.spawners.local import accounts, exchange, serverlog
 from gpulab.spawners.local.checkpoint import run_checkpoint
 from gpulab.spawners.local.forkserver import ForkServerClient
 from gpulab.spawners.local.isolation import LocalIsolationMixin
@@ -145,6 +145,14 @@ class GpuLocalSpawner(LocalIsolationMixin, GpuSpawnerMixin, LocalProcessSpawner)
         20,
         config=True,
         help="How many of the server's last log lines a failed spawn shows.",
+    )
+
+    log_max_bytes = Integer(
+        16 * 2**20,
+        config=True,
+        help="""Most bytes of a server's output (its own, its kernels', its terminals' stdout
+        and stderr: the user's to fill) kept on the node's disk in DATA_DIR/logs/NAME.log and its
+        rotated older half NAME.log.1 (spawners/local/serverlog.py; at least 128 KiB).""",
     )
 
     local_images = List(
@@ -395,7 +403,7 @@ class GpuLocalSpawner(LocalIsolationMixin, GpuSpawnerMixin, LocalProcessSpawner)
             await asyncio.to_thread(self._prepare_dirs, home)
             self.proc = None
             self.pid = await forkserver_for(self.pool).spawn(
-                self.get_args(), env, str(home), str(self.log_path)
+                self.get_args(), env, str(home), str(self.log_path), self.log_max_bytes
             )
         else:
             self.proc = await asyncio.to_thread(self._popen, self.command_line(), env, home)
@@ -461,7 +469,9 @@ class GpuLocalSpawner(LocalIsolationMixin, GpuSpawnerMixin, LocalProcessSpawner)
     def _popen(self, cmd: list[str], env: dict[str, str], home: Path) -> subprocess.Popen:
         self._prepare_dirs(home)
         self.log.info("Spawning %s", shlex.join(cmd))
-        with open(self.log_path, "ab") as log:
+        # The server writes into a pipe whose keeper bounds the log (.serverlog).
+        log = serverlog.open_bounded(str(self.log_path), self.log_max_bytes)
+        try:
             kwargs: dict[str, Any] = {
                 "cwd": str(home),
                 "stdout": log,
@@ -479,6 +489,8 @@ class GpuLocalSpawner(LocalIsolationMixin, GpuSpawnerMixin, LocalProcessSpawner)
             # JupyterHub's own Popen name, as LocalProcessSpawner calls it: whatever wraps
             # JupyterHub's process start (its spawner tests patch it) applies to ours too.
             return jupyterhub_spawner.Popen(cmd, **kwargs)
+        finally:
+            os.close(log)
 
     async def _wait_listening(self) -> None:
         host = self.ip or "127.0.0.1"
