@@ -25,6 +25,11 @@ COURSE_MANAGE_SCOPE = "custom:gpulab:course-manage"
 # teachers for their course, through their log-in and their own tokens; never a server's own
 # token, which course staff can read inside a student's server they reach (docs/security.md).
 PREPAY_SCOPE = "custom:gpulab:prepay"
+# Homes (hub_config/api/storage.py): reading a home's usage and quota (each user and their
+# server's token for themself, !user; admins through admin:users; billing, unfiltered, meters
+# from it), and changing the quota, which costs money: never a server's own token.
+READ_STORAGE_SCOPE = "custom:gpulab:read-storage"
+SET_STORAGE_SCOPE = "custom:gpulab:set-storage"
 
 CUSTOM_SCOPES: dict[str, dict[str, str]] = {
     READ_POOL_SCOPE: {
@@ -47,6 +52,14 @@ CUSTOM_SCOPES: dict[str, dict[str, str]] = {
         "description": "Prepay from an account (monthly reservations): users hold it for "
         "themselves (!user); a server's own token never holds it.",
     },
+    READ_STORAGE_SCOPE: {
+        "description": "Read homes' usage and quotas (users hold it for themselves: !user; "
+        "billing, unfiltered, meters storage from it).",
+    },
+    SET_STORAGE_SCOPE: {
+        "description": "Change a home's quota (paid per GB-day above the free size): users hold "
+        "it for themselves (!user); a server's own token never holds it.",
+    },
     COURSE_MANAGE_SCOPE: {
         "description": "Manage a course: import its roster, set its limits and caps, book lab "
         "sessions (teachers hold it as !group=COURSE).",
@@ -58,7 +71,8 @@ CUSTOM_SCOPES: dict[str, dict[str, str]] = {
 define_custom_scopes(CUSTOM_SCOPES)
 
 # What a server's own token may do besides JupyterHub's defaults: read the pool, restart its
-# own server in another mode (the JupyterLab toggle) and report that server's usage to billing.
+# own server in another mode (the JupyterLab toggle), report that server's usage to billing and
+# read its owner's home usage (the status bar).
 # It does not hold SETTINGS_SCOPE, so code in a notebook can neither read the webhook's signing
 # secret nor redirect the webhook.
 SERVER_TOKEN_SCOPES = [
@@ -69,6 +83,8 @@ SERVER_TOKEN_SCOPES = [
     "servers!user",
     READ_POOL_SCOPE,
     f"{REPORT_USAGE_SCOPE}!server",
+    # JupyterLab's status bar: its own user's home usage, read-only (SET_STORAGE_SCOPE is not here).
+    f"{READ_STORAGE_SCOPE}!user",
 ]
 
 MARKET_SERVICE = "gpulab-market"
@@ -87,6 +103,8 @@ def base_roles(admin_name: str, *, admin_service: bool) -> list[dict[str, Any]]:
                 READ_POOL_SCOPE,
                 f"{SETTINGS_SCOPE}!user",
                 f"{PREPAY_SCOPE}!user",
+                f"{READ_STORAGE_SCOPE}!user",
+                f"{SET_STORAGE_SCOPE}!user",
                 # JupyterHub gives a server's token only what its owner holds, so the owner must
                 # hold the report scope for SERVER_TOKEN_SCOPES' `!server` grant to survive.
                 # Billing accepts only the `!server=USER/NAME` form, so the user's other tokens
