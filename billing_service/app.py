@@ -43,6 +43,7 @@ from gpulab.billing_service.metering import ingest, rate_session
 from gpulab.billing_service.models import MICRO, LedgerEntry, ServerSession
 from gpulab.billing_service.rating import PriceBook, to_micro
 from gpulab.billing_service.schemas import ServerStop
+from gpulab.billing_service.storage import StorageMetering
 from gpulab.catalog import load_catalog
 from gpulab.catalog import settings as table
 
@@ -177,6 +178,19 @@ class BillingService(Application):
         10.0, config=True, help="Seconds between checks of balances and idle servers (jittered)."
     )
 
+    storage_interval = Float(
+        config=True,
+        help="""Seconds between reads of the hub's storage scan (GET /hub/api/storage, jittered),
+        each charging every home's storage above the free size for the time since the previous
+        read, at the level the previous read found (``storage``); 0: storage is not metered.
+        Shorter is closer to the second (a quota raised and lowered again between two reads is
+        not seen); each read costs the hub one scan of every home.""",
+    )
+
+    @default("storage_interval")
+    def _default_storage_interval(self) -> float:
+        return table.get("GPULAB_BILLING_STORAGE_INTERVAL")
+
     busy_window = Float(
         60.0,
         config=True,
@@ -279,6 +293,7 @@ class BillingService(Application):
         self.prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/billing/")
         self.hub = HubClient.from_env()
         self.enforcer = Enforcer(self)
+        self.storage = StorageMetering(self)
         self.started_us = time.time_ns() // 1000
 
     async def run_db(self, fn, *args: Any) -> Any:
@@ -511,6 +526,7 @@ class BillingService(Application):
             loop.add_signal_handler(sig, stop.set)
         tasks = [
             asyncio.create_task(self.enforcer.run()),
+            asyncio.create_task(self.storage.run()),
             asyncio.create_task(self._watch_parent(stop)),
         ]
         await stop.wait()

@@ -17,6 +17,10 @@ a session that ran on a reservation names it in its ``server`` row with its ``pr
 (charged 0), and its time inside the reservation is a ``rate`` row at price 0 naming it. A tag
 billing did not believe is named in ``note`` (the session was rated normally).
 
+Storage (``storage``): a ``storage`` row per UTC day with storage charged: the day in
+``started``/``stopped``, the seconds metered, the amount, and the GB-days above the free size
+and the price per GB-day in ``note``.
+
 Spreadsheet formulas: kernel and app ids, server names and notes come from users, so any cell
 that a spreadsheet would read as a formula (starting with ``=``, ``+``, ``-``, ``@``, a tab or a
 carriage return) is prefixed with ``'``, which spreadsheets show as text. Cells that are plain
@@ -171,6 +175,21 @@ def statement_rows(usage: dict[str, Any]) -> list[dict[str, Any]]:
                 amount: r["amount"]["exact"],
                 "note": f"reservation {r['id']} for {r['account']}, charged {r['charged_at']}",
                 "reservation": r["id"],
+            }
+        )
+    st = usage.get("storage") or {}
+    for d in st.get("days", []):
+        rows.append(
+            {
+                "mode": "storage",
+                "pricing": "per GB-day",
+                "row": "storage",
+                "started": d["from"],
+                "stopped": d["to"],
+                "billed_seconds": d["seconds"],
+                amount: d["amount"]["exact"],
+                "note": f"Storage above {st['free_gb']} GB free: {d['gb_days']} GB-days at "
+                f"{st['price_per_gb_day']}/GB-day",
             }
         )
     return rows

@@ -213,3 +213,41 @@ class Reservation(Base):
     amount_micro: Mapped[int] = mapped_column(BigInteger)
     created_us: Mapped[int] = mapped_column(BigInteger)
     actor: Mapped[str] = mapped_column(String(255), default="")
+
+
+class StorageMeter(Base):
+    """Where the metering of one user's home stands (``storage``): charged up to ``measured_us``,
+    the time of the hub's latest measurement of it, and the level that measurement found, which
+    holds until the next one. One row per home the hub has measured."""
+
+    __tablename__ = "storage_meters"
+
+    user: Mapped[str] = mapped_column(String(255), primary_key=True)
+    measured_us: Mapped[int] = mapped_column(BigInteger)
+    used_bytes: Mapped[int] = mapped_column(BigInteger)
+    quota_bytes: Mapped[int] = mapped_column(BigInteger)
+    datasets_bytes: Mapped[int] = mapped_column(BigInteger)
+    # max(quota, used + datasets) - the free size then, floored at 0: what is charged per day.
+    billable_bytes: Mapped[int] = mapped_column(BigInteger)
+    received_us: Mapped[int] = mapped_column(BigInteger)
+
+
+class StorageCharge(Base):
+    """One charged piece of a user's storage time: [from, to) within one UTC day (``day_us``)
+    at ``billable_bytes`` (the level the hub measured at ``from``) and ``price_micro`` per GB-day
+    (the catalog's then). The primary key (user, from) is the charge's unique key: a piece of
+    time is charged once. ``charged_micro`` is what this piece posted to the ledger (kind
+    ``storage``): a day's pieces add up to that day's amount rounded once. Never updated."""
+
+    __tablename__ = "storage_charges"
+
+    user: Mapped[str] = mapped_column(String(255), primary_key=True)
+    from_us: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    to_us: Mapped[int] = mapped_column(BigInteger)
+    day_us: Mapped[int] = mapped_column(BigInteger)
+    billable_bytes: Mapped[int] = mapped_column(BigInteger)
+    price_micro: Mapped[int] = mapped_column(BigInteger)  # per GB-day (GB = 2**30 bytes)
+    charged_micro: Mapped[int] = mapped_column(BigInteger)
+    created_us: Mapped[int] = mapped_column(BigInteger)
+
+    __table_args__ = (Index("ix_storage_charges_user_day", "user", "day_us"),)

@@ -64,6 +64,22 @@ def from_micro(micro: int) -> Decimal:
     return Decimal(micro) / MICRO
 
 
+# Storage (``storage``): bytes above the free size, charged per GB-day (GB = 2**30 bytes) pro rata.
+GIB = 2**30
+US_PER_DAY = 86_400 * MICRO
+
+
+def storage_exact(billable_bytes: int, us: int, price_micro_per_gb_day: int) -> int:
+    """``billable_bytes`` held for ``us`` microseconds at a price per GB-day, exactly (the
+    numerator of ``storage_micro``): sums of these are exact, so a day is rounded once."""
+    return billable_bytes * us * price_micro_per_gb_day
+
+
+def storage_micro(exact: int) -> int:
+    """A sum of ``storage_exact`` in micro-units, rounded half-to-even (the one rounding)."""
+    return round_div(exact, GIB * US_PER_DAY)
+
+
 def format_money(micro: int) -> str:
     """Micro-units as a currency amount with two decimals (half-to-even), e.g. ``9.87``."""
     return str(from_micro(micro).quantize(Decimal("0.01"), rounding=ROUND_HALF_EVEN))

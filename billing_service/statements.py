@@ -11,7 +11,7 @@ from typing import Any
 
 from sqlalchemy import Connection, func, select
 
-from gpulab.billing_service import courses, daily, reservations
+from gpulab.billing_service import courses, daily, reservations, storage
 from gpulab.billing_service.metering import NEVER
 from gpulab.billing_service.models import (
     MICRO,
@@ -136,6 +136,10 @@ def usage(
         },
         # Credited for lost work (ledger kind ``compensation``), next to the total charged.
         "compensation": money(totals.compensation),
+        # The home above the free size, per day (ledger kind ``storage``), besides total.amount.
+        "storage": storage.usage(
+            conn, prices.catalog.storage, prices.catalog.currency, user, from_us, to_us
+        ),
     }
 
 
@@ -741,5 +745,9 @@ def page_rows(
                 "entry": e,
             }
         )
+    for r in storage.page_rows(usage):  # one Storage row per day, after that day's sessions
+        day = datetime.fromisoformat(r["date"]).replace(tzinfo=UTC)
+        when = f"{day.day} {day:%b}" + (f" {day.year}" if day.year != now.year else "")
+        rows.append({**r, "sort": day.replace(hour=23, minute=59, second=59), "when": when})
     rows.sort(key=lambda r: r["sort"], reverse=True)
     return rows

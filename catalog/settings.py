@@ -250,6 +250,14 @@ TABLE: tuple[Setting, ...] = (
         traitlets=("BillingService.start_minutes",),
     ),
     _S(
+        "GPULAB_BILLING_STORAGE_INTERVAL",
+        "number",
+        600.0,
+        "seconds between billing's reads of the hub's storage scan, each charging every home above the free size for the time since the last (0: storage is not metered)",
+        BILLING,
+        traitlets=("BillingService.storage_interval",),
+    ),
+    _S(
         "GPULAB_BILLING_PORT",
         "port",
         None,

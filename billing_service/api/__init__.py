@@ -8,6 +8,7 @@
 - ``statements``: ``GET users/NAME/usage``, ``GET admin/overview``;
 - ``courses``: ``courses/C``;
 - ``reservations``: ``reservations``;
+- ``storage``: ``GET users/NAME/storage``, ``POST storage/pull`` (read the hub's scan now);
 - ``pages``: the statement page and ``statement.csv``.
 
 ``routes`` mounts them under the service's prefix (``BillingService.make_app``).
@@ -30,6 +31,7 @@ from gpulab.billing_service.api import (
     pages,
     reservations,
     statements,
+    storage,
 )
 
 
@@ -45,6 +47,8 @@ def routes(prefix: str) -> list[tuple[Any, ...]]:
         (url_path_join(api, r"courses/([^/]+)"), courses.CourseHandler),
         (url_path_join(api, r"courses/([^/]+)/credits"), credits.CourseCreditsHandler),
         (url_path_join(api, "reservations"), reservations.ReservationsHandler),
+        (url_path_join(api, r"users/([^/]+)/storage"), storage.UserStorageHandler),
+        (url_path_join(api, "storage/pull"), storage.PullHandler),
         (url_path_join(api, "admin/overview"), statements.OverviewHandler),
         (url_path_join(prefix, "oauth_callback"), HubOAuthCallbackHandler),
         (url_path_join(prefix, "statement.csv"), pages.CsvHandler),
