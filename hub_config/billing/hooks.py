@@ -43,6 +43,7 @@ from gpulab.hub_config.scopes import (
     COURSE_MANAGE_SCOPE,
     COURSE_READ_SCOPE,
     READ_POOL_SCOPE,
+    READ_STORAGE_SCOPE,
     grant,
 )
 from gpulab.spawners.market.hub import SpotMarket
@@ -412,8 +413,9 @@ def configure_billing(c, data_dir: str, catalog: str, roles: list[dict]) -> None
     roles.append(
         {
             "name": "gpulab-billing",
-            "description": "The billing service: stops or moves servers it cannot bill",
-            "scopes": ["admin:users", "admin:servers", READ_POOL_SCOPE],
+            "description": "The billing service: stops or moves servers it cannot bill, and "
+            "meters every home's storage from the hub's own scan",
+            "scopes": ["admin:users", "admin:servers", READ_POOL_SCOPE, READ_STORAGE_SCOPE],
             "services": ["billing"],
         }
     )
@@ -542,6 +544,9 @@ def _managed_service(
     }
     if settings.get("GPULAB_BILLING_DB_URL"):
         env["GPULAB_BILLING_DB_URL"] = settings.get("GPULAB_BILLING_DB_URL")
+    if settings.is_set("GPULAB_BILLING_STORAGE_INTERVAL"):
+        key = "GPULAB_BILLING_STORAGE_INTERVAL"
+        env[key] = settings.setting(key).text(settings.get(key))
     service = {
         "url": f"http://{listen}:{port}",
         "api_token": token,
