@@ -42,6 +42,7 @@ from gpulab.hub_config.scopes import (
     SERVER_TOKEN_SCOPES,
     base_roles,
 )
+from gpulab.hub_config.storage_keeper import StorageKeeper
 from gpulab.spawners.market.hub import SpotMarket
 from gpulab.spawners.market.hub_client import HubClient
 from gpulab.spawners.mixin import GpuSpawnerMixin
@@ -121,6 +122,8 @@ def attach(app: Any) -> list[tuple[str, type]]:
         observer.start(lambda: running_spawners(app), after=ready)
         keeper = course_bookings.BookingKeeper.instance(config=app.config)
         keeper.start(app, HubClient(market.hub_api_url, market.api_token), after=ready)
+        # Homes kept and released on a schedule; restored servers count once the hub answers.
+        StorageKeeper.instance(config=app.config).start(app, pool, market, after=ready)
         pool._confirming = asyncio.ensure_future(_confirm_reservations(app, pool, ready))
     return routes()
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import stat
 import threading
 import time
@@ -103,6 +104,19 @@ def walk_usage(root: Path) -> tuple[int, int]:
     return used + top.st_blocks * 512, len(seen) + 1
 
 
+def mount_points() -> list[str]:
+    """Every mount point this process sees (``/proc/self/mountinfo``, octal escapes undone)."""
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return []
+    return [
+        re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), line.split()[4])
+        for line in lines
+        if len(line.split()) > 4
+    ]
+
+
 def remove_tree(root: Path) -> None:
     """Delete ``root`` and all below it: links are removed, never followed, and a folder of
     another filesystem (a mount) below it stops the removal before anything is deleted."""
@@ -113,6 +127,10 @@ def remove_tree(root: Path) -> None:
     if not stat.S_ISDIR(top.st_mode):
         os.unlink(root)
         return
+    # A bind mount of the same filesystem has the same st_dev: the mount table names them all.
+    inside = [m for m in mount_points() if m.startswith(f"{os.path.realpath(root)}/")]
+    if inside:
+        raise OSError(errno.EBUSY, "another filesystem is mounted here", inside[0])
     for dirpath, dirnames, _files, dirfd in os.fwalk(root, follow_symlinks=False):
         for name in dirnames:
             st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
