@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gpulab.catalog import NO_GPU, Catalog
 from gpulab.spawners.options import ServerOptions
+from gpulab.spawners.storage.datasets import is_private
 
 COURSE_KEY = "gpulab_course"
 # The limits a course sets, each against the catalog section it picks from and the options field
@@ -134,7 +135,9 @@ def violation(opts: ServerOptions, course: Course, catalog: Catalog) -> CourseRu
     picked = {
         "gpu_types": [opts.gpu],
         "images": [opts.image],
-        "datasets": list(opts.datasets),
+        # A user's own dataset (@OWNER/NAME) is not the catalog's: who reads it is decided by
+        # its sharing (spawners/storage/datasets.py), not by a course's catalog limits.
+        "datasets": [d for d in opts.datasets if not is_private(d)],
         "apps": [opts.app],
     }
     for section, field in LIMIT_FIELDS.items():

@@ -28,7 +28,7 @@ from traitlets import Float, HasTraits, default
 from gpulab.catalog import card_type, gpu_choice
 from gpulab.spawners.activity import Observation
 from gpulab.spawners.apps import AppServersMixin
-from gpulab.spawners.courses import CourseRuleError
+from gpulab.spawners.courses import CourseRuleError, student_courses
 from gpulab.spawners.form import render_form
 from gpulab.spawners.market.admission import MarketAnswer
 from gpulab.spawners.market.hub import SpotMarket
@@ -38,6 +38,8 @@ from gpulab.spawners.node.pool import GpuPool
 from gpulab.spawners.node.procs import ENV_ALLOC, ENV_HUB
 from gpulab.spawners.options import OptionsError, ServerOptions, options_from_form, parse_options
 from gpulab.spawners.request import CourseSeat, SpawnRequest, make_request, take
+from gpulab.spawners.storage.datasets import is_private
+from gpulab.spawners.storage.homes import StorageError
 
 
 class SpawnError(web.HTTPError):
@@ -133,11 +135,34 @@ class GpuSpawnerMixin(AppServersMixin, HasTraits):
         own = type(self)._apply_gpulab_options
         strict = getattr(self, "apply_user_options", own) is own
         try:
-            return make_request(raw, self.pool.catalog, self.user, self.name or "", strict=strict)
+            request = make_request(
+                raw, self.pool.catalog, self.user, self.name or "", strict=strict
+            )
         except OptionsError as e:
             raise SpawnError(400, f"Invalid spawn option {e}", e.human, e.details()) from None
         except CourseRuleError as e:
             raise SpawnError(e.status, f"Not allowed: {e}") from None
+        self._check_private_datasets(request.options)
+        return request
+
+    def _check_private_datasets(self, options: ServerOptions) -> None:
+        """Users' own datasets (``@OWNER/NAME``) mount only for whom they are shared with (the
+        one rule, spawners/storage/datasets.py; the server's user, whoever starts it): 400
+        naming ``datasets``, in the same words for one that does not exist."""
+        private = [d for d in options.datasets if is_private(d)]
+        if not private:
+            return
+        courses = [c.name for c in student_courses(self.user)]
+        try:
+            self.pool.datasets.check_readable(private, self.user.name, courses)
+        except StorageError as e:
+            raise SpawnError(
+                400,
+                f"Invalid spawn option {e}",
+                "A dataset you chose is not one you may use: it is neither yours nor shared "
+                "with you.",
+                {"field": "datasets"},
+            ) from None
 
     async def check_affordable(self, request: SpawnRequest) -> SpawnRequest:
         """``request`` as billing answers it (see afford_hook), asked once per request: paid,

@@ -3,8 +3,12 @@
 ``POST /hub/api/users/NAME/server`` with a JSON body, or the spawn form, both end up here::
 
     {"app": "jupyterlab", "image": "base", "gpu": "a100-80g" | "none", "gpus": 1,
-     "datasets": ["sklearn-toy"], "pricing": "on-demand" | "spot", "max_price": 1.5,
-     "confirm_max_price": false, "wait": false, "windows_only": false, "course": "ml101" | null}
+     "datasets": ["sklearn-toy", "@alice/faces"], "pricing": "on-demand" | "spot",
+     "max_price": 1.5, "confirm_max_price": false, "wait": false, "windows_only": false, "course": "ml101" | null}
+
+``datasets`` lists catalog datasets and users' own (``@OWNER/NAME``,
+:mod:`gpulab.spawners.storage.datasets`): here a user's dataset is only checked to be spelled
+that way; whether the server's user may read it is checked at every start by the spawner.
 
 ``course`` names the course whose rules and credit a server runs under (see
 :mod:`gpulab.spawners.courses`); here it is only checked to be a slug, since membership is the
@@ -39,6 +43,7 @@ from pydantic import BaseModel, ConfigDict
 
 from gpulab.catalog import DEFAULT_APP, NO_GPU, App, Catalog
 from gpulab.catalog.pricing import Quote, quote
+from gpulab.spawners.storage.datasets import is_private, parse_slug
 
 PRICING = ("on-demand", "spot")
 FIELDS = (
@@ -401,6 +406,16 @@ def parse_options(raw: Any, catalog: Catalog) -> ServerOptions:
             "The datasets could not be read; tick them in the list.",
         )
     for slug in datasets:
+        if is_private(slug):
+            # A user's own dataset: only its spelling is checked here; who may read it is the
+            # hub's to check (spawners/storage/datasets.py, at every start).
+            if parse_slug(slug) is None:
+                raise OptionsError(
+                    "datasets",
+                    f"{slug!r} is not a dataset name; a user's dataset is written @OWNER/NAME",
+                    f"“{slug}” is not a dataset name; a user's dataset is written @owner/name.",
+                )
+            continue
         if not isinstance(slug, str) or slug not in catalog.datasets:
             raise OptionsError(
                 "datasets",

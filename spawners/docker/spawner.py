@@ -51,6 +51,7 @@ from gpulab.spawners.mixin import GpuSpawnerMixin, SpawnError
 from gpulab.spawners.node.allocator import Allocation
 from gpulab.spawners.node.pool import GpuPool
 from gpulab.spawners.request import SpawnRequest
+from gpulab.spawners.storage.datasets import mount_name
 
 DOCKER_SOCKETS = ("/var/run/docker.sock", "/run/docker.sock")
 
@@ -260,12 +261,12 @@ class GpuDockerSpawner(ContainerAgentMixin, RecoveryMixin, GpuSpawnerMixin, Dock
         opts = self.gpulab_options
         mounts = []
         for slug in opts.datasets if opts else ():
-            src = self.pool.catalog.datasets[slug].resolve_source()
+            src = self.pool.datasets.source_of(slug, self.pool.catalog)
             if not src.is_dir():
                 raise SpawnError(500, f"Dataset {slug} is unavailable: {src} is not a directory")
             mounts.append(
                 Mount(
-                    target=f"{self.datasets_mount}/{slug}",
+                    target=f"{self.datasets_mount}/{mount_name(slug)}",
                     source=str(src),
                     type="bind",
                     read_only=True,
@@ -318,8 +319,8 @@ class GpuDockerSpawner(ContainerAgentMixin, RecoveryMixin, GpuSpawnerMixin, Dock
         env.update(self.gpulab_request.env if self.gpulab_request is not None else {})
         opts = self.gpulab_options
         links = [
-            [f"{self.datasets_mount}/{slug}", f"{self.home_mount}/datasets/{slug}"]
-            for slug in (opts.datasets if opts else ())
+            [f"{self.datasets_mount}/{d}", f"{self.home_mount}/datasets/{d}"]
+            for d in (mount_name(slug) for slug in (opts.datasets if opts else ()))
         ] + [
             [f"{self.models_mount}/{slug}", f"{self.home_mount}/models/{slug}"]
             for slug in (self.model_sources() if opts else ())

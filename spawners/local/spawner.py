@@ -48,6 +48,7 @@ from gpulab.spawners.mixin import GpuSpawnerMixin, SpawnError
 from gpulab.spawners.node.pool import GpuPool
 from gpulab.spawners.options import ServerOptions
 from gpulab.spawners.request import SpawnRequest
+from gpulab.spawners.storage.datasets import is_private, mount_name
 
 _FORKSERVERS: dict[str, ForkServerClient] = {}
 
@@ -366,9 +367,16 @@ class GpuLocalSpawner(LocalIsolationMixin, GpuSpawnerMixin, LocalProcessSpawner)
                 + ", ".join([*opts.datasets, *(f"models/{m}" for m in models)]),
             )
             for slug in opts.datasets:
-                src = self.pool.catalog.datasets[slug].resolve_source()
-                src = await asyncio.to_thread(self._read_only_source, "datasets", slug, src, mode)
-                mounts.append([src, str(home / "datasets" / slug)])
+                src = self.pool.datasets.source_of(slug, self.pool.catalog)
+                if not is_private(slug):
+                    src = await asyncio.to_thread(
+                        self._read_only_source, "datasets", slug, src, mode
+                    )
+                elif mode != "bind" and self.user_accounts:
+                    # A user's snapshot is reachable only through a bind mount (its folder is
+                    # root's, 0700): a link would be a path any account could try.
+                    raise SpawnError(409, f"Dataset {slug} needs dataset_mode 'bind' here")
+                mounts.append([str(src), str(home / "datasets" / mount_name(slug))])
             for slug, src in models.items():
                 src = await asyncio.to_thread(self._read_only_source, "models", slug, src, mode)
                 mounts.append([src, str(home / "models" / slug)])

@@ -20,6 +20,7 @@ from traitlets.config import SingletonConfigurable
 from gpulab.catalog import Catalog, load_catalog, settings
 from gpulab.spawners.node.allocator import GpuAllocator
 from gpulab.spawners.node.inventory import GpuDevice, GpuInventory
+from gpulab.spawners.storage.datasets import DatasetStore
 from gpulab.spawners.storage.homes import HomeStore
 
 
@@ -50,6 +51,7 @@ class GpuPool(SingletonConfigurable):
     inventory = Instance(GpuInventory)
     allocator = Instance(GpuAllocator)
     homes = Instance(HomeStore)
+    datasets = Instance(DatasetStore)  # users' own datasets (@OWNER/NAME)
 
     @default("data_dir")
     def _default_data_dir(self) -> str:
@@ -66,6 +68,10 @@ class GpuPool(SingletonConfigurable):
     @default("homes")
     def _default_homes(self) -> HomeStore:
         return HomeStore(self.data_dir, self.catalog.storage, parent=self)
+
+    @default("datasets")
+    def _default_datasets(self) -> DatasetStore:
+        return DatasetStore(self.homes, parent=self)
 
     @default("allocator")
     def _default_allocator(self) -> GpuAllocator:

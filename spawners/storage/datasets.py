@@ -380,6 +380,14 @@ class DatasetStore(LoggingConfigurable):
         """The snapshot's folder: what a server mounts read-only."""
         return self.dir_of(owner, name) / "data"
 
+    def source_of(self, slug: str, catalog: Any) -> Path:
+        """The folder a server mounts read-only for a ``datasets`` entry: a catalog dataset's
+        source, or a user's snapshot (access is checked before, at the start's request)."""
+        parsed = parse_slug(slug)
+        if parsed is None:
+            return catalog.datasets[slug].resolve_source()
+        return self.source(*parsed)
+
     # ---- reading (memory only after the first load) ------------------------------------------
 
     def _load(self) -> None:
