@@ -109,6 +109,8 @@ def parse_scan(body: Any) -> tuple[int, list[Measurement]]:
             if not isinstance(row, dict):
                 raise ScanError("homes[]: not an object")
             user = row.get("user")
+            if user is None:
+                continue  # a home no hub user owns (any more): nobody to charge
             if not isinstance(user, str) or not 1 <= len(user) <= 255:
                 raise ScanError(f"homes[].user: {user!r}")
             homes.append(

@@ -3,6 +3,13 @@
 Scopes are checked with JupyterHub's RBAC (:mod:`gpulab.hub_config.scopes`).
 """
 
-from gpulab.hub_config.api import apps, notices, pool, reservations, spot
+from gpulab.hub_config.api import apps, datasets, notices, pool, reservations, spot
 
-ROUTES = [*pool.ROUTES, *spot.ROUTES, *notices.ROUTES, *apps.ROUTES, *reservations.ROUTES]
+ROUTES = [
+    *pool.ROUTES,
+    *spot.ROUTES,
+    *notices.ROUTES,
+    *apps.ROUTES,
+    *reservations.ROUTES,
+    *datasets.ROUTES,
+]
