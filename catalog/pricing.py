@@ -16,6 +16,9 @@ The rules (the same ones billing has always rated by):
   none: its ceiling, so a missing price never gives GPU time away), never above the server's bid
   (``max_price``). Course sessions on spot follow the spot rules unchanged.
 
+A home's storage is priced here too (``storage_quote``: per GB-day above the free size), for the
+hub's storage API and page and billing's metering.
+
 A pure function of its arguments: nothing is read from disk or the network here.
 """
 
@@ -24,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from decimal import Decimal
 
-from gpulab.catalog.models import Catalog
+from gpulab.catalog.models import Catalog, GiB, Storage
 from gpulab.catalog.no_gpu import NO_GPU
 
 ON_DEMAND = "on-demand"
@@ -104,3 +107,19 @@ def price_list(catalog: Catalog, education: bool = False) -> dict[str, object]:
         },
         "no_gpu": entry(quote(catalog, NO_GPU, education=education)),
     }
+
+
+@dataclass(frozen=True)
+class StorageQuote:
+    """What a home costs per day: the bytes billed (above the free size) and their price."""
+
+    billable_bytes: int
+    per_day: Decimal  # exact, in the catalog's currency
+
+
+def storage_quote(storage: Storage, quota_bytes: int, used_bytes: int = 0) -> StorageQuote:
+    """One day of a home whose quota is ``quota_bytes`` and which holds ``used_bytes`` (its own
+    files plus its owner's published datasets): ``max(quota, used) - free``, never below 0, at
+    the catalog's ``storage.price_per_gb_day`` per GB (2**30 bytes), pro rata. No request fees."""
+    billable = max(0, max(int(quota_bytes), int(used_bytes)) - storage.free_bytes)
+    return StorageQuote(billable, Decimal(billable) / GiB * storage.price_per_gb_day)

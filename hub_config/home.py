@@ -5,15 +5,23 @@ which extends JupyterHub's ``page.html``; the page's script fills it from
 ``GET /hub/api/gpulab/users/NAME/home`` (:mod:`gpulab.hub_config.api.apps`) and launches apps
 through the same API. What the page needs from billing comes through ``balance_hook``, so the
 hub talks to billing over HTTP only.
+
+The operator's page of the largest homes (:class:`StorageAdminPage`) lives here too: the home
+page's storage card and it read the same storage API (:mod:`gpulab.hub_config.api.storage`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from jupyterhub.handlers import BaseHandler
+from jupyterhub.scopes import needs_scope
+from tornado import web
 from traitlets import Any as AnyTrait
 from traitlets import Float, Unicode
 from traitlets.config import SingletonConfigurable
+
+from gpulab.hub_config.scopes import READ_STORAGE_SCOPE
 
 TEMPLATES = Path(__file__).with_name("templates")
 
@@ -43,3 +51,15 @@ class GpulabHome(SingletonConfigurable):
         help="""The launch time the home page compares app launches with (seconds): the
         reference GPU cloud promises its Stable Diffusion WebUI within 45 s.""",
     )
+
+
+class StorageAdminPage(BaseHandler):
+    """``/hub/gpulab/storage``: the operator's view of the largest homes (user, used, quota, %,
+    files, enforced, when measured). A thin page: its script reads ``GET /hub/api/storage``
+    (:mod:`gpulab.hub_config.api.storage`), which measures in a thread and caches."""
+
+    @web.authenticated
+    @needs_scope(READ_STORAGE_SCOPE, "admin:users")
+    async def get(self) -> None:
+        html = await self.render_template("gpulab-storage-admin.html")
+        self.finish(html)

@@ -3,7 +3,7 @@
 Scopes are checked with JupyterHub's RBAC (:mod:`gpulab.hub_config.scopes`).
 """
 
-from gpulab.hub_config.api import apps, datasets, notices, pool, reservations, spot
+from gpulab.hub_config.api import apps, datasets, notices, pool, reservations, spot, storage
 
 ROUTES = [
     *pool.ROUTES,
@@ -12,4 +12,5 @@ ROUTES = [
     *apps.ROUTES,
     *reservations.ROUTES,
     *datasets.ROUTES,
+    *storage.ROUTES,
 ]
