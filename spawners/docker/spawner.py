@@ -3,9 +3,17 @@
 - GPU servers get a device request for exactly their allocated GPU UUIDs (driver ``nvidia``,
   capabilities ``gpu``) plus ``NVIDIA_VISIBLE_DEVICES``/``CUDA_VISIBLE_DEVICES``; no-GPU servers get
   no device request; simulated GPUs (no driver on the node) get the environment only, labelled so.
-- One named volume per user holds the home directory, the same in GPU and no-GPU mode. Datasets are
-  read-only bind mounts at ``/datasets/SLUG``, linked from ``~/datasets``. CPU and memory limits
-  come from the catalog. Containers are never privileged, drop every capability, never see the
+- One home per user, the same in GPU and no-GPU mode: where the hub's home store enforces quotas
+  (``pool.homes.enforced``: an ext4 image per user, loop-mounted on the host) the home is that host
+  folder bind-mounted at ``home_mount``, so a write past the quota fails with ENOSPC in the user's
+  code; else (a hub that cannot loop-mount, e.g. unprivileged in Compose) a named volume, not
+  bounded. A user's files in an older named volume are copied once into their bounded home, by a
+  container running as the user (never by root on the user's paths). ``/tmp`` is a tmpfs of the
+  catalog's ``storage.tmp_gb`` and ``/dev/shm`` of ``storage.shm_gb`` (both gone with the
+  container); JupyterLab's runtime files live in ``/tmp``, outside the quota, so a full home still
+  opens. The container's log (its stdout, the user's to fill) is capped by Docker's json-file
+  rotation. Datasets are read-only bind mounts at ``/datasets/SLUG``, linked from
+  ``~/datasets``. CPU and memory limits come from the catalog. Containers are never privileged, drop every capability, never see the
   Docker socket and run as a non-root user.
 - Container labels carry user, server, allocation id, GPU UUIDs and pricing, so a hub killed with
   SIGKILL finds on restart which container holds which cards, even if its ledger was lost.
@@ -19,7 +27,9 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import json
+import os
 import time
+from pathlib import Path
 from typing import Any
 
 import docker
@@ -133,8 +143,27 @@ class GpuDockerSpawner(ContainerAgentMixin, RecoveryMixin, GpuSpawnerMixin, Dock
     shm_fraction = Float(
         0.5,
         config=True,
-        help="""Size of /dev/shm as a fraction of the container's memory limit. Docker's 64 MB
-        default breaks PyTorch DataLoader workers, which pass batches through shared memory.""",
+        help="""Most of the container's memory limit /dev/shm may take: its size is the
+        catalog's storage.shm_gb, capped at this fraction of the memory limit (shared memory is
+        memory, charged to the container), and never below Docker's 64 MB (which breaks PyTorch
+        DataLoader workers, passing batches through shared memory).""",
+    )
+
+    log_max_bytes = Integer(
+        16 * 2**20,
+        config=True,
+        help="""Most bytes of a container's output (its stdout and stderr, its kernels': the
+        user's to fill) Docker keeps on the node's disk: json-file logs rotated in two files of
+        half this size each.""",
+    )
+
+    migrate_volumes = Bool(
+        True,
+        config=True,
+        help="""Where homes are bounded host folders (the home store enforces quotas), copy a
+        user's files from their older named volume (home_volume) into their new home once, at
+        their next start, by a container running as the image user. The volume itself is kept
+        (remove it with `docker volume rm` once users have checked their files).""",
     )
 
     ready_poll_interval = Float(
@@ -285,7 +314,12 @@ class GpuDockerSpawner(ContainerAgentMixin, RecoveryMixin, GpuSpawnerMixin, Dock
 
     @property
     def mount_binds(self) -> list[Mount]:
-        return [*super().mount_binds, *self._dataset_mounts(), *self._model_mounts()]
+        return [
+            *super().mount_binds,
+            *self._home_mounts(),
+            *self._dataset_mounts(),
+            *self._model_mounts(),
+        ]
 
     # ---- apps ----------------------------------------------------------------------------------
 
@@ -308,8 +342,103 @@ class GpuDockerSpawner(ContainerAgentMixin, RecoveryMixin, GpuSpawnerMixin, Dock
     @property
     def volume_binds(self) -> dict[str, dict[str, str]]:
         binds = super().volume_binds
-        binds[self.home_volume_name] = {"bind": self.home_mount, "mode": "rw"}
+        if self._home_source is None:
+            binds[self.home_volume_name] = {"bind": self.home_mount, "mode": "rw"}
         return binds
+
+    # ---- the home and its quota ---------------------------------------------------------------
+
+    _home_source: str | None = None  # the bounded home's host folder, when homes are bounded
+
+    def _home_mounts(self) -> list[Mount]:
+        if self._home_source is None:
+            return []
+        return [Mount(target=self.home_mount, source=self._home_source, type="bind")]
+
+    def container_ids(self) -> tuple[int, int]:
+        """The uid and gid the container runs as (container_user 'uid' or 'uid:gid'; a bare
+        uid's group is the same number, as useradd makes it in our images)."""
+        uid, _, gid = self.container_user.partition(":")
+        if not uid.isdigit() or (gid and not gid.isdigit()):
+            raise SpawnError(
+                500, f"container_user {self.container_user!r}: numeric 'uid' or 'uid:gid' needed"
+            )
+        return int(uid), int(gid or uid)
+
+    async def _prepare_home(self) -> None:
+        """The user's home: their bounded host folder (made or mounted by the home store) where
+        quotas are enforced, else their named volume."""
+        homes = self.pool.homes
+        self._home_source = None
+        if not homes.enforced:
+            await self.docker(
+                "create_volume",
+                self.home_volume_name,
+                labels={L_USER: self.user.name, L_HUB: self.pool.hub_id},
+            )
+            return
+        uid, gid = self.container_ids()
+        home = await asyncio.to_thread(homes.ensure, self.user_home_name(), uid, gid)
+        self._home_source = str(home)
+        if self.migrate_volumes:
+            await self._migrate_volume(home)
+
+    def _migrated_mark(self) -> Path:
+        return Path(self.pool.data_dir) / "storage" / "docker-volumes-moved" / self.user_home_name()
+
+    async def _migrate_volume(self, home: Path) -> None:
+        """Copy the files of the user's older named volume into ``home``, once. The copy runs in
+        a throw-away container as the image user (no capability, no network), so a link in the
+        volume leads nowhere on the host and the home's quota bounds what is copied; a copy that
+        does not fit fails the start with that reason and is tried again at the next start."""
+        mark = self._migrated_mark()
+        if await asyncio.to_thread(mark.exists):
+            return
+        try:
+            await self.docker("inspect_volume", self.home_volume_name)
+        except docker.errors.NotFound:
+            await asyncio.to_thread(_write_mark, mark, "no volume")
+            return
+        self.emit_progress(20, f"Moving your files from volume {self.home_volume_name} to {home}")
+        uid, gid = self.container_ids()
+        name = f"{self.container_name}-move-home"
+        try:
+            await self.docker("remove_container", name, force=True)
+        except docker.errors.NotFound:
+            pass
+        host_config = self.client.create_host_config(
+            mounts=[
+                Mount(target="/from", source=self.home_volume_name, type="volume", read_only=True),
+                Mount(target="/to", source=str(home), type="bind"),
+            ],
+            cap_drop=["ALL"],
+            security_opt=["no-new-privileges"],
+            network_mode="none",
+        )
+        obj = await self.docker(
+            "create_container",
+            image=self.image,
+            command=["cp", "-a", "-n", "/from/.", "/to/"],
+            user=f"{uid}:{gid}",
+            entrypoint=[],
+            host_config=host_config,
+            labels={L_USER: self.user.name, L_HUB: self.pool.hub_id},
+            name=name,
+        )
+        try:
+            await self.docker("start", obj["Id"])
+            code = (await self.docker("wait", obj["Id"]))["StatusCode"]
+            tail = (await self.docker("logs", obj["Id"], tail=5)).decode(errors="replace")
+        finally:
+            await self.docker("remove_container", obj["Id"], force=True)
+        if code != 0:
+            raise SpawnError(
+                507 if "space" in tail.lower() or "quota" in tail.lower() else 500,
+                f"Your files in volume {self.home_volume_name} could not be moved to your home "
+                f"(quota {self.pool.homes.quota(self.user_home_name()) / 2**30:.2f} GB): "
+                f"{tail.strip()}",
+            )
+        await asyncio.to_thread(_write_mark, mark, self.home_volume_name)
 
     # ---- environment and container config ----------------------------------------------------
 
@@ -331,6 +460,9 @@ class GpuDockerSpawner(ContainerAgentMixin, RecoveryMixin, GpuSpawnerMixin, Dock
         env["GPULAB_DATASET_MOUNTS"] = json.dumps(links)
         env["GPULAB_TRIM_IMPORTS"] = "1" if self.trim_imports else "0"
         env["HOME"] = self.home_mount
+        # Runtime files (the server's and kernels' connection files) in /tmp, outside the quota:
+        # a full home still starts and opens.
+        env["JUPYTER_RUNTIME_DIR"] = "/tmp/.jupyter-runtime"
         if self.allocation is not None and self.device_requests(self.allocation):
             # What the NVIDIA container toolkit injects: CUDA's driver library and nvidia-smi.
             env["NVIDIA_DRIVER_CAPABILITIES"] = "compute,utility"
@@ -383,18 +515,33 @@ class GpuDockerSpawner(ContainerAgentMixin, RecoveryMixin, GpuSpawnerMixin, Dock
         self.mem_limit = mem
         mem_bytes = ByteSpecification().validate(self, mem)
         self.extra_create_kwargs = {"labels": self.labels(alloc), "user": self.container_user}
+        tmp_bytes, shm_bytes = self.scratch_sizes(mem_bytes)
         self.extra_host_config = {
             # Logs must outlive a crash so a failed spawn can show them; stop() removes.
             "auto_remove": False,
             "privileged": False,
             "cap_drop": ["ALL"],
             "security_opt": ["no-new-privileges"],
-            "shm_size": max(64 * 2**20, int(mem_bytes * self.shm_fraction)),
+            "shm_size": shm_bytes,
+            # Scratch in memory, sized by the catalog, gone with the container.
+            "tmpfs": {"/tmp": f"rw,nosuid,nodev,size={tmp_bytes},mode=1777"},
+            "log_config": {
+                "Type": "json-file",
+                "Config": {"max-size": str(max(self.log_max_bytes // 2, 1024)), "max-file": "2"},
+            },
             "device_requests": self.device_requests(alloc),
             # A fork bomb or a file-handle leak stays inside this server (catalog [limits]).
             "pids_limit": limits.pids,
             "ulimits": [{"name": "nofile", "soft": limits.open_files, "hard": limits.open_files}],
         }
+
+    def scratch_sizes(self, mem_bytes: int) -> tuple[int, int]:
+        """(/tmp, /dev/shm) sizes in bytes: the catalog's storage.tmp_gb and storage.shm_gb,
+        /dev/shm capped at shm_fraction of the memory limit and at least 64 MiB. Both are tmpfs:
+        what they hold is memory charged to the container, so neither can pass its limit."""
+        storage = self.pool.catalog.storage
+        shm = min(storage.bytes_of(storage.shm_gb), int(mem_bytes * self.shm_fraction))
+        return storage.bytes_of(storage.tmp_gb), max(64 * 2**20, shm)
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
@@ -422,11 +569,7 @@ class GpuDockerSpawner(ContainerAgentMixin, RecoveryMixin, GpuSpawnerMixin, Dock
                 30,
                 f"Mounting datasets read-only at {self.datasets_mount}: {', '.join(opts.datasets)}",
             )
-        await self.docker(
-            "create_volume",
-            self.home_volume_name,
-            labels={L_USER: self.user.name, L_HUB: self.pool.hub_id},
-        )
+        await self._prepare_home()
 
         old = await self.get_object()
         if old is not None:
@@ -541,6 +684,13 @@ class GpuDockerSpawner(ContainerAgentMixin, RecoveryMixin, GpuSpawnerMixin, Dock
         elif status is not None and self.object_id and self.remove:
             await self._remove_dead()
         return status
+
+
+def _write_mark(mark: Path, text: str) -> None:
+    mark.parent.mkdir(parents=True, exist_ok=True)
+    tmp = mark.with_name(f".{mark.name}.tmp")
+    tmp.write_text(text + "\n")
+    os.replace(tmp, mark)
 
 
 def _docker_reason(e: Exception) -> str:

@@ -91,9 +91,10 @@ def test_gpu_server_runs_in_a_locked_down_container_with_its_gpu(dhub, duser, do
     assert host["Privileged"] is False and host["CapDrop"] == ["ALL"]
     assert c.attrs["Config"]["User"] == "1000"
     assert not any("docker.sock" in b for b in host["Binds"])
-    # Catalog: a100-80g has 12 CPUs and 96G per card; /dev/shm is half the memory.
+    # Catalog: a100-80g has 12 CPUs and 96G per card; /dev/shm is the catalog's storage.shm_gb
+    # (2), under half the memory (docker/spawner.py: scratch_sizes).
     assert host["CpuQuota"] == 12 * host["CpuPeriod"]
-    assert host["Memory"] == 96 * 2**30 and host["ShmSize"] == 48 * 2**30
+    assert host["Memory"] == 96 * 2**30 and host["ShmSize"] == 2 * 2**30
 
 
 def test_kernel_in_a_container_is_billed(dhub, duser) -> None:

@@ -39,9 +39,16 @@ def spot_dhub(module_hub_factory, docker, catalog: Path) -> Hub:
 
 
 def in_home(docker, user: str, path: str | Path) -> Path:
-    """A file of the user's home volume as the host sees it (the hub may not: see docker.py)."""
+    """A file of the user's home as the host sees it (the hub may not: see docker.py): their
+    bounded home (a mounted image at DATA_DIR/users/NAME) where the hub enforces quotas, else
+    their home volume."""
+    relative = Path(path).relative_to(HOME)
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        mount_point = Path(line.split()[4])
+        if mount_point.name == user and mount_point.parent.name == "users":
+            return mount_point / relative
     volume = docker.volumes.get(f"gpulab-home-{user}")
-    return Path(volume.attrs["Mountpoint"]) / Path(path).relative_to(HOME)
+    return Path(volume.attrs["Mountpoint"]) / relative
 
 
 def status(hub: Hub, user: str) -> dict:
