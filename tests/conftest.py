@@ -22,6 +22,8 @@ import leftovers
 import pytest
 from harness import CHROMIUM, CHROMIUM_ARGS, REPO, Hub, HubFactory
 
+from gpulab.spawners.storage.loopfs import unmount_below
+
 REQUIRE_ALL = os.environ.get("GPULAB_REQUIRE_ALL") == "1"
 
 # Docker fixtures (docker, test_image, broken_image, catalog) and the multi-engine Swarm
@@ -244,6 +246,8 @@ def pytest_sessionfinish(session, exitstatus) -> None:
     # its own.
     found = leftovers.settle(leftovers.find(before, marker, hub_ids, paths), LEFTOVER_GRACE)
     leftovers.kill(found)
+    for d in harness.STARTED_DATA_DIRS:
+        unmount_below(d)  # the hubs' homes are loop-mounted images (issue 23)
     _remove_new_accounts(session, paths)
     lines = [str(p) for p in found] + leftovers.containers(hub_ids)
     if worker_id(session.config):

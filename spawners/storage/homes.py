@@ -30,6 +30,7 @@ from traitlets import Unicode
 from traitlets.config import LoggingConfigurable
 
 from gpulab.catalog.models import Storage
+from gpulab.spawners.storage.loopfs import ImageError, ImageHomes, can_loop_mount
 
 MODES = ("auto", "image", "directory")
 
@@ -171,6 +172,9 @@ class HomeStore(LoggingConfigurable):
         self.data_dir = Path(data_dir)
         self.storage = storage
         self._lock = threading.Lock()
+        self._backend: str | None = None
+        self._probe_lock = threading.Lock()
+        self.images = ImageHomes(self.homes_dir, self.data_dir / "storage" / "images")
 
     # ---- where -------------------------------------------------------------------------------
 
@@ -189,9 +193,22 @@ class HomeStore(LoggingConfigurable):
 
     @property
     def backend(self) -> str:
-        if self.mode == "auto":
-            return "directory"  # the image backend takes over 'auto' where it can run
-        return self.mode
+        """'image' or 'directory'; 'auto' probes once whether this process can loop-mount."""
+        if self._backend is None:
+            with self._probe_lock:
+                if self._backend is None:
+                    self._backend = self._pick_backend()
+        return self._backend
+
+    def _pick_backend(self) -> str:
+        if self.mode != "auto":
+            return self.mode
+        why_not = can_loop_mount(self.data_dir / "storage" / "probe")
+        if why_not:
+            self.log.warning("Homes are plain folders, their quotas NOT enforced: %s", why_not)
+            return "directory"
+        self.log.info("Homes are loop-mounted ext4 images: the kernel enforces their quotas")
+        return "image"
 
     # ---- quotas ------------------------------------------------------------------------------
 
@@ -226,6 +243,11 @@ class HomeStore(LoggingConfigurable):
                     "first or choose a larger quota",
                     status=409,
                 )
+            if self.backend == "image":
+                try:
+                    self.images.resize(name, quota_bytes)
+                except ImageError as e:
+                    raise StorageError(f"quota_gb: {e}", status=e.status) from None
             quotas = self._quotas()
             if quota_bytes == s.free_bytes:
                 quotas.pop(name, None)
@@ -249,6 +271,11 @@ class HomeStore(LoggingConfigurable):
     def ensure(self, name: str, uid: int | None = None, gid: int | None = None) -> Path:
         """The home of ``name`` exists (and, with the image backend, is mounted at its path), its
         top folder owned by ``uid``:``gid`` when given. Idempotent."""
+        if self.backend == "image":
+            try:
+                return self.images.ensure(name, self.quota(name), uid, gid)
+            except (ImageError, OSError) as e:
+                raise StorageError(f"home of {name}: {e}", field="home", status=500) from e
         home = self.path(name)
         home.mkdir(parents=True, exist_ok=True)
         if uid is not None:
@@ -263,17 +290,37 @@ class HomeStore(LoggingConfigurable):
     def names(self) -> list[str]:
         """Every home on this node."""
         try:
-            return sorted(p.name for p in self.homes_dir.iterdir() if not p.name.startswith("."))
+            found = {p.name for p in self.homes_dir.iterdir() if not p.name.startswith(".")}
         except FileNotFoundError:
-            return []
+            found = set()
+        return sorted(found | set(self.images.names()))
 
-    def usage(self, name: str) -> HomeUsage:
-        """What the home of ``name`` holds, measured now by the hub."""
+    def usage(self, name: str, quotas: dict[str, int] | None = None) -> HomeUsage:
+        """What the home of ``name`` holds, measured now by the hub (``quotas``: the quota
+        file, when the caller read it already)."""
+        quota = self.quota(name) if quotas is None else quotas.get(name, self.storage.free_bytes)
+        if self.backend == "image":
+            try:
+                got = self.images.usage(name)
+            except ImageError as e:
+                self.log.warning("Home %s: %s", name, e)
+                got = None
+            if got is not None:
+                return HomeUsage(
+                    name=name,
+                    used_bytes=got.used_bytes,
+                    quota_bytes=quota,
+                    files=got.files,
+                    files_limit=got.files_limit,
+                    enforced=True,
+                    measured_at=time.time(),
+                )
+        # A plain folder (directory backend, or a home not yet moved into its image).
         used, files = walk_usage(self.path(name))
         return HomeUsage(
             name=name,
             used_bytes=used,
-            quota_bytes=self.quota(name),
+            quota_bytes=quota,
             files=files,
             files_limit=None,
             enforced=False,
@@ -288,14 +335,22 @@ class HomeStore(LoggingConfigurable):
         """Delete the home of ``name`` for good, with its quota. First moved aside in one rename
         (a ``.released-`` entry is no one's home: a server started afterwards gets a fresh home),
         then removed without following a link or leaving the home's filesystem. The caller has
-        made sure no server of ``name`` runs or starts. False when there was no home."""
+        made sure no server of ``name`` runs or starts. False when there was no home. An image
+        home is taken offline and its image deleted first (StorageError 409 while anything still
+        holds it, and nothing changes)."""
+        had_image = False
+        if self.backend == "image":
+            try:
+                had_image = self.images.release(name)
+            except ImageError as e:
+                raise StorageError(f"home: {e}", field="home", status=e.status) from None
         home = self.path(name)
         trash = self.homes_dir / f"{self.RELEASED_PREFIX}{name}-{time.time_ns()}"
         with self._lock:
             try:
                 os.rename(home, trash)
             except FileNotFoundError:
-                return False
+                return had_image
             quotas = self._quotas()
             if quotas.pop(name, None) is not None:
                 self._write_quotas(quotas)
@@ -321,5 +376,18 @@ class HomeStore(LoggingConfigurable):
 
     def scan(self) -> list[HomeUsage]:
         """Every home's usage, largest first."""
-        out = [self.usage(n) for n in self.names()]
+        quotas = self._quotas()
+        out = [self.usage(n, quotas) for n in self.names()]
         return sorted(out, key=lambda u: u.used_bytes, reverse=True)
+
+    # ---- offline and release (image backend) ---------------------------------------------------
+
+    def unmount(self, name: str) -> bool:
+        """Take the home offline (StorageError 409 while anything uses it). Homes stay mounted
+        from their first ensure until this, a shrink or a release: never behind a server."""
+        if self.backend != "image":
+            return False
+        try:
+            return self.images.unmount(name)
+        except ImageError as e:
+            raise StorageError(f"home: {e}", field="home", status=e.status) from None

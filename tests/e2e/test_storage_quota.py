@@ -1,0 +1,216 @@
+"""Issue 23, part A: a quota the kernel enforces, on real loop-mounted filesystems (root).
+
+The store-level tests drive :class:`HomeStore` as the hub does (``auto`` picks the image backend
+where the hub is root and can loop-mount); the hub-level ones run real hubs, servers and kernels.
+Each is an attack that succeeded on the old code, where a home was a plain folder on the node's
+disk with no limit at all.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import subprocess
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+from harness import passable_for_accounts
+
+from gpulab.catalog.models import Storage
+from gpulab.spawners.storage import loopfs
+from gpulab.spawners.storage.homes import HomeStore, StorageError
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="loop mounts need root")
+
+MiB = 2**20
+QUOTA = 64 * MiB
+TINY = Storage(free_gb=Decimal("0.0625"), max_gb=Decimal("0.25"), tmp_gb=Decimal("0.03125"),
+               shm_gb=Decimal("0.03125"))  # fmt: skip
+
+
+@pytest.fixture
+def store(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    passable_for_accounts(data)
+    homes = HomeStore(data, TINY)
+    yield homes
+    loopfs.unmount_below(data)
+
+
+def as_user(uid: int, code: str, cwd: Path) -> subprocess.CompletedProcess:
+    """Run Python ``code`` as ``uid`` (a user's own code in their home)."""
+    return subprocess.run(
+        [os.sys.executable, "-c", code],
+        cwd=cwd,
+        user=uid,
+        group=uid,
+        extra_groups=[],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+# Bounded (quota + 8 MiB), so that where nothing enforces the quota (the old code) the test
+# fails without filling the node's disk.
+FILL = f"""
+import errno, os
+n = 0
+try:
+    with open("fill", "wb") as f:
+        while n < {QUOTA // MiB + 8}:
+            f.write(b"x" * 2**20); f.flush(); os.fsync(f.fileno()); n += 1
+    print("NOT-REFUSED", n)
+except OSError as e:
+    print(errno.errorcode[e.errno], n)
+"""
+
+
+def test_a_write_past_the_quota_fails_in_the_writers_own_code(store):
+    """Point 1 (store level): the write fails with ENOSPC in alice's code at her quota, the node's
+    disk keeps its room, bob's home is untouched and the hub's usage says she is full. On the old
+    code (a plain folder) alice wrote on until the node's disk was full."""
+    assert store.backend == "image" and store.enforced
+    alice = store.ensure("alice", 4001, 4001)
+    bob = store.ensure("bob", 4002, 4002)
+    (bob / "keep").write_text("bob's")
+    out = as_user(4001, FILL, alice)
+    code, mib = out.stdout.split()
+    assert code in ("ENOSPC", "EDQUOT"), out
+    assert QUOTA // MiB - 4 <= int(mib) <= QUOTA // MiB, out.stdout
+    u = store.usage("alice")
+    assert u.enforced and u.percent > 97, u
+    assert (bob / "keep").read_text() == "bob's"
+    assert (bob / "more").write_text("x" * 10_000) == 10_000  # bob still writes
+    assert store.usage("bob").used_bytes < MiB
+
+
+def test_quota_evasions_hard_links_sparse_files_and_inodes(store):
+    """Point 2: a hard link from alice's home to a file of bob's fails (EXDEV: each home is its
+    own filesystem); a sparse file 10x the quota is made but filling it hits ENOSPC, and usage
+    counts its allocated blocks only; many tiny files run out of the home's own inodes (ENOSPC)
+    while the hub's scan still answers. On the old code all three landed on the node's disk."""
+    alice = store.ensure("alice", 4001, 4001)
+    bob = store.ensure("bob", 4002, 4002)
+    (bob / "big").write_bytes(b"b" * MiB)
+    # Even a file bob shares for writing (which fs.protected_hardlinks lets alice link on one
+    # filesystem) cannot be linked into her home.
+    os.chmod(bob, 0o755)
+    os.chmod(bob / "big", 0o666)
+    link = as_user(4001, f"import os\ntry:\n os.link({str(bob / 'big')!r}, 'mine')\n"
+                         "except OSError as e: print(e.errno)", alice)  # fmt: skip
+    assert link.stdout.strip() == str(errno.EXDEV), link
+
+    sparse = as_user(
+        4001,
+        "import errno, os\n"
+        f"f = open('sparse', 'wb'); f.truncate({10 * QUOTA}); f.close()\n"
+        "print(os.stat('sparse').st_size)\n"
+        "f = open('sparse', 'r+b')\n"
+        "try:\n"
+        f"    for _ in range({QUOTA // MiB + 8}): f.write(b'y' * 2**20); f.flush()\n"
+        "    os.fsync(f.fileno()); print('NOT-REFUSED')\n"
+        "except OSError as e: print(errno.errorcode[e.errno])\n",
+        alice,
+    )
+    size, code = sparse.stdout.split()
+    assert int(size) == 10 * QUOTA and code == "ENOSPC", sparse
+    u = store.usage("alice")
+    assert u.used_bytes <= QUOTA + MiB < int(size), u
+    os.unlink(alice / "sparse")
+
+    inodes = as_user(
+        4001,
+        "import errno, os\nos.mkdir('many')\nn = 0\n"
+        "try:\n"
+        "    while n < 100_000: open(f'many/{n}', 'w').close(); n += 1\n"
+        "    print('NOT-REFUSED', n)\n"
+        "except OSError as e: print(errno.errorcode[e.errno], n)\n",
+        alice,
+    )
+    code, n = inodes.stdout.split()
+    assert code == "ENOSPC", inodes
+    u = store.usage("alice")
+    assert u.files_limit is not None and u.files >= u.files_limit - 1 and int(n) > 1000, u
+    scan = {h.name: h for h in store.scan()}
+    assert scan["alice"].files == u.files and scan["bob"].used_bytes < 2 * MiB
+
+
+def test_a_symlink_in_a_home_is_not_measured_or_followed(store):
+    """Point 4: links in alice's home to /etc/shadow and to bob's home: the hub's usage of alice
+    counts neither (bob's 8 MiB are not hers) and reads nothing through them."""
+    alice = store.ensure("alice", 4001, 4001)
+    bob = store.ensure("bob", 4002, 4002)
+    (bob / "data").write_bytes(b"z" * 8 * MiB)
+    before = store.usage("alice").used_bytes
+    os.symlink("/etc/shadow", alice / "shadow")
+    os.symlink(bob, alice / "bob")
+    os.symlink(bob / "data", alice / "data")
+    after = store.usage("alice")
+    assert after.used_bytes - before < 64 * 1024, after
+    assert store.usage("bob").used_bytes >= 8 * MiB
+
+
+def test_an_old_plain_home_moves_into_its_image_without_following_links(store):
+    """A home from before images is copied into its image on first ensure: files, hard links,
+    sparse files and owners kept, links copied as links (never followed: /etc/shadow is not
+    read into it), then the plain folder is gone from the node's disk."""
+    home = store.path("carol")
+    home.mkdir(parents=True)
+    (home / "notes.txt").write_text("mine")
+    os.link(home / "notes.txt", home / "same.txt")
+    os.symlink("/etc/shadow", home / "shadow")
+    with open(home / "sparse", "wb") as f:
+        f.truncate(10 * QUOTA)
+    os.chown(home / "notes.txt", 4003, 4003)
+    store.ensure("carol", 4003, 4003)
+    assert store.images.mounted_device("carol")
+    st = os.stat(home / "same.txt")
+    assert (home / "notes.txt").read_text() == "mine" and st.st_nlink == 2 and st.st_uid == 4003
+    assert os.readlink(home / "shadow") == "/etc/shadow"
+    assert os.stat(home / "sparse").st_size == 10 * QUOTA
+    assert store.usage("carol").used_bytes < MiB
+    assert not [p for p in store.homes_dir.iterdir() if "migrated" in p.name]
+
+
+def test_quota_changes_and_mounting_once(store):
+    """Raising the quota gives the home the room (the write that failed now succeeds); a second
+    ensure (or a second store, as after a hub restart) reuses the mount, never mounts twice; a
+    quota below what the home holds is a 409 naming quota_gb, and nothing changes."""
+    alice = store.ensure("alice", 4001, 4001)
+    as_user(4001, FILL, alice)
+    store.set_quota("alice", 2 * QUOTA)
+    more = as_user(4001, "open('more', 'wb').write(b'm' * 2**24)", alice)
+    assert more.returncode == 0, more.stderr
+    with pytest.raises(StorageError) as e:
+        store.set_quota("alice", QUOTA)
+    assert e.value.status == 409 and "quota_gb" in str(e.value)
+    assert store.quota("alice") == 2 * QUOTA
+    again = HomeStore(store.data_dir, TINY)
+    again.ensure("alice", 4001, 4001)
+    points = [m.point for m in loopfs.mounts() if m.point == str(alice)]
+    assert len(points) == 1, points
+
+
+def test_a_home_mounted_elsewhere_cannot_be_shrunk_and_a_free_one_can(store, tmp_path):
+    """Shrinking is offline only: while a process of the user's holds the home (here one that
+    sits in it, in a mount namespace of its own as a server does) a smaller quota is a 409 and
+    the home stays mounted; once it ends, the shrink happens."""
+    alice = store.ensure("alice", 4001, 4001)
+    store.set_quota("alice", 2 * QUOTA)
+    holder = subprocess.Popen(
+        ["unshare", "--mount", "--propagation", "private", "sleep", "300"], cwd=alice
+    )
+    try:
+        with pytest.raises(StorageError) as e:
+            store.set_quota("alice", QUOTA)
+        assert e.value.status == 409 and "stop your servers" in str(e.value)
+        assert store.images.mounted_device("alice")
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    assert store.set_quota("alice", QUOTA).quota_bytes == QUOTA
+    assert QUOTA <= store.images.usage("alice").capacity_bytes < 2 * QUOTA
