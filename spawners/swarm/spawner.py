@@ -23,8 +23,13 @@ pulled at spawn time) whose object is a service instead of a container (dockersp
   ``JupyterHub.hub_connect_ip``, an address of the hub's machine on the nodes' network.
 - **Homes.** With ``shared_home_path`` (a shared filesystem mounted at the same path on every
   node: NFS, CephFS, ...), each user's home is a bind mount of their directory there, so it
-  follows them to any node. Without it, the home is a named volume on one node and the user is
-  pinned to that node (said in the log at every spawn): their spawns only take cards there.
+  follows them to any node; its quota is the shared filesystem's own (CephFS: the hub sets
+  ``ceph.quota.max_bytes`` on the folder at every start, :mod:`.quota`; NFS: the server's
+  quotas, set up by the operator). Without it, the home is a named volume on one node and the
+  user is pinned to that node (said in the log at every spawn): their spawns only take cards
+  there. ``/tmp`` and ``/dev/shm`` are tmpfs mounts sized by the catalog (``storage.tmp_gb``,
+  ``storage.shm_gb``), gone with the task; the task's json-file log is rotated at
+  ``log_max_bytes``.
 - **Node failure.** :class:`~gpulab.spawners.swarm.cluster.SwarmCluster` reads the nodes every
   few seconds: a node that is down or drained takes no new server and its cards leave the pool.
   ``poll`` reports a server whose node is down (or whose task stopped) stopped, with the reason
@@ -39,7 +44,7 @@ pulled at spawn time) whose object is a service instead of a container (dockersp
 
 Not carried over from gpulab-docker on Docker 20.10 engines (service API 1.41): the
 ``no-new-privileges`` flag (services get it from API 1.44), and the ulimits; a server still runs
-as a non-root user with every capability dropped. ``/dev/shm`` is a sized tmpfs mount.
+as a non-root user with every capability dropped.
 """
 
 from __future__ import annotations
@@ -73,6 +78,7 @@ from gpulab.spawners.node.allocator import Allocation
 from gpulab.spawners.node.pool import GpuPool
 from gpulab.spawners.request import SpawnRequest
 from gpulab.spawners.swarm.cluster import SwarmCluster
+from gpulab.spawners.swarm.quota import apply_quota
 
 L_NODE = LABEL_PREFIX + "node"
 # Task states on the way to running (Swarm's own order), and those a server never leaves alive.
@@ -194,6 +200,14 @@ class GpuSwarmSpawner(GpuDockerSpawner, SwarmSpawner):
             path.mkdir(mode=0o700)
             uid, _, gid = self.container_user.partition(":")
             os.chown(path, int(uid), int(gid or uid))
+        quota = self.pool.homes.quota(self.user_home_name())
+        plan = apply_quota(path, quota)
+        cls = type(self)
+        if plan.enforced:
+            self.log.debug("Home %s: %s", path, plan.why)
+        elif not getattr(cls, "_told_unbounded", False):
+            cls._told_unbounded = True
+            self.log.warning("Shared homes are NOT bounded by the hub: %s", plan.why)
 
     async def _home_node(self) -> str | None:
         """Without a shared home: the node whose engine holds the user's home volume."""
@@ -226,7 +240,7 @@ class GpuSwarmSpawner(GpuDockerSpawner, SwarmSpawner):
         labels = {**self.labels(alloc), L_NODE: node_id or ""}
         kind = self.cluster.gpu_resource
         pin = PIN_SOURCE.format(var=f"DOCKER_RESOURCE_{kind}")
-        shm = max(64 * 2**20, int(mem_bytes * self.shm_fraction))
+        tmp, shm = self.scratch_sizes(mem_bytes)
         container = ContainerSpec(
             image=self.image,
             command=[self.exec_python, "-c", pin, *cmd],
@@ -236,6 +250,7 @@ class GpuSwarmSpawner(GpuDockerSpawner, SwarmSpawner):
             mounts=[
                 *self._mounts(node_id),
                 Mount(target="/dev/shm", source="", type="tmpfs", tmpfs_size=shm),
+                Mount(target="/tmp", source="", type="tmpfs", tmpfs_size=tmp, tmpfs_mode=0o1777),
             ],
             cap_drop=["ALL"],
         )
@@ -255,6 +270,10 @@ class GpuSwarmSpawner(GpuDockerSpawner, SwarmSpawner):
             placement=Placement(constraints=constraints),
             # A server that dies is reported stopped, never restarted behind the hub's back.
             restart_policy=RestartPolicy(condition="none"),
+            log_driver={
+                "Name": "json-file",
+                "Options": {"max-size": str(max(self.log_max_bytes // 2, 1024)), "max-file": "2"},
+            },
         )
         endpoint = EndpointSpec(
             ports=[{"TargetPort": self.port, "Protocol": "tcp", "PublishMode": "host"}]
