@@ -16,6 +16,15 @@ Layout under the data dir (``DATA_DIR/courses``, 0711: passable, not listable):
   the user, the ``Exchange.root`` of that user's nbgrader: ``nbgrader list`` (and JupyterLab's
   Assignments tab) see the user's courses and nothing of others, not even their names.
 
+Bounded (issue 23): students write into ``inbound`` from their own servers, so under a hub that
+can loop-mount (the home store enforces quotas) each course's folder is an ext4 image of its own
+(``DATA_DIR/storage/exchange-images/COURSE.img``, loop-mounted at ``exchange/COURSE``, made with
+:mod:`gpulab.spawners.storage.loopfs`), sized per person of the course and grown as the course
+grows: a huge submission or 100,000 tiny files fill that course's exchange (ENOSPC in the
+student's own code: its blocks or its inodes), never the node's disk. Within a course one
+student can still fill the course's room until its staff clean up (nbgrader's inbound is one
+folder for all; there is no per-student bound without the kernel's user quotas).
+
 ACLs instead of a Unix group per course: a server drops every supplementary group when it becomes
 its account (``setgroups([gid])`` in the launcher), and an ACL entry applies at once, also to
 servers already running. Without per-user accounts (the hub not root) every server runs as one
@@ -34,6 +43,7 @@ from pathlib import Path
 
 from gpulab.spawners.local.accounts import Account
 from gpulab.spawners.request import CourseSeat
+from gpulab.spawners.storage.loopfs import ImageError, ImageHomes
 
 CONFIG_NAME = "nbgrader_config.py"
 # Course names become folder names (gpulab's own are lowercase letters, digits and '-').
@@ -143,6 +153,7 @@ def prepare_course(
     course_dir = exchange / seat.course
     if account_of is None:
         _mkdir(course_dir, 0o755)
+        os.chmod(course_dir, 0o755)  # a bounded exchange's image root is made 0700
         for part in EXCHANGE_PARTS:
             _mkdir(course_dir / part, 0o755 if part == "outbound" else 0o733)
         return course_dir
@@ -292,6 +303,24 @@ if (
 """
 
 
+def course_room(seat: CourseSeat, bytes_per_person: int) -> int:
+    """The room of a course's bounded exchange: ``bytes_per_person`` for each of its people."""
+    people = len(set(seat.students) | set(seat.staff))
+    return max(1, people) * bytes_per_person
+
+
+def bound_course(data_dir: Path, exchange: Path, seat: CourseSeat, room: int) -> None:
+    """The course's exchange folder is its own filesystem image of at least ``room`` bytes:
+    made (an existing plain folder copied in) and mounted when it is not, grown online when the
+    course grew. Never shrunk here (that needs it offline)."""
+    images = ImageHomes(exchange, Path(data_dir) / "storage" / "exchange-images")
+    if images.mounted_device(seat.course) is None:
+        images.ensure(seat.course, room, None, None)
+    got = images.usage(seat.course)
+    if got is not None and got.capacity_bytes < room:
+        images.resize(seat.course, room)
+
+
 def prepare(
     data_dir: str | os.PathLike,
     home_name: str,
@@ -299,10 +328,13 @@ def prepare(
     seats: Iterable[CourseSeat],
     account: Account | None,
     account_of: Callable[[str], Account | None] | None,
+    bytes_per_person: int | None = None,
 ) -> tuple[Path, list[str]]:
     """Everything nbgrader needs for one server of ``user_name`` (blocking): the exchanges of
     its courses and its own folder. Returns that folder (for ``JUPYTER_CONFIG_PATH``) and the
     problems met (a course whose exchange could not be set up stays closed; the server starts).
+    ``bytes_per_person``: bound each course's exchange (an image of its own, see the module's
+    docstring) to this much per person of the course; None: plain folders on the data dir.
     """
     problems = []
     safe = []
@@ -318,8 +350,10 @@ def prepare(
         _mkdir(folder, 0o711)
     for seat in seats:
         try:
+            if bytes_per_person is not None:
+                bound_course(Path(data_dir), exchange, seat, course_room(seat, bytes_per_person))
             prepare_course(exchange, seat, account_of)
-        except (ExchangeError, OSError) as e:
+        except (ExchangeError, ImageError, OSError) as e:
             problems.append(f"course {seat.course}: {e}")
     user_dir = base / "users" / home_name
     text = render_config(

@@ -156,6 +156,15 @@ class GpuLocalSpawner(LocalIsolationMixin, GpuSpawnerMixin, LocalProcessSpawner)
         rotated older half NAME.log.1 (spawners/local/serverlog.py; at least 128 KiB).""",
     )
 
+    exchange_mb_per_person = Integer(
+        512,
+        config=True,
+        help="""Room of a course's nbgrader exchange per person of the course, in MiB, where the
+        hub bounds exchanges (it can loop-mount: the home store enforces quotas). Each course's
+        exchange is then a filesystem image of its own, grown as people join; a student's huge
+        or countless submissions fill only that (spawners/local/exchange.py).""",
+    )
+
     local_images = List(
         Unicode(),
         ["base"],
@@ -455,6 +464,7 @@ class GpuLocalSpawner(LocalIsolationMixin, GpuSpawnerMixin, LocalProcessSpawner)
             self.course_seats,
             sandbox.account,
             account_of,
+            self.exchange_mb_per_person * 2**20 if self.pool.homes.enforced else None,
         )
         for problem in problems:
             self.log.warning("nbgrader exchange for %s: %s", self.owner, problem)

@@ -4,6 +4,7 @@ is bounded, so a user cannot fill the disk the hub, billing and every other home
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -80,3 +81,66 @@ def test_a_server_printing_forever_keeps_its_log_under_the_cap(hub_factory, fork
     assert os.stat(log).st_uid == 0 or os.geteuid() != 0, "the log stays the hub's file"
     hub.stop_server(user)
     wait_for(lambda: not keepers_of(log), 30, what="the log keeper to end with the server")
+
+
+EXCHANGE_MB = 16  # per person: a course of a teacher and a student has 32 MiB
+
+FLOOD_EXCHANGE = """
+import errno, glob, os
+inbound = glob.glob(os.environ['JUPYTER_CONFIG_PATH'].split(':')[0] + '/exchange/*/inbound')[0]
+n = 0
+try:
+    with open(os.path.join(inbound, 'huge'), 'wb', buffering=0) as f:
+        while n < {size}:
+            n += f.write(b'x' * 2**20)
+        os.fsync(f.fileno())
+    big = ('wrote', n)
+except OSError as e:
+    big = (errno.errorcode[e.errno], n)
+os.remove(os.path.join(inbound, 'huge'))
+os.mkdir(os.path.join(inbound, 'tiny'))
+files = 0
+try:
+    while files < 100_000:
+        open(os.path.join(inbound, 'tiny', str(files)), 'w').close()
+        files += 1
+    tiny = ('wrote', files)
+except OSError as e:
+    tiny = (errno.errorcode[e.errno], files)
+print(*big, *tiny)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="bounded exchanges need a root hub")
+def test_a_student_cannot_fill_the_node_through_the_nbgrader_exchange(hub_factory) -> None:
+    """Issue 23, attack "fill the node's disk through the nbgrader exchange": a student writes a
+    huge file, then 100,000 tiny files, into their course's inbound (what `nbgrader submit`
+    does, done by hand). Both stop with ENOSPC in the student's own code at the course's room
+    (its bytes, then its inodes); the node's disk does not notice. Fails on the old code: the
+    exchange was a folder of the data dir's filesystem and took all of it."""
+    from course_helpers import make_course, roster, token_for
+
+    hub: Hub = hub_factory(
+        "exchange",
+        simulate="A100-80G:1",
+        extra_args=[f"--GpuLocalSpawner.exchange_mb_per_person={EXCHANGE_MB}"],
+    )
+    teacher, student = f"t{os.urandom(3).hex()}", f"s{os.urandom(3).hex()}"
+    course = f"c{os.urandom(3).hex()}"
+    make_course(hub, course, [teacher])
+    r = roster(hub, course, f"{student},student\n", token_for(hub, teacher))
+    assert r.status_code == 200, r.text
+    hub.spawn_ready(student, {"gpu": "none"}, timeout=120)
+    room = 2 * EXCHANGE_MB * 2**20
+    free_before = shutil.disk_usage(hub.data_dir).free
+    with hub.kernel(student) as k:
+        big, wrote, tiny, files = k.execute(FLOOD_EXCHANGE.format(size=3 * room), 300).split()
+    assert big == "ENOSPC" and int(wrote) <= room, (big, wrote)
+    assert tiny == "ENOSPC" and int(files) < 100_000, (tiny, files)
+    assert free_before - shutil.disk_usage(hub.data_dir).free < 2 * room
+    # The course's exchange is its own filesystem, at the course's room.
+    exchange = hub.data_dir / "courses" / "exchange" / course
+    assert (
+        os.path.ismount(exchange)
+        and (lambda v: v.f_blocks * v.f_frsize)(os.statvfs(exchange)) >= room
+    )
