@@ -33,6 +33,7 @@ from gpulab.billing_service import (
     ledger,
     reservations,
     statements,
+    storage,
 )
 from gpulab.billing_service.bounds import Limits
 from gpulab.billing_service.compensation import Rule
@@ -293,7 +294,7 @@ class BillingService(Application):
         self.prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/billing/")
         self.hub = HubClient.from_env()
         self.enforcer = Enforcer(self)
-        self.storage = StorageMetering(self)
+        self.storage_metering = StorageMetering(self)
         self.started_us = time.time_ns() // 1000
 
     async def run_db(self, fn, *args: Any) -> Any:
@@ -333,6 +334,10 @@ class BillingService(Application):
                 info["course"] = statements.course_status(
                     conn, course, user, now, self.catalog.currency
                 )
+            info["storage"], warnings = storage.balance_json(
+                conn, self.catalog.storage, self.catalog.currency, user, info["balance"]["micro"]
+            )
+            info["warnings"] += warnings
             return info
 
     async def balance(
@@ -526,7 +531,7 @@ class BillingService(Application):
             loop.add_signal_handler(sig, stop.set)
         tasks = [
             asyncio.create_task(self.enforcer.run()),
-            asyncio.create_task(self.storage.run()),
+            asyncio.create_task(self.storage_metering.run()),
             asyncio.create_task(self._watch_parent(stop)),
         ]
         await stop.wait()

@@ -27,6 +27,11 @@ nothing within the window costs nothing meanwhile.
 - A server inside the paid reservation it runs on (``reservations``) costs nothing then: no
   money check applies to it until the reservation ends (idle and silent servers are still
   stopped).
+- Storage (``storage``) is charged to the same balance, whatever it is, and can take it below
+  zero: that debt is like any other. The checks above then move or stop the user's servers, the
+  hub refuses their starts and quota raises (402); nothing is deleted for debt (only the
+  retention schedule releases homes), and lowering the quota, which stops the charge, is always
+  allowed.
 
 **The bound.** Charges reach a balance as the hub's observed spans (every ``report_interval``
 of the hub's observer) and the reports arrive; the next check is at most 1.2 x

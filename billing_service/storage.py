@@ -356,6 +356,26 @@ def usage(
     }
 
 
+def balance_json(
+    conn: Connection, storage: Storage, currency: str, user: str, balance_micro: int
+) -> tuple[dict[str, Any] | None, list[str]]:
+    """The balance API's ``storage`` (what the home costs a day now, by its latest measurement;
+    None before any) and its warning when the balance is used up while the home still costs."""
+    meter = conn.execute(select(StorageMeter).where(StorageMeter.user == user)).first()
+    if meter is None:
+        return None, []
+    per_day = storage_micro(storage_exact(meter.billable_bytes, US_PER_DAY, price_micro(storage)))
+    out = {"billable_bytes": meter.billable_bytes, "per_day": money_json(per_day)}
+    warnings = []
+    if per_day and balance_micro <= 0:
+        warnings.append(
+            f"Your storage above the free {_gb(str(storage.free_gb))} GB costs {currency} "
+            f"{format_money(per_day)} a day and your balance is used up: top up or lower your "
+            "quota (nothing is deleted)."
+        )
+    return out, warnings
+
+
 def pieces(conn: Connection, user: str, from_us: int, to_us: int) -> list[dict[str, Any]]:
     """Every charged piece of ``user``'s storage time overlapping [from, to), oldest first."""
     rows = conn.execute(

@@ -32,7 +32,7 @@ class PullHandler(BaseHandler):
     async def post(self) -> None:
         self.require_admin()
         # Whatever the body says is not read: the figures come from the hub's own scan.
-        result = await self.billing.storage.pull()
+        result = await self.billing.storage_metering.pull()
         if result is None:
             raise web.HTTPError(502, "the hub gave no storage scan (see billing's log)")
         self.write_json(

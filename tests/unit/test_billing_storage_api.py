@@ -32,7 +32,7 @@ T0 = 1_767_225_600 * MICRO  # 2026-01-01 00:00 UTC
 
 def service_with_storage(tmp_path, monkeypatch):
     service = make_service(tmp_path, monkeypatch, TOKENS)
-    service.storage = storage.StorageMetering(service)
+    service.storage_metering = storage.StorageMetering(service)
     # A hub nobody answers at: a pull the admin asks for gets no scan (502), and figures can
     # come from nowhere else.
     service.hub = HubClient("http://127.0.0.1:9/hub/api", "unused")
