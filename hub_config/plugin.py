@@ -24,7 +24,7 @@ from typing import Any
 from tornado.httpclient import AsyncHTTPClient
 
 from gpulab.hub_config import api, overrides
-from gpulab.hub_config.api import reservations
+from gpulab.hub_config.api import reservations, uploads
 from gpulab.hub_config.billing.hooks import configure_billing
 from gpulab.hub_config.billing.notices import notices_for
 from gpulab.hub_config.billing.observer import ActivityObserver
@@ -125,6 +125,8 @@ def attach(app: Any) -> list[tuple[str, type]]:
         # Homes kept and released on a schedule; restored servers count once the hub answers.
         StorageKeeper.instance(config=app.config).start(app, pool, market, after=ready)
         pool._confirming = asyncio.ensure_future(_confirm_reservations(app, pool, ready))
+        # Unfinished uploads expire a day after their last chunk (hub_config/api/uploads.py).
+        uploads.start_sweeping(pool, app.log)
     return routes()
 
 

@@ -3,7 +3,16 @@
 Scopes are checked with JupyterHub's RBAC (:mod:`gpulab.hub_config.scopes`).
 """
 
-from gpulab.hub_config.api import apps, datasets, notices, pool, reservations, spot, storage
+from gpulab.hub_config.api import (
+    apps,
+    datasets,
+    notices,
+    pool,
+    reservations,
+    spot,
+    storage,
+    uploads,
+)
 
 ROUTES = [
     *pool.ROUTES,
@@ -13,4 +22,5 @@ ROUTES = [
     *reservations.ROUTES,
     *datasets.ROUTES,
     *storage.ROUTES,
+    *uploads.ROUTES,
 ]
