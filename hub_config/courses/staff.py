@@ -16,6 +16,8 @@ enrols people (the roster) asks this module, and each refusal names the rule:
   "refuse": refused at start, or stopped, when the pool or the student's cap cannot pay).
 - **enrol rule**: a teacher adds an existing user to their course directly (no invitation) only
   when they already TEACH that user (as teacher, not as TA) in another course; admins always may.
+- **share rule** (:func:`share_problem`): a user shares their own dataset with a course's class
+  only when they teach or assist that course (admins always may).
 - **dashboard rights** (:func:`page_rights`): what the course pages show a caller: the create
   form to admins (``admin:groups``, as ``POST /courses`` needs), the roster upload and the
   bookings form with Cancel to holders of ``course-manage!group=C`` (as the roster and booking
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpulab.hub_config.courses.groups import CourseError, staff_courses, students
+from gpulab.hub_config.courses.groups import CourseError, find, staff_courses, students
 from gpulab.hub_config.scopes import COURSE_MANAGE_SCOPE
 from gpulab.spawners.courses import set_payer, student_courses
 
@@ -118,6 +120,22 @@ def enrols_directly(handler: Any, username: str, taught: set[str] | None = None)
     if taught is None:
         taught = taught_students(handler.db, me.name)
     return username in taught
+
+
+def share_problem(handler: Any, course: str) -> tuple[int, str] | None:
+    """The **share rule**: may ``handler``'s caller share their own dataset with ``course``'s
+    class (``hub_config/api/datasets.py``)? Its teachers and TAs may, and admins of groups;
+    a student, or anyone else, may not. (status, why) when not: 400 for no such course, 403
+    for one they do not teach or assist."""
+    found = find(handler.db, course) if isinstance(course, str) else None
+    if found is None:
+        return 400, f"courses: there is no course {course!r}"
+    me = handler.current_user
+    if handler.has_scope("admin:groups"):
+        return None
+    if me is not None and found[1].staff_role(me.name) is not None:
+        return None
+    return 403, (f"courses: you may share only with courses you teach or assist, not {course!r}")
 
 
 def may_create_courses(handler: Any) -> bool:
