@@ -21,6 +21,7 @@ import ctypes.util
 import importlib.abc
 import json
 import os
+import re
 import signal
 import stat
 import sys
@@ -31,6 +32,12 @@ ENV_CGROUP = "GPULAB_CGROUP_PROCS"  # os.pathsep-joined cgroup.procs files the s
 ENV_UMASK = "GPULAB_UMASK"  # octal umask of the user's processes
 # JSON of the server's jupyter-server-proxy apps (``c.ServerProxy.servers``), from the hub.
 ENV_APP_SERVERS = "GPULAB_APP_SERVERS"
+# JSON {"tmp": bytes, "shm": bytes, "homes": homes folder, "keep": [folders]}: the server's own
+# bounded /tmp and /dev/shm (issue 23); set by a hub that may make mount namespaces.
+ENV_SCRATCH = "GPULAB_SCRATCH"
+# Where a server with scratch of its own keeps what must not need room in the home (JupyterLab's
+# runtime files, the apps' config): a full home is no lock-out.
+SCRATCH_RUNTIME = "/tmp/.gpulab-runtime"
 
 CLONE_NEWNS = 0x00020000
 MS_RDONLY = 0x1
@@ -41,6 +48,7 @@ MS_REMOUNT = 0x20
 MS_BIND = 0x1000
 MS_REC = 0x4000
 MS_PRIVATE = 0x40000
+MNT_DETACH = 0x2
 
 # Imported only for jsonschema's "iri" format checker, which no Jupyter event schema uses, yet its
 # import compiles a grammar that costs about a second of every server start.
@@ -60,6 +68,7 @@ def libc() -> ctypes.CDLL:
     """The C library, with errno kept for ``ctypes.get_errno`` (the fork server's too)."""
     c = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
     c.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_char_p]
+    c.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
     return c
 
 
@@ -370,11 +379,80 @@ def enter_sandbox(env: dict[str, str]) -> None:
         os.umask(int(env[ENV_UMASK], 8))
 
 
+def private_scratch(env: dict[str, str]) -> None:
+    """The server's own ``/tmp`` and ``/dev/shm``: tmpfs of the catalog's sizes in its private
+    mount namespace (a write past them is ENOSPC in the user's code, the node's disk never
+    fills), gone with the namespace when the server's last process ends (wiped at stop).
+
+    Also detaches, in this namespace only, every other home mounted below the homes folder: a
+    server never holds another user's home (which could then not be taken offline), and the
+    folders the server needs that lived under the old ``/tmp`` (``keep``: the data dir, where a
+    test puts it there) are bound back at their paths. Runs as root, before the sandbox."""
+    raw = env.get(ENV_SCRATCH)
+    if not raw or os.geteuid() != 0:
+        return
+    spec = json.loads(raw)
+    c = libc()
+    enter_private_mounts(c)
+    home = os.path.realpath(_home(env))
+    homes = spec.get("homes")
+    if homes:
+        top = os.path.realpath(homes).rstrip("/") + "/"
+        for point in reversed(_mount_points()):
+            if point.startswith(top) and point != home and not point.startswith(home + "/"):
+                c.umount2(point.encode(), MNT_DETACH)
+    flags = MS_NOSUID | MS_NODEV
+    for target, size in (("/tmp", spec["tmp"]), ("/dev/shm", spec["shm"])):
+        keep = [k for k in spec.get("keep", []) if _below(os.path.realpath(k), target)]
+        old = os.open(target, O_PATH | _DIR_FLAGS) if keep else None
+        try:
+            opts = f"size={int(size)},mode=1777".encode()
+            _check(c.mount(b"tmpfs", target.encode(), b"tmpfs", flags, opts), f"mount {target}")
+            for k in keep:
+                _bind_back(c, old, target, os.path.realpath(k))
+        finally:
+            if old is not None:
+                os.close(old)
+    os.environ["JUPYTER_RUNTIME_DIR"] = SCRATCH_RUNTIME
+
+
+def _below(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def _mount_points() -> list[str]:
+    out = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            point = line.split()[4]
+            out.append(re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), point))
+    return out
+
+
+def _bind_back(c: ctypes.CDLL, old_fd: int, target: str, path: str) -> None:
+    """Bind ``path`` (below ``target`` before the tmpfs hid it, reached through ``old_fd``)
+    back at its own path on the new tmpfs (root's folders, made here)."""
+    rel = os.path.relpath(path, target)
+    src = os.open(rel, O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=old_fd)
+    try:
+        os.makedirs(path, mode=0o711, exist_ok=True)
+        for folder in [path, *Path(path).parents]:
+            if not _below(str(folder), target) or str(folder) == target:
+                break
+            os.chmod(folder, 0o711)
+        what = f"bind {path} back"
+        _check(c.mount(f"/proc/self/fd/{src}".encode(), path.encode(), None, MS_BIND | MS_REC,
+                       None), what)  # fmt: skip
+    finally:
+        os.close(src)
+
+
 def start_server_environment(env: dict[str, str]) -> None:
     """Everything between the server's fork and JupyterHub's server, in this order: root's part
-    (mounts), the sandbox (cgroup, account), then the user's part (links, app config)."""
+    (mounts, scratch), the sandbox (cgroup, account), then the user's part (links, app config)."""
     prepare_datasets(env)
     hide_other_accounts_processes(env)
+    private_scratch(env)
     enter_sandbox(env)
     arrange_datasets(env)
     configure_apps(env)
@@ -391,7 +469,10 @@ def configure_apps(env: dict[str, str]) -> None:
     raw = env.get(ENV_APP_SERVERS)
     if not raw:
         return
-    folder = Path(env.get("HOME") or os.getcwd()) / ".gpulab" / "jupyter-config"
+    base = Path(env.get("HOME") or os.getcwd())
+    if os.environ.get("JUPYTER_RUNTIME_DIR") == SCRATCH_RUNTIME:
+        base = Path(SCRATCH_RUNTIME).parent  # the server's own /tmp: no room needed in the home
+    folder = base / ".gpulab" / "jupyter-config"
     folder.mkdir(parents=True, exist_ok=True)
     config = {"ServerProxy": {"servers": json.loads(raw)}}
     (folder / "jupyter_server_config.json").write_text(json.dumps(config, indent=1))

@@ -118,7 +118,10 @@ class LocalIsolationMixin(HasTraits):
                         "and Python environment under folders others may pass through "
                         "(e.g. /srv/gpulab), or `chmod o+x` that folder.",
                     )
+            self._ensure_home(home, account)  # mounted before it is prepared (issue 23)
             accounts.prepare_home(home, account)
+        else:
+            self._ensure_home(home, None)
         tree = self.node_cgroups() if self.use_cgroups else None
         cgroup = None
         if tree is not None and self.allocation is not None:
@@ -142,6 +145,9 @@ class LocalIsolationMixin(HasTraits):
                 raise SpawnError(500, f"Could not create the server's cgroup: {e}") from None
         alloc_id = self.allocation.alloc_id if self.allocation is not None else ""
         return Sandbox(alloc_id=alloc_id, account=account, cgroup=cgroup)
+
+    def _ensure_home(self, home: Path, account: accounts.Account | None) -> None:
+        """The user's home is ready at ``home`` (the spawner's home store); blocking."""
 
     async def end_processes(self) -> int:
         """End every process of this server (its cgroup, its account, or its process tree),

@@ -38,7 +38,7 @@ from gpulab.catalog import App
 from gpulab.spawners.apps import checkout_problem
 from gpulab.spawners.images import ImageStatus
 from gpulab.spawners.inside.agent import signal_opted_in
-from gpulab.spawners.inside.launcher import enter_sandbox
+from gpulab.spawners.inside.launcher import ENV_SCRATCH, enter_sandbox
 from gpulab.spawners.local import accounts, exchange, serverlog
 from gpulab.spawners.local.checkpoint import run_checkpoint
 from gpulab.spawners.local.forkserver import ForkServerClient
@@ -49,6 +49,7 @@ from gpulab.spawners.node.pool import GpuPool
 from gpulab.spawners.options import ServerOptions
 from gpulab.spawners.request import SpawnRequest
 from gpulab.spawners.storage.datasets import is_private, mount_name
+from gpulab.spawners.storage.homes import HomeUsage, StorageError
 
 _FORKSERVERS: dict[str, ForkServerClient] = {}
 
@@ -73,6 +74,16 @@ def forkserver_for(pool: GpuPool) -> ForkServerClient:
         )
         _FORKSERVERS[socket_path] = client
     return client
+
+
+def home_message(u: HomeUsage) -> str:
+    """The spawn's progress line about the home: its use against its quota."""
+    gb = 2**30
+    how = "a quota the kernel enforces" if u.enforced else "quota not enforced on this node"
+    return (
+        f"Your home: {u.used_bytes / gb:.2f} GB used of {u.quota_bytes / gb:.2f} GB "
+        f"({u.percent:.0f} %, {how})"
+    )
 
 
 def pid_alive(pid: int) -> bool:
@@ -393,6 +404,9 @@ class GpuLocalSpawner(LocalIsolationMixin, GpuSpawnerMixin, LocalProcessSpawner)
             mode = "symlink"
 
         sandbox = await asyncio.to_thread(self._make_sandbox, home)
+        usage = getattr(self, "_home_usage", None)
+        if usage is not None:
+            self.emit_progress(35, home_message(usage))
         if self.port == 0:
             self.port = random_port()
         env = self.get_env()
@@ -405,6 +419,9 @@ class GpuLocalSpawner(LocalIsolationMixin, GpuSpawnerMixin, LocalProcessSpawner)
         # shows it only its account's processes (spawners/inside/launcher.py).
         env["GPULAB_PRIVATE_PROC"] = "1" if self._dataset_mode() == "bind" else "0"
         env["GPULAB_DATASET_MOUNTS"] = json.dumps(mounts)
+        scratch = self._scratch()
+        if scratch:
+            env[ENV_SCRATCH] = json.dumps(scratch)
         env["GPULAB_TRIM_IMPORTS"] = "1" if self.trim_imports else "0"
         venv_bin = os.path.dirname(sys.executable)
         env["PATH"] = os.pathsep.join([venv_bin, env.get("PATH", os.defpath)])
@@ -441,6 +458,34 @@ class GpuLocalSpawner(LocalIsolationMixin, GpuSpawnerMixin, LocalProcessSpawner)
                 "imports_and_server_init_until_listening": time.perf_counter() - t1,
             }
         return (self.ip or "127.0.0.1", self.port)
+
+    def _ensure_home(self, home: Path, account: accounts.Account | None) -> None:
+        """The home store's home for this user at ``home`` (blocking): with the image backend,
+        a filesystem of its own mounted there, its size the user's quota. A home somewhere else
+        (an operator's ``home_dir_template``) is not the store's and is left as it is."""
+        name = self.user_home_name()
+        store = self.pool.homes
+        self._home_usage = None
+        if Path(home) != store.path(name):
+            return
+        try:
+            store.ensure(name, *((account.uid, account.gid) if account else (None, None)))
+            self._home_usage = store.usage(name)
+        except StorageError as e:
+            raise SpawnError(500, f"Your home could not be prepared: {e}") from None
+
+    def _scratch(self) -> dict[str, Any] | None:
+        """The server's own bounded /tmp and /dev/shm (:func:`private_scratch`), where the hub
+        may make mount namespaces; None elsewhere (a hub that is not root)."""
+        if os.geteuid() != 0 or self._dataset_mode() != "bind":
+            return None
+        s = self.pool.catalog.storage
+        return {
+            "tmp": s.bytes_of(s.tmp_gb),
+            "shm": s.bytes_of(s.shm_gb),
+            "homes": str(self.pool.homes.homes_dir),
+            "keep": [str(Path(self.pool.data_dir).resolve())],
+        }
 
     def _prepare_assignments(self, sandbox: Sandbox) -> str:
         """The course exchanges of the user's courses and the server's nbgrader config

@@ -16,7 +16,8 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
-from harness import passable_for_accounts
+from billing.client import Billing
+from harness import FAST_BILLING_ENV, REPO, Hub, passable_for_accounts
 
 from gpulab.catalog.models import Storage
 from gpulab.spawners.storage import loopfs
@@ -214,3 +215,119 @@ def test_a_home_mounted_elsewhere_cannot_be_shrunk_and_a_free_one_can(store, tmp
         holder.wait()
     assert store.set_quota("alice", QUOTA).quota_bytes == QUOTA
     assert QUOTA <= store.images.usage("alice").capacity_bytes < 2 * QUOTA
+
+
+# ---- hub level: real hubs, servers and kernels -------------------------------------------------
+
+
+def quota_catalog(folder: Path) -> Path:
+    """The shipped catalog with a 64 MiB home and 32 MiB of /tmp and of /dev/shm."""
+    text = (REPO / "catalog" / "catalog.toml").read_text()
+    for old, new in (
+        ("free_gb = 50\n", "free_gb = 0.0625\n"),
+        ("max_gb = 500\n", "max_gb = 0.25\n"),
+        ("tmp_gb = 10\n", "tmp_gb = 0.03125\n"),
+        ("shm_gb = 2\n", "shm_gb = 0.03125\n"),
+    ):
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    path = folder / "catalog.toml"
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture(scope="module")
+def qhub(module_hub_factory, tmp_path_factory) -> Hub:
+    return module_hub_factory(
+        "storage-quota",
+        simulate="RTX-4090:1",
+        catalog=quota_catalog(tmp_path_factory.mktemp("quota-catalog")),
+        env=FAST_BILLING_ENV,
+    )
+
+
+KERNEL_FILL = """
+import errno, os
+n, got = 0, "NOT-REFUSED"
+try:
+    with open({path!r}, "wb") as f:
+        while n < {limit}:
+            f.write(b"k" * 2**20); f.flush(); os.fsync(f.fileno()); n += 1
+except OSError as e:
+    got = errno.errorcode[e.errno]
+print(got, n)
+"""
+
+
+def kernel_fill(k, path: str, limit_mib: int) -> tuple[str, int]:
+    got, n = k.execute(KERNEL_FILL.format(path=path, limit=limit_mib), timeout=120).split()
+    return got, int(n)
+
+
+def mount_count(point: str) -> int:
+    return sum(1 for m in loopfs.mounts() if m.point == point)
+
+
+def test_a_kernel_past_its_quota_gets_enospc_and_nobody_else_notices(qhub: Hub) -> None:
+    """Point 1: a kernel in alice's server writes past her 64 MiB quota: ENOSPC in her own code
+    (bounded at quota + 8 MiB: on the old code it wrote all of it to the node's disk), while the
+    hub and billing answer, and bob starts a server and writes a file."""
+    alice, bob = qhub.create_user(), qhub.create_user()
+    qhub.spawn_ready(alice, {"gpu": "none"})
+    with qhub.kernel(alice) as k:
+        got, n = kernel_fill(k, "fill", QUOTA // MiB + 8)
+        assert got in ("ENOSPC", "EDQUOT") and n < QUOTA // MiB, (got, n)
+        assert qhub.api("GET", "/").status_code == 200
+        assert Billing(qhub).up()
+        qhub.spawn_ready(bob, {"gpu": "none"})
+        with qhub.kernel(bob) as kb:
+            assert kb.execute("print(open('hello', 'w').write('x' * 100_000))").strip() == "100000"
+        # alice can still delete, and then write again
+        k.execute("import os; os.remove('fill'); open('again', 'w').write('ok')")
+    assert mount_count(str(qhub.data_dir / "users" / alice)) == 1
+
+
+def test_tmp_and_shm_are_bounded_and_wiped_at_stop(qhub: Hub) -> None:
+    """Point 3: /tmp and /dev/shm fill only to the catalog's 32 MiB each (ENOSPC; on the old code
+    both were the node's, unbounded and shared by every server), the node's /tmp never sees
+    the file; after a restart of the server a file left in /tmp is gone, the home's stays."""
+    carol = qhub.create_user()
+    qhub.spawn_ready(carol, {"gpu": "none"})
+    with qhub.kernel(carol) as k:
+        for folder in ("/tmp", "/dev/shm"):
+            got, n = kernel_fill(k, f"{folder}/big-{carol}", 48)
+            assert got == "ENOSPC" and n <= 32, (folder, got, n)
+        k.execute(
+            f"open('/tmp/left-{carol}', 'w').write('scratch'); open('kept', 'w').write('home')"
+        )
+    assert not Path(f"/tmp/big-{carol}").exists() and not Path(f"/dev/shm/big-{carol}").exists()
+    qhub.stop_server(carol)
+    qhub.spawn_ready(carol, {"gpu": "none"})
+    with qhub.kernel(carol) as k:
+        assert (
+            k.execute(f"import os; print(os.path.exists('/tmp/left-{carol}'))").strip() == "False"
+        )
+        assert k.execute("print(open('kept').read())").strip() == "home"
+
+
+def test_a_hub_killed_with_homes_mounted_reuses_them(qhub: Hub) -> None:
+    """Point 6: SIGKILL of the hub while dave's home is mounted and his server runs; after the
+    restart his files are all there (in his running server and on the hub's side), his home is
+    mounted once, and a new spawn of erin mounts hers once too."""
+    dave, erin = qhub.create_user(), qhub.create_user()
+    qhub.spawn_ready(dave, {"gpu": "none"})
+    with qhub.kernel(dave) as k:
+        k.execute("open('before-crash.txt', 'w').write('saved' * 1000)")
+    home = str(qhub.data_dir / "users" / dave)
+    assert mount_count(home) == 1
+    qhub.kill()
+    qhub.start()
+    assert mount_count(home) == 1
+    with qhub.kernel(dave) as k:
+        assert k.execute("print(len(open('before-crash.txt').read()))").strip() == "5000"
+    qhub.stop_server(dave)
+    qhub.spawn_ready(dave, {"gpu": "none"})
+    qhub.spawn_ready(erin, {"gpu": "none"})
+    assert mount_count(home) == 1
+    assert mount_count(str(qhub.data_dir / "users" / erin)) == 1
+    assert (Path(home) / "before-crash.txt").stat().st_size == 5000
