@@ -19,6 +19,7 @@ pool snapshot, the spot market and the server's options into the template's cont
 
 from __future__ import annotations
 
+import asyncio
 import time
 from functools import cache
 from importlib import resources
@@ -34,6 +35,7 @@ from gpulab.spawners.images import ImageStatus
 from gpulab.spawners.market.hub import SpotMarket
 from gpulab.spawners.node.allocator import owner_key
 from gpulab.spawners.options import DEFAULTS
+from gpulab.spawners.storage.datasets import mount_name
 
 # StrictUndefined: a name missing from the context is a bug to see at once, not an empty string.
 _ENV = Environment(
@@ -73,6 +75,7 @@ async def render_form(spawner: Any) -> str:
         available=await hook() if hook is not None else {},
         courses=student_courses(spawner.user),
         prefill=prefill or posted,
+        private_datasets=await asyncio.to_thread(readable_datasets, pool, spawner.user),
     )
     if posted and not prefill:
         context["prefilled"] = False
@@ -80,6 +83,22 @@ async def render_form(spawner: Any) -> str:
     # the form offers the field that confirms it (hub_config/overrides/spawn_page.py).
     context["confirm"] = getattr(handler, "gpulab_confirm", None) if posted else None
     return render(context)
+
+
+def _size(n: int) -> str:
+    """A size as the catalog's datasets say theirs: ``12 KB``, ``3.4 MB``, ``1.2 GB``."""
+    for unit, scale in (("GB", 2**30), ("MB", 2**20)):
+        if n >= scale:
+            return f"{n / scale:,.1f} {unit}"
+    return f"{max(1, round(n / 2**10))} KB"
+
+
+def readable_datasets(pool: Any, user: Any) -> list[Any]:
+    """The users' datasets ``user`` may mount: their own, then those shared with them (blocks
+    the first time the store reads its manifests)."""
+    courses = [c.name for c in student_courses(user)]
+    store = pool.datasets
+    return [*store.owned_by(user.name), *store.shared_with(user.name, courses)]
 
 
 def render(context: dict[str, Any]) -> str:
@@ -100,6 +119,7 @@ def form_context(
     available: dict[str, ImageStatus],
     courses: list[Course] | None = None,
     prefill: dict[str, Any] | None = None,
+    private_datasets: list[Any] | None = None,
 ) -> dict[str, Any]:
     """What the template shows, as plain values (the template escapes them). A student sees only
     what their ``courses`` allow (the spawner refuses the rest anyway)."""
@@ -183,6 +203,17 @@ def form_context(
         }
         for slug, ds in catalog.datasets.items()
         if offered("datasets", slug)
+    ] + [
+        # Users' own datasets this user may read (theirs, or shared with them or their class).
+        {
+            "slug": m.slug,
+            "display_name": m.slug,
+            "size": _size(m.size_bytes),
+            "description": "yours" if m.owner == user else f"shared by {m.owner}",
+            "license": f"read-only at ~/datasets/{mount_name(m.slug)}",
+            "checked": m.slug in chosen,
+        }
+        for m in private_datasets or ()
     ]
 
     windows = ", ".join(market.low_price_windows) + (", weekends" if market.weekends_low else "")

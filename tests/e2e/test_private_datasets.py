@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from course_helpers import make_course, token_for
-from harness import Hub, KernelError, wait_for
+from harness import PASSWORD, Hub, KernelError, WebSession, approved_user, wait_for
 
 WRITE_REFUSED = r"(Read-only file system|Permission denied)"
 
@@ -130,7 +130,9 @@ def test_only_those_it_is_shared_with_mount_it_and_others_cannot_tell_it_exists(
     Fails on the old code: ``@alice/...`` was refused for everyone, bob too. Checked also with
     the spawner's access check (``GpuSpawnerMixin._check_private_datasets``) taken out: carol's
     start was not refused (it went ahead to the launch)."""
-    alice, bob, carol = (hub.create_user() for _ in range(3))
+    alice = hub.create_user()
+    bob, carol = approved_user(hub, "bob"), approved_user(hub, "carol")  # they log in below
+    hub.create_user(bob), hub.create_user(carol)
     a_token, b_token = token_for(hub, alice), token_for(hub, bob)
     write_files(hub, alice, "os.makedirs('data', exist_ok=True); open('data/x.csv','w').write('1')")
     publish(hub, alice, a_token, "data", "tab")
@@ -163,6 +165,13 @@ def test_only_those_it_is_shared_with_mount_it_and_others_cannot_tell_it_exists(
     assert r.status_code == 200 and r.json()["dataset"]["shared_with"]["users"] == [bob], r.text
     shared = hub.api("GET", f"/users/{bob}/datasets", token=b_token).json()["shared_with_me"]
     assert [d["slug"] for d in shared] == [slug] and "shared_with" not in shared[0]
+    # Bob's spawn form offers it; carol's does not.
+    for name, offered in ((bob, True), (carol, False)):
+        web = WebSession(hub)
+        assert web.login(name, PASSWORD)
+        form = web.get(f"/hub/spawn/{name}")
+        assert form.status_code == 200 and 'name="datasets"' in form.text, form.text[-500:]
+        assert (f'value="{slug}"' in form.text) == offered, name
     assert refusal(carol, slug) == missing  # still nobody else
 
     hub.spawn_ready(bob, {"gpu": "none", "datasets": [slug]})
