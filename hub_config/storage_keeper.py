@@ -25,9 +25,9 @@ Two parts:
 A warning is posted before the record says it was given: a crash between the two repeats it at
 the next round rather than losing it, so no home is released unwarned.
 
-Private datasets (``DATA_DIR/user-datasets/OWNER/``) are not part of the home: a release leaves
-them as they are (they may be shared with a course or other users, and stay counted against the
-owner's quota); their owner or an admin deletes them.
+Private datasets (``DATA_DIR/user-datasets/OWNER/``): a release deletes those of the user shared
+with nobody; those shared with a course or other users stay (others rely on them; they stay
+counted against the owner's quota, and their owner or an admin deletes them).
 """
 
 from __future__ import annotations
@@ -146,13 +146,17 @@ def day_of(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d")
 
 
-def warning_text(decision: Warn, record: Record) -> str:
-    idle = max(0, int(((decision.at - decision.days * DAY) - record.last_used) // DAY))
+def n_days(n: int) -> str:
+    return f"{n} day" if n == 1 else f"{n} days"
+
+
+def warning_text(now: float, decision: Warn, record: Record) -> str:
+    idle = max(0, int((now - record.last_used) // DAY))
     return (
         f"Your home and its files will be deleted on {day_of(decision.at)} (UTC), in "
-        f"{decision.days_left} day{'s' if decision.days_left != 1 else ''}: none of your servers "
-        f"has run for {idle} days. Start any server (a no-GPU one is enough) before then to keep "
-        "it, or download what you need."
+        f"{n_days(decision.days_left)}: none of your servers has run for {n_days(idle)}. Start any "
+        "server (a no-GPU one is enough) before then to keep it, or download what you need. "
+        "Your private datasets go with it, except those shared with others."
     )
 
 
@@ -253,7 +257,7 @@ class StorageKeeper(SingletonConfigurable):
                 if spawner.active or (orm is not None and orm.server is not None):
                     users.add(user.name)
         if self.pool is not None:
-            users.update(a.owner.partition("/")[0] for a in self.pool.allocator.allocations())
+            users.update(a.owner.partition("/")[0] for a in self.pool.allocator.allocations)
         if market is not None:
             users.update(owner.partition("/")[0] for owner in list(market.queue))
         return {home_name(u) for u in users}
@@ -305,7 +309,7 @@ class StorageKeeper(SingletonConfigurable):
             )
             user = self.owners.get(name, name)
             if isinstance(decision, Warn):
-                text = warning_text(decision, record)
+                text = warning_text(now, decision, record)
                 # Posted before it is recorded: a crash in between repeats it, never loses it.
                 await asyncio.to_thread(notices.add, user, NOTICE_KIND, text, at=time.time())
                 record.warned[decision.days] = now
@@ -335,15 +339,32 @@ class StorageKeeper(SingletonConfigurable):
                 return  # not moved aside: the home stays, and the next round tries again
             had = True  # moved aside (HomeStore.release renames first): later rounds finish it
         self.records.pop(name, None)
+        dropped = await asyncio.to_thread(self.release_datasets, user)
         if had:
-            self.released.append({"name": name, "user": user, "at": now})
+            self.released.append({"name": name, "user": user, "at": now, "datasets": dropped})
             idle = int((now - record.last_used) // DAY)
             text = (
                 f"Your home was deleted on {day_of(now)} (UTC): none of your servers had run for "
-                f"{idle} days. Your next server starts with an empty home."
+                f"{n_days(idle)}. Your next server starts with an empty home."
             )
             await asyncio.to_thread(notices.add, user, NOTICE_KIND, text, at=time.time())
         await asyncio.to_thread(self.save)
+
+    def release_datasets(self, user: str) -> list[str]:
+        """The user's private datasets shared with nobody go with the home; shared ones stay
+        (a course or other users rely on them). Blocking."""
+        store = getattr(self.pool, "datasets", None)
+        if store is None:
+            return []
+        dropped = []
+        for m in store.owned_by(user):
+            if not m.users and not m.courses:
+                try:
+                    if store.delete(user, m.name):
+                        dropped.append(m.slug)
+                except OSError as e:
+                    self.log.error("Storage: deleting dataset %s failed: %s", m.slug, e)
+        return dropped
 
     # ---- what others read ----------------------------------------------------------------------
 

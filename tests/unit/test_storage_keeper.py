@@ -176,3 +176,26 @@ def test_release_stops_at_a_mount_and_the_trash_is_no_ones_home(store: HomeStore
     assert list(store.homes_dir.glob(".released-*")) == []
     assert (store.path("alice") / "new.txt").read_text() == "new"
     assert (shared / "data.csv").read_text() == "1,2"
+
+
+def test_a_release_takes_the_private_datasets_shared_with_nobody(store: HomeStore):
+    """Point (what happens to private datasets at release): those shared with nobody are
+    deleted with the home; one shared with a course or a user stays for them."""
+    from types import SimpleNamespace
+
+    from gpulab.hub_config.storage_keeper import StorageKeeper
+    from gpulab.spawners.storage.datasets import DatasetStore
+
+    datasets = DatasetStore(store)
+    home = store.ensure("alice")
+    for name in ("faces", "voices", "notes"):
+        (home / name).mkdir()
+        (home / name / "a.txt").write_text(name)
+        datasets.run_publish(datasets.start_publish("alice", name, name))
+    datasets.set_sharing("alice", "voices", ["bob"], [])
+    keeper = StorageKeeper()
+    keeper.pool = SimpleNamespace(datasets=datasets)
+
+    assert keeper.release_datasets("alice") == ["@alice/faces", "@alice/notes"]
+    assert [m.slug for m in datasets.owned_by("alice")] == ["@alice/voices"]
+    assert (datasets.source("alice", "voices") / "a.txt").read_text() == "voices"
