@@ -400,6 +400,19 @@ def pieces(conn: Connection, user: str, from_us: int, to_us: int) -> list[dict[s
     ]
 
 
+def with_storage(daily_json: list[dict[str, Any]], st: dict[str, Any]) -> list[dict[str, Any]]:
+    """The usage API's ``daily`` (sessions' spend per day) with each day's storage added: what
+    the statement page's chart draws, so that it shows all that was spent."""
+    extra = {d["date"]: d["amount"]["micro"] for d in st.get("days", [])}
+    out = []
+    for d in daily_json:
+        micro = d["micro"] + extra.pop(d["date"], 0)
+        out.append({**d, "micro": micro, "amount": str(from_micro(micro))})
+    for date, micro in extra.items():  # a storage day the list lacks (a trimmed long period)
+        out.append({"date": date, "micro": micro, "amount": str(from_micro(micro)), "seconds": 0})
+    return sorted(out, key=lambda d: d["date"])
+
+
 def page_rows(usage_json: dict[str, Any]) -> list[dict[str, Any]]:
     """The statement page's Storage rows, one per day: "Storage above 50 GB free: 12.0 GB-days"
     and the amount (``statements.page_rows`` sorts them in with the sessions)."""
@@ -426,7 +439,11 @@ def _gb(value: str) -> str:
 
 
 def _gb_days_text(gb_days: Decimal) -> str:
-    return f"{gb_days:.1f}" if gb_days >= 1 else f"{gb_days:.4f}"
+    """12.0, 0.250, 0.000043: a tenth where that says enough, else three significant digits."""
+    if gb_days >= 1 or gb_days == 0:
+        return f"{gb_days:.1f}"
+    digits = max(3, 2 - gb_days.adjusted())
+    return f"{gb_days:.{min(digits, 6)}f}"
 
 
 def _iso(t_us: int) -> str:

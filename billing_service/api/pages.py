@@ -8,10 +8,11 @@ import re
 
 from tornado import web
 
-from gpulab.billing_service import csv_export, statements
+from gpulab.billing_service import csv_export, statements, storage
 from gpulab.billing_service.api.base import BaseHandler, now_us
 from gpulab.billing_service.chart import bar_chart
 from gpulab.billing_service.hub_links import HubLinks
+from gpulab.billing_service.rating import format_money
 
 
 class StatementPage(BaseHandler):
@@ -29,6 +30,7 @@ class StatementPage(BaseHandler):
         from_us, to_us = self.period()
         usage = await self.billing.read(statements.usage, self.billing.prices, name, from_us, to_us)
         balance = await self.billing.balance(name)
+        spend = storage.with_storage(usage["daily"], usage["storage"])
         overview = None
         if self.is_admin():
             overview = await self.billing.read(
@@ -42,7 +44,9 @@ class StatementPage(BaseHandler):
             me=me,
             name=name,
             usage=usage,
-            chart=bar_chart(usage["daily"], usage["currency"], usage["time_zone"]),
+            # Sessions and storage: the chart shows all that was spent each day.
+            chart=bar_chart(spend, usage["currency"], usage["time_zone"]),
+            spend_total=format_money(sum(d["micro"] for d in spend)),
             balance=balance,
             overview=overview,
             rows=statements.page_rows(
