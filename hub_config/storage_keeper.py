@@ -294,6 +294,7 @@ class StorageKeeper(SingletonConfigurable):
         names = await asyncio.to_thread(homes.names)
         await asyncio.to_thread(homes.purge_released)
         self.owners.update(self.user_names(app))
+        self.owners = {n: u for n, u in self.owners.items() if n in names}
         notices = notices_for(self.pool.data_dir)
         active = self.active_owners(app, market)
         for gone in set(self.records) - set(names):
