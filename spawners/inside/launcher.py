@@ -38,6 +38,8 @@ ENV_SCRATCH = "GPULAB_SCRATCH"
 # Where a server with scratch of its own keeps what must not need room in the home (JupyterLab's
 # runtime files, the apps' config): a full home is no lock-out.
 SCRATCH_RUNTIME = "/tmp/.gpulab-runtime"
+# A home with less room than this at start counts as full (its JupyterLab layout goes to scratch).
+FULL_HOME_BYTES = 2**20
 
 CLONE_NEWNS = 0x00020000
 MS_RDONLY = 0x1
@@ -414,6 +416,15 @@ def private_scratch(env: dict[str, str]) -> None:
             if old is not None:
                 os.close(old)
     os.environ["JUPYTER_RUNTIME_DIR"] = SCRATCH_RUNTIME
+    try:
+        v = os.statvfs(home)
+        full = v.f_bavail * v.f_frsize < FULL_HOME_BYTES or v.f_favail < 16
+    except OSError:
+        full = False
+    if full:
+        # JupyterLab saves its layout (a workspace) on every change: on a full home that is an
+        # error on the page, so this session keeps it in scratch (the home's own stays as is).
+        os.environ["JUPYTERLAB_WORKSPACES_DIR"] = f"{SCRATCH_RUNTIME}/workspaces"
 
 
 def _below(path: str, folder: str) -> bool:
@@ -456,6 +467,34 @@ def start_server_environment(env: dict[str, str]) -> None:
     enter_sandbox(env)
     arrange_datasets(env)
     configure_apps(env)
+    tolerate_a_full_home()
+
+
+def tolerate_a_full_home() -> None:
+    """A full home is no lock-out: jupyter_core's one-time migration from IPython 3 makes
+    ~/.jupyter at every server start until it has written its marker there (once ~/.ipython
+    exists: after a first kernel), and in a home full to the byte that mkdir is ENOSPC, which
+    would end the server before it listens. A full home skips the migration instead."""
+    import errno
+
+    try:
+        from jupyter_core.application import JupyterApp
+    except ImportError:
+        return
+    original = JupyterApp.migrate_config
+    if getattr(original, "gpulab_tolerant", False):
+        return
+
+    def migrate_config(self) -> None:
+        try:
+            original(self)
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            self.log.warning("Your home is full: Jupyter's config migration skipped (%s)", e)
+
+    migrate_config.gpulab_tolerant = True
+    JupyterApp.migrate_config = migrate_config
 
 
 def configure_apps(env: dict[str, str]) -> None:
