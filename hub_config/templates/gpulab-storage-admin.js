@@ -5,6 +5,11 @@
   const jh = window.jhdata;
   const { el, size, bar, ago } = window.gpulabStorage;
   const $ = (id) => document.getElementById(id);
+  const grow = (node) => {
+    node.style.flex = "1 1 auto";
+    node.style.minWidth = "6rem";
+    return node;
+  };
 
   async function load() {
     const resp = await fetch(jh.base_url + "api/storage", {
@@ -23,10 +28,14 @@
     }
     $("gpulab-storage-error").textContent = "";
     const total = data.homes.reduce((sum, h) => sum + Number(h.used_bytes), 0);
+    // Each home's own answer: on a hub that enforces quotas, a home not yet moved into its
+    // image is not enforced, and the summary says how many are.
+    const loose = data.homes.filter((h) => !h.enforced).length;
     $("gpulab-storage-summary").textContent =
       data.homes.length + " homes, " + size(total) + " in all. " +
       (data.enforced
-        ? "Quotas are enforced by the kernel (" + data.backend + " backend)."
+        ? "Quotas are enforced by the kernel (" + data.backend + " backend)" +
+          (loose ? ", except for " + loose + " not yet in their images." : ".")
         : "Quotas are not enforced on this hub (" + data.backend +
           " backend): usage is measured, writes past a quota are not stopped.") +
       " Free " + data.free_gb + " GB each; " + data.currency + " " + data.price_per_gb_day +
@@ -44,7 +53,7 @@
           el(
             "div",
             { class: "d-flex align-items-center gap-2" },
-            bar(h.percent, "usage of " + (h.user || h.name)),
+            grow(bar(h.percent, "usage of " + (h.user || h.name))),
             el("span", { class: "small text-nowrap" }, Math.round(h.percent) + " %"),
           ),
         ),

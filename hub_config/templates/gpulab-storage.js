@@ -94,7 +94,9 @@
   }
 
   function money(v) {
-    return data.currency + " " + Number(v).toFixed(2);
+    const n = Number(v);
+    if (n > 0 && n < 0.005) return "less than " + data.currency + " 0.01";
+    return data.currency + " " + n.toFixed(2);
   }
 
   function render() {
@@ -138,7 +140,8 @@
         ),
       );
     }
-    if (!data.enforced) {
+    // This home's own answer: a hub that enforces quotas may hold a home not yet in its image.
+    if (!h.enforced) {
       notes.push(
         el(
           "p",
@@ -159,7 +162,7 @@
       );
     }
     $("gpulab-storage-notes").replaceChildren(...notes);
-    $("gpulab-storage-max").textContent = "up to " + data.max_gb + " GB";
+    $("gpulab-storage-max").textContent = "(up to " + data.max_gb + " GB)";
   }
 
   async function refresh() {
