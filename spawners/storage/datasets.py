@@ -34,6 +34,7 @@ check reads no file; publishing, sharing and deleting block (call them in a thre
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -217,11 +218,13 @@ class _Walk:
         if len(self.skipped) < 100:
             self.skipped.append((path, why))
 
-    def charge(self, size: int) -> None:
-        self.cost += max(BLOCK, -(-size // BLOCK) * BLOCK)
+    def charge(self, size: int) -> int:
+        cost = max(BLOCK, -(-size // BLOCK) * BLOCK)
+        self.cost += cost
         self.files += 1
         if self.cost > self.budget or self.files > self.store.max_files:
             raise _Over()
+        return cost
 
     def run(self, src_fd: int, dst_fd: int | None) -> None:
         # An explicit stack (no recursion): each entry holds its folder's descriptors.
@@ -277,9 +280,11 @@ class _Walk:
                 os.close(sub)
                 self.skip(path, "changed while it was copied")
                 return None
-            self.charge(0)
+            cost = self.charge(0)
             dsub = None
             if d_fd is not None:
+                self.job.done_bytes += cost
+                self.job.done_files += 1
                 os.mkdir(name, 0o700, dir_fd=d_fd)
                 dsub = os.open(name, _DIR, dir_fd=d_fd)
             return (sub, dsub, f"{path}/", depth + 1)
@@ -309,7 +314,7 @@ class _Walk:
                 self.skip(path, "not the home owner's (e.g. a hard link to another user's file)")
                 return
             size = got.st_size  # what is read: a file that grows meanwhile stops here
-            self.charge(size)
+            cost = self.charge(size)
             self.copied[(got.st_dev, got.st_ino)] = path
             if d_fd is None:
                 return
@@ -317,24 +322,46 @@ class _Walk:
             out = os.open(
                 name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600, dir_fd=d_fd
             )
+            before = self.job.done_bytes
             try:
-                left = size
-                while left > 0:
-                    chunk = os.read(fd, min(CHUNK, left))
-                    if not chunk:
-                        break
-                    left -= len(chunk)
-                    if chunk.strip(b"\0"):
-                        os.write(out, chunk)
-                    else:
-                        os.lseek(out, len(chunk), os.SEEK_CUR)  # keep holes as holes
-                    self.job.done_bytes += len(chunk)
-                os.ftruncate(out, size - left)
+                for start, end in _data_ranges(fd, size):
+                    pos = start
+                    while pos < end:
+                        chunk = os.pread(fd, min(CHUNK, end - pos), pos)
+                        if not chunk:
+                            break  # the file shrank meanwhile: the rest stays a hole
+                        if chunk.strip(b"\0"):
+                            os.pwrite(out, chunk, pos)  # zeros are left as holes
+                        pos += len(chunk)
+                        self.job.done_bytes += len(chunk)
+                os.ftruncate(out, size)
             finally:
                 os.close(out)
+            # Progress counts what the file was charged (its holes too), as the total does.
+            self.job.done_bytes = before + cost
             self.job.done_files += 1
         finally:
             os.close(fd)
+
+
+def _data_ranges(fd: int, size: int):
+    """The [start, end) ranges of ``fd``'s first ``size`` bytes that hold data (holes are
+    skipped, so a sparse file stays sparse and costs no reading); all of it where the
+    filesystem cannot tell."""
+    pos = 0
+    while pos < size:
+        try:
+            start = os.lseek(fd, pos, os.SEEK_DATA)
+            end = os.lseek(fd, start, os.SEEK_HOLE)
+        except OSError as e:
+            if e.errno == errno.ENXIO:  # nothing but a hole from pos on
+                return
+            yield pos, size  # no SEEK_DATA here: read it all
+            return
+        if start >= size:
+            return
+        yield start, min(end, size)
+        pos = end
 
 
 class DatasetStore(LoggingConfigurable):
@@ -396,6 +423,10 @@ class DatasetStore(LoggingConfigurable):
         with self._lock:
             if self._loaded:
                 return
+            # What a crash left (a copy cut short, a delete half done) goes before anything runs.
+            for left in self.root.glob("*/.*"):
+                if not self._jobs:
+                    _remove(left)
             found: dict[tuple[str, str], Manifest] = {}
             for path in sorted(self.root.glob("*/*/manifest.json")):
                 if path.parent.name.startswith("."):

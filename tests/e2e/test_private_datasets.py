@@ -34,13 +34,16 @@ def publish(hub: Hub, owner: str, token: str, folder: str, name: str) -> dict:
     assert r.status_code in (201, 202), r.text
     if r.status_code == 201:
         return r.json()["dataset"]
+    return wait_for(
+        lambda: ready(hub, owner, token, name), 120, what=f"@{owner}/{name} to be published"
+    )
 
-    def ready() -> dict | None:
-        got = hub.api("GET", f"/users/{owner}/datasets/{name}", token=token).json()["dataset"]
-        assert got["state"] != "failed", got
-        return got if got["state"] == "ready" else None
 
-    return wait_for(ready, 120, what=f"@{owner}/{name} to be published")
+def ready(hub: Hub, owner: str, token: str, name: str) -> dict | None:
+    """``@owner/name`` once it is published (a failed publish fails the test)."""
+    got = hub.api("GET", f"/users/{owner}/datasets/{name}", token=token).json()["dataset"]
+    assert got["state"] != "failed", got
+    return got if got["state"] == "ready" else None
 
 
 def write_files(hub: Hub, user: str, code: str) -> None:
@@ -275,8 +278,11 @@ def test_a_hard_link_to_another_users_file_is_not_copied(hub_factory) -> None:
     Fails on the old code: no publishing (404). Checked also with the store's owner check
     (``_Walk._entry``/``_copy_file``: ``st_uid != owner_uid``) taken out: bob's secret was in
     alice's snapshot."""
+    # Plain folders for homes; and every publish answers 202 at once (then followed by GET).
     hub = hub_factory(
-        "plainhomes", simulate="RTX-4090:1", extra_args=["--HomeStore.mode=directory"]
+        "plainhomes",
+        simulate="RTX-4090:1",
+        extra_args=["--HomeStore.mode=directory", "--DatasetStore.quick_answer_seconds=0"],
     )
     alice, bob = hub.create_user(), hub.create_user()
     token = token_for(hub, alice)
@@ -285,7 +291,15 @@ def test_a_hard_link_to_another_users_file_is_not_copied(hub_factory) -> None:
     # Made here as root: the kernel's protected_hardlinks keeps alice from making it herself,
     # but the snapshot must not rest on that sysctl.
     os.link(home_of(hub, bob) / "secret.txt", home_of(hub, alice) / "faces" / "bobs")
-    ds = publish(hub, alice, token, "faces", "faces")
+    r = hub.api(
+        "POST", f"/users/{alice}/datasets", token=token, json={"folder": "faces", "name": "faces"}
+    )
+    assert r.status_code == 202 and r.json()["dataset"]["state"] == "publishing", r.text
+    assert set(r.json()["dataset"]["progress"]) == {"bytes", "total_bytes", "files", "total_files"}
+    assert r.headers["Location"] == f"/hub/api/users/{alice}/datasets/faces"
+    ds = publish(hub, alice, token, "faces", "faces2")  # a second name of the same folder
+    assert ds["state"] == "ready"
+    ds = wait_for(lambda: ready(hub, alice, token, "faces"), 60, what="the first publish")
     assert [s["path"] for s in ds["skipped"]] == ["bobs"], ds["skipped"]
     assert "not the home owner's" in ds["skipped"][0]["why"]
     snapshot = hub.data_dir / "user-datasets" / alice / "faces" / "data"
