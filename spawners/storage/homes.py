@@ -30,7 +30,7 @@ from traitlets import Unicode
 from traitlets.config import LoggingConfigurable
 
 from gpulab.catalog.models import Storage
-from gpulab.spawners.storage.loopfs import ImageError, ImageHomes, can_loop_mount
+from gpulab.spawners.storage.loopfs import ImageError, ImageHomes, can_loop_mount, mounts
 
 MODES = ("auto", "image", "directory")
 
@@ -295,13 +295,15 @@ class HomeStore(LoggingConfigurable):
             found = set()
         return sorted(found | set(self.images.names()))
 
-    def usage(self, name: str, quotas: dict[str, int] | None = None) -> HomeUsage:
+    def usage(
+        self, name: str, quotas: dict[str, int] | None = None, table: list | None = None
+    ) -> HomeUsage:
         """What the home of ``name`` holds, measured now by the hub (``quotas``: the quota
-        file, when the caller read it already)."""
+        file, ``table``: the mounts, when the caller read them already)."""
         quota = self.quota(name) if quotas is None else quotas.get(name, self.storage.free_bytes)
         if self.backend == "image":
             try:
-                got = self.images.usage(name)
+                got = self.images.usage(name, table)
             except ImageError as e:
                 self.log.warning("Home %s: %s", name, e)
                 got = None
@@ -377,7 +379,8 @@ class HomeStore(LoggingConfigurable):
     def scan(self) -> list[HomeUsage]:
         """Every home's usage, largest first."""
         quotas = self._quotas()
-        out = [self.usage(n, quotas) for n in self.names()]
+        table = mounts() if self.backend == "image" else None
+        out = [self.usage(n, quotas, table) for n in self.names()]
         return sorted(out, key=lambda u: u.used_bytes, reverse=True)
 
     # ---- offline and release (image backend) ---------------------------------------------------

@@ -372,22 +372,23 @@ class ImageHomes:
 
     # ---- state -----------------------------------------------------------------------------
 
-    def mounted_device(self, name: str) -> str | None:
+    def mounted_device(self, name: str, table: list[Mount] | None = None) -> str | None:
         """The loop device of ``name``'s image mounted at its home, or None. Something else
-        mounted there is an error (the hub never mounts over it)."""
+        mounted there is an error (the hub never mounts over it). ``table``: the mounts, when
+        the caller read them already (a scan reads them once)."""
         target = str(self.path(name))
         image = str(self.image(name))
-        for m in reversed(mounts()):
+        for m in reversed(mounts() if table is None else table):
             if m.point == target:
                 if loop_backing_file(m.source) == image:
                     return m.source
                 raise ImageError(f"{target} has {m.source} ({m.fstype}) mounted, not its image")
         return None
 
-    def usage(self, name: str) -> ImageUsage | None:
+    def usage(self, name: str, table: list[Mount] | None = None) -> ImageUsage | None:
         """The home's use, by ``statvfs`` when mounted, else from its image's superblock; None
         when it has no image."""
-        if self.mounted_device(name):
+        if self.mounted_device(name, table):
             v = os.statvfs(self.path(name))
             return ImageUsage(
                 used_bytes=(v.f_blocks - v.f_bfree) * v.f_frsize,
@@ -501,7 +502,7 @@ class ImageHomes:
         devices = loop_devices_of(image)
         # An image already on a loop device (still mounted in a server's own namespace) is
         # mounted from that device again: one filesystem, never two on one image.
-        dev = devices[0] if devices else _run("losetup", "--find", "--show", str(image)).strip()
+        dev = devices[0] if devices else _loop_setup(image)
         homes_fd = self._homes_fd()
         try:
             target = self._target_fd(homes_fd, name)
@@ -652,6 +653,15 @@ class ImageHomes:
             except FileNotFoundError:
                 return False
             return True
+
+
+def _loop_setup(image: Path) -> str:
+    """A loop device for ``image``, with direct I/O where the host's filesystem allows it (the
+    home's pages are cached once, in the home's filesystem, not again in the image file's)."""
+    try:
+        return _run("losetup", "--find", "--show", "--direct-io=on", str(image)).strip()
+    except ImageError:
+        return _run("losetup", "--find", "--show", str(image)).strip()
 
 
 def _round_up(n: int, unit: int = MiB) -> int:
