@@ -9,6 +9,7 @@ disk with no limit at all.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import signal
 import subprocess
@@ -331,3 +332,31 @@ def test_a_hub_killed_with_homes_mounted_reuses_them(qhub: Hub) -> None:
     assert mount_count(home) == 1
     assert mount_count(str(qhub.data_dir / "users" / erin)) == 1
     assert (Path(home) / "before-crash.txt").stat().st_size == 5000
+
+
+def test_a_mounted_dataset_and_the_model_store_cannot_be_written(qhub: Hub) -> None:
+    """Point 2 (the rest): writing into a mounted dataset or the model store, to evade the quota
+    or to change what others read, fails in the user's code (EROFS or EACCES), also for a file
+    already there. (These were read-only before issue 23 too: this test guards that the home
+    images and the server's own /tmp keep them so.)"""
+    model = qhub.data_dir / "models" / "tiny-sd"
+    model.mkdir(parents=True, exist_ok=True)
+    (model / "weights.bin").write_bytes(b"w" * 4096)
+    frank = qhub.create_user()
+    qhub.spawn_ready(frank, {"gpu": "none", "datasets": ["sklearn-toy"]})
+    code = (
+        "import errno, json, os\n"
+        "out = {}\n"
+        "for p in ('datasets/sklearn-toy/new.bin', 'models/tiny-sd/new.bin',\n"
+        "          'models/tiny-sd/weights.bin'):\n"
+        "    try:\n"
+        "        with open(p, 'ab') as f: f.write(b'x' * 2**20)\n"
+        "        out[p] = 'WRITTEN'\n"
+        "    except OSError as e:\n"
+        "        out[p] = errno.errorcode[e.errno]\n"
+        "print(json.dumps(out))"
+    )
+    with qhub.kernel(frank) as k:
+        got = json.loads(k.execute(code).strip())
+    assert set(got.values()) <= {"EROFS", "EACCES"}, got
+    assert (model / "weights.bin").stat().st_size == 4096
