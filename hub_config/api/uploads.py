@@ -31,6 +31,7 @@ import asyncio
 import json
 import os
 import random
+import time
 from pathlib import Path
 from typing import Any
 
@@ -190,6 +191,7 @@ class UploadAPIHandler(_UploadsBase):
     _pos = 0
     _error: Exception | None = None
     _inflight: asyncio.Future | None = None
+    last_progress = 0.0  # monotonic time this chunk last received bytes
 
     _refused: web.HTTPError | None = None
 
@@ -241,7 +243,13 @@ class UploadAPIHandler(_UploadsBase):
                 f"declared size {upload.size}",
                 "Content-Length",
             )
-        if upload.id in _writers:
+        holder = _writers.get(upload.id)
+        if holder is not None:
+            if time.monotonic() - holder.last_progress > store.stale_seconds:
+                # Its client went silent (a dead connection the hub never heard close): end it,
+                # so that this client's next try, after the release, gets in.
+                self.log.info("Upload %s: a silent chunk is ended for a new one", upload.id)
+                holder.request.connection.close()
             offset = await asyncio.to_thread(store.offset, upload)
             raise Refusal(
                 409,
@@ -251,6 +259,7 @@ class UploadAPIHandler(_UploadsBase):
                 offset,
             )
         _writers[upload.id] = self  # claimed: from here on, released in on_finish
+        self.last_progress = time.monotonic()
         self._held = upload.id
         offset = await asyncio.to_thread(store.offset, upload)
         if upload.complete or at != offset:
@@ -275,6 +284,7 @@ class UploadAPIHandler(_UploadsBase):
         if self._fd is None or self._error is not None:
             return
         at = self._pos
+        self.last_progress = time.monotonic()
         self._inflight = asyncio.ensure_future(asyncio.to_thread(_pwrite_all, self._fd, chunk, at))
         try:
             await self._inflight

@@ -132,6 +132,14 @@ class UploadStore(LoggingConfigurable):
         naming Content-Length. Clients send smaller chunks and resume after a dropped one.""",
     )
 
+    stale_seconds = Float(
+        60.0,
+        config=True,
+        help="""Seconds a chunk may send nothing before another chunk of the same upload takes
+        over (its connection is closed; what it wrote stays). Covers a client whose connection
+        died without the hub hearing of it.""",
+    )
+
     max_pending = Integer(
         20,
         config=True,

@@ -32,6 +32,7 @@ from harness import PASSWORD, REPO, Hub, WebSession, approved_user, wait_for
 MiB = 2**20
 FREE_GB = "0.0625"  # 64 MiB
 EXPIRE_SECONDS = 20
+STALE_SECONDS = 5
 REFUSED = (403, 404)
 
 
@@ -52,6 +53,7 @@ def uhub(module_hub_factory, tmp_path_factory) -> Hub:
         extra_args=[
             f"--UploadStore.expire_seconds={EXPIRE_SECONDS}",
             "--UploadStore.sweep_seconds=1",
+            f"--UploadStore.stale_seconds={STALE_SECONDS}",
             f"--UploadStore.max_chunk_bytes={4 * MiB}",
         ],
     )
@@ -374,6 +376,33 @@ def test_racing_and_dropped_chunks_keep_the_file_whole(uhub: Hub) -> None:
     assert r.status_code == 200 and r.json()["complete"], r.text
     got = (home_of(uhub, name) / "race.bin").read_bytes()
     assert hashlib.sha256(got).hexdigest() == hashlib.sha256(data).hexdigest()
+
+
+def test_a_silent_chunk_gives_way_to_the_next_after_stale_seconds(uhub: Hub) -> None:
+    """A client whose connection died without the hub hearing of it does not lock its upload:
+    after ``stale_seconds`` without a byte, the next chunk ends it and goes on from its offset."""
+    name = uhub.create_user()
+    data = os.urandom(MiB)
+    up = start(uhub, name, "silent.bin", len(data)).json()
+    sock = raw_patch_start(uhub, name, up["id"], 0, MiB)
+    try:
+        sock.sendall(data[:100_000])
+        wait_for(lambda: offset_of(uhub, name, up["id"]) == 100_000, 30, what="the first bytes")
+        silent_since = time.monotonic()
+        r = patch(uhub, name, up["id"], 100_000, data[100_000:])
+        assert r.status_code == 409 and r.json()["offset"] == 100_000, r.text
+        while True:
+            r = patch(uhub, name, up["id"], 100_000, data[100_000:])
+            if r.status_code != 409:
+                break
+            assert time.monotonic() - silent_since < STALE_SECONDS + 30, r.text
+            time.sleep(0.5)
+        assert r.status_code == 200 and r.json()["complete"], r.text
+        assert time.monotonic() - silent_since >= STALE_SECONDS
+    finally:
+        sock.close()
+    got = (home_of(uhub, name) / "silent.bin").read_bytes()
+    assert hashlib.sha256(got).digest() == hashlib.sha256(data).digest()
 
 
 def test_unfinished_uploads_expire_and_their_space_comes_back(uhub: Hub) -> None:
