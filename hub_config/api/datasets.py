@@ -5,7 +5,8 @@
   The folder is checked and measured first: 400 naming ``folder`` (absolute, ``..``, not a
   folder of the home, a link) or ``name`` (not a slug), 409 naming ``name`` (taken) or
   ``folder`` (does not fit the quota with the home and the other datasets), and nothing is
-  created. Then the copy runs in a thread: done within ``DatasetStore.quick_answer_seconds``,
+  created. Then the copy runs in one of the store's own threads (one publish per user at a
+  time, 409 naming ``name`` while one runs): done within ``DatasetStore.quick_answer_seconds``,
   201 with the dataset; else 202 with its progress, and ``GET .../datasets/DSNAME`` follows it.
 - ``GET /hub/api/users/NAME/datasets``: their own (with what was skipped and who they are shared
   with), those shared with them, and ``datasets_bytes`` (counted against their quota).
@@ -107,7 +108,7 @@ class DatasetsHandler(_DatasetsHandler):
             )
         except StorageError as e:
             raise _refusal(e) from None
-        copy = asyncio.ensure_future(asyncio.to_thread(store.run_publish, job))
+        copy = asyncio.get_running_loop().run_in_executor(store.executor, store.run_publish, job)
         _RUNNING.add(copy)
         copy.add_done_callback(_RUNNING.discard)
         await asyncio.wait([copy], timeout=store.quick_answer_seconds)

@@ -43,6 +43,7 @@ import stat
 import threading
 import time
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -386,9 +387,17 @@ class DatasetStore(LoggingConfigurable):
         answered 201 with the dataset; a longer one 202, and the owner polls its progress.""",
     )
 
+    copy_threads = Integer(
+        2,
+        config=True,
+        help="""How many publishes copy at once on this hub (in threads of their own, so a big
+        copy never holds up the hub's other work); more wait their turn, shown as publishing.""",
+    )
+
     def __init__(self, homes: HomeStore, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.homes = homes
+        self._executor: ThreadPoolExecutor | None = None
         self._lock = threading.RLock()
         self._jobs: dict[tuple[str, str], Job] = {}
         self._manifests: dict[tuple[str, str], Manifest] = {}
@@ -505,9 +514,16 @@ class DatasetStore(LoggingConfigurable):
             raise StorageError(f"owner: {owner!r} cannot publish datasets", "name", 400)
         self._load()
         with self._lock:
-            if (owner, name) in self._manifests or (
-                (owner, name) in self._jobs and self._jobs[(owner, name)].state == "publishing"
-            ):
+            busy = [j for (o, _), j in self._jobs.items() if o == owner and j.state == "publishing"]
+            if busy:
+                # One at a time per owner: each is bounded by what the others left of the quota.
+                raise StorageError(
+                    f"name: your dataset {busy[0].name!r} is being published; wait for it "
+                    "(GET its progress) before the next",
+                    "name",
+                    409,
+                )
+            if (owner, name) in self._manifests:
                 raise StorageError(
                     f"name: you already have a dataset {name!r}; delete it first or pick "
                     "another name",
@@ -532,6 +548,16 @@ class DatasetStore(LoggingConfigurable):
                 self._jobs.pop((owner, name), None)
             raise
         return job
+
+    @property
+    def executor(self) -> ThreadPoolExecutor:
+        """Where copies run (not the event loop's default executor, which the hub's other
+        blocking calls share)."""
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(
+                max(1, self.copy_threads), thread_name_prefix="gpulab-publish"
+            )
+        return self._executor
 
     def run_publish(self, job: Job) -> Manifest | None:
         """Copy the folder into the snapshot (blocking); the manifest, or None when it failed

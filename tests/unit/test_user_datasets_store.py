@@ -97,6 +97,9 @@ def test_a_folder_that_grows_past_the_quota_during_the_copy_is_stopped(tmp_path:
     store, home = make_store(tmp_path)
     top = folder(home, {"small": b"s"})
     job = store.start_publish("alice", "f", "ds")  # measured: fits
+    with pytest.raises(StorageError) as busy:  # one publish at a time per owner
+        store.start_publish("alice", "f", "other")
+    assert busy.value.status == 409 and busy.value.field == "name"
     with open(top / "big", "wb") as f:  # then the folder grows past the quota (64 MiB)
         f.truncate(100 << 20)
     own(top / "big")
