@@ -412,8 +412,20 @@ class UploadPage(BaseHandler):
         html = await self.render_template(
             "upload.html",
             chunk_bytes=min(PAGE_CHUNK_BYTES, store.max_chunk_bytes),
+            expire_text=_period(store.expire_seconds),
         )
         self.finish(html)
+
+
+def _period(seconds: float) -> str:
+    """``a day``, ``3 hours``, ``20 s``: how long an unfinished upload is kept, for people."""
+    if seconds == 86400:
+        return "a day"
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
+        if seconds >= size:
+            n = round(seconds / size)
+            return f"{n} {unit}{'s' if n != 1 else ''}"
+    return f"{round(seconds)} s"
 
 
 # ---- the sweep of expired uploads ----------------------------------------------------------
