@@ -205,6 +205,9 @@ class GpuLocalSpawner(LocalIsolationMixin, GpuSpawnerMixin, LocalProcessSpawner)
     @classmethod
     def prepare_node(cls, pool: GpuPool, config: Any) -> None:
         """Called at hub start: warm the fork server so the first spawn is fast too."""
+        # Which home backend this node has (a probe mount, once), off the event loop.
+        probe = asyncio.ensure_future(asyncio.to_thread(lambda: pool.homes.backend))
+        probe.add_done_callback(lambda t: t.cancelled() or t.exception())
         settings = {**config.get("LocalProcessSpawner", {}), **config.get(cls.__name__, {})}
         if settings.get("use_forkserver", True) and not {"cmd", *FORK_EXCLUDES} & set(settings):
             client = forkserver_for(pool)

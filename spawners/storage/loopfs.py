@@ -683,8 +683,8 @@ def _mount_fd(c: ctypes.CDLL, dev: str, target_fd: int) -> None:
 
 def make_image(path: Path, room_bytes: int, owner: str = "0:0") -> Ext4Super:
     """A sparse ext4 image at ``path`` with at least ``room_bytes`` for files (its metadata on
-    top), its top folder owned by ``owner`` ("uid:gid"). mkfs is quick: inode tables and the
-    journal are initialised lazily, and nothing is written where the image has holes."""
+    top), its top folder owned by ``owner`` ("uid:gid"). mkfs is quick and writes about 5 MB
+    for a 50 GB home: the image is sparse, its inode tables and journal holes (zeroes)."""
     size = _round_up(room_bytes + max(room_bytes // 32, 8 * MiB))
     for _ in range(4):
         with open(path, "wb") as f:
@@ -696,7 +696,9 @@ def make_image(path: Path, room_bytes: int, owner: str = "0:0") -> Ext4Super:
             "-m",
             "0",
             "-E",
-            f"lazy_itable_init=1,lazy_journal_init=1,nodiscard,root_owner={owner}",
+            # mkfs punches the (sparse) file first and so knows its inode tables are zeroes:
+            # no lazy zeroing of them at mount either
+            f"lazy_itable_init=1,lazy_journal_init=1,root_owner={owner}",
             str(path),
         )
         sb = read_superblock(path)
