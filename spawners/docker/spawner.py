@@ -57,6 +57,7 @@ from gpulab.spawners.docker.labels import (
 )
 from gpulab.spawners.docker.recovery import RecoveryMixin, reap_containers
 from gpulab.spawners.images import ImageStatus
+from gpulab.spawners.inside.launcher import SCRATCH_RUNTIME
 from gpulab.spawners.mixin import GpuSpawnerMixin, SpawnError
 from gpulab.spawners.node.allocator import Allocation
 from gpulab.spawners.node.pool import GpuPool
@@ -462,7 +463,7 @@ class GpuDockerSpawner(ContainerAgentMixin, RecoveryMixin, GpuSpawnerMixin, Dock
         env["HOME"] = self.home_mount
         # Runtime files (the server's and kernels' connection files) in /tmp, outside the quota:
         # a full home still starts and opens.
-        env["JUPYTER_RUNTIME_DIR"] = "/tmp/.jupyter-runtime"
+        env["JUPYTER_RUNTIME_DIR"] = SCRATCH_RUNTIME
         if self.allocation is not None and self.device_requests(self.allocation):
             # What the NVIDIA container toolkit injects: CUDA's driver library and nvidia-smi.
             env["NVIDIA_DRIVER_CAPABILITIES"] = "compute,utility"

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 from pathlib import Path
 
 import pytest
@@ -72,12 +71,12 @@ def test_a_write_past_the_quota_fails_in_the_users_code_and_nobody_else_notices(
     attacker, other = shub.create_user(), shub.create_user()
     shub.spawn_ready(attacker, {"gpu": "none"})
     shub.spawn_ready(other, {"gpu": "none"})
-    host_free = shutil.disk_usage(shub.data_dir).free
-
     code, wrote = fill(shub, attacker, "big", 256 * MiB)
 
     assert code in ("ENOSPC", "EDQUOT") and wrote <= QUOTA, (code, wrote)
-    assert host_free - shutil.disk_usage(shub.data_dir).free < 2 * QUOTA
+    # What the node's disk holds for this home: its image's allocated blocks, about the quota.
+    image = shub.data_dir / "storage" / "images" / f"{attacker}.img"
+    assert os.stat(image).st_blocks * 512 < QUOTA + 16 * MiB
     # The hub answers, the attacker's server still runs, another user writes as ever.
     assert shub.api("GET", f"/users/{attacker}").json()["server"]
     with shub.kernel(other) as k:
@@ -147,3 +146,33 @@ def test_files_of_an_older_named_volume_move_into_the_bounded_home_once(
     shub.stop_server(user)
     shub.spawn_ready(user, {"gpu": "none"})
     assert not (home / "old.txt").exists(), "moved once: a deleted file does not come back"
+
+
+def test_a_home_full_to_the_byte_still_starts_and_can_be_cleaned(shub: Hub) -> None:
+    """Issue 23: "a full home is not a lock-out" (Docker): a home filled to the last byte (and a
+    last file of 0 bytes after) still starts, a kernel runs (its connection files live in /tmp,
+    outside the quota), and the user frees room by deleting. Fails on the old code only through
+    its quota (nothing filled up); without the launcher's tolerate_a_full_home the restart
+    failed: jupyter_core's config migration made ~/.jupyter (ENOSPC) and the server exited."""
+    user = shub.create_user()
+    shub.spawn_ready(user, {"gpu": "none"})
+    code, _ = fill(shub, user, "full", 2 * QUOTA)
+    assert code in ("ENOSPC", "EDQUOT")
+    with shub.kernel(user) as k:
+        k.execute(  # the last partial block too
+            "try:\n"
+            "    f = open('last', 'wb', buffering=0)\n"
+            "    while f.write(b'x' * 512): pass\n"
+            "except OSError: pass"
+        )
+    home = shub.data_dir / "users" / user
+    assert os.statvfs(home).f_bavail == 0
+    shub.stop_server(user)
+    shub.spawn_ready(user, {"gpu": "none"})
+    with shub.kernel(user) as k:
+        out = k.execute(
+            "import os; os.remove('full'); open('room.txt', 'w').write('ok'); "
+            "print(os.environ['JUPYTER_RUNTIME_DIR'])"
+        )
+    assert out.strip() == "/tmp/.gpulab-runtime"
+    assert (home / "room.txt").read_text() == "ok"
