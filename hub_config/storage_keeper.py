@@ -300,7 +300,18 @@ class StorageKeeper(SingletonConfigurable):
         for gone in set(self.records) - set(names):
             del self.records[gone]
         for name in names:
-            record = self.records[name] = observe(self.records.get(name), name in active, now)
+            before = self.records.get(name)
+            record = self.records[name] = observe(before, name in active, now)
+            if before is not None and before.warned and name in active:
+                # A warned user ran a server: say the warning no longer holds (JupyterLab shows
+                # the notices it has not shown yet, the warning among them).
+                text = (
+                    "Your home is kept: a server of yours ran, so the deletion you were warned "
+                    "of is cancelled."
+                )
+                await asyncio.to_thread(
+                    notices.add, self.owners.get(name, name), NOTICE_KIND, text, at=time.time()
+                )
             decision = decide(
                 now,
                 record,

@@ -133,6 +133,7 @@ def test_an_idle_home_is_warned_then_released_and_a_start_resets_the_clock(hub_f
     run_once(hub, bob)
     wait_round(hub, clock)
     assert state(hub)["homes"][bob]["warned"] == {}
+    assert "deletion you were warned of is cancelled" in notices(hub, bob)[-1]
 
     # Day 2.2: alice's 1-day warning; day 3.3: her home is released, bob's kept.
     clock.set(2.2)
