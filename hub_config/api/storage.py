@@ -330,6 +330,8 @@ class StorageListHandler(_StorageHandler):
             user = users.get(usage.name)
             held = await asyncio.to_thread(datasets_bytes, self.pool, user) if user else 0
             rows.append({"user": user, **usage.as_json(), "datasets_bytes": held})
+            # The retention schedule once the user was warned (hub_config/storage_keeper.py).
+            rows[-1]["release"] = release_schedule(self.settings["config"], user) if user else None
         header = await self.header()
         header.pop("max_gb")
         measured = min((u.measured_at for u in homes), default=time.time())

@@ -120,6 +120,11 @@ def test_an_idle_home_is_warned_then_released_and_a_start_resets_the_clock(hub_f
     assert "in 2 days" in first and "Start any server" in first
     assert time.strftime("%Y-%m-%d", time.gmtime(clock.now() + 1.8 * DAY)) in first
     assert state(hub)["homes"][alice]["warned"].keys() == {"2"}
+    # The storage API says when (the user's own figure and the admins' list).
+    release = hub.api("GET", f"/users/{alice}/storage").json()["release"]
+    assert release["days_left"] == 2 and release["at"][:10] in first
+    rows = {r["user"]: r for r in hub.api("GET", "/storage").json()["homes"]}
+    assert rows[alice]["release"] == release
 
     # A hub restart between the warnings: the warning is neither lost nor given again.
     hub.stop()
@@ -134,6 +139,7 @@ def test_an_idle_home_is_warned_then_released_and_a_start_resets_the_clock(hub_f
     wait_round(hub, clock)
     assert state(hub)["homes"][bob]["warned"] == {}
     assert "deletion you were warned of is cancelled" in notices(hub, bob)[-1]
+    assert hub.api("GET", f"/users/{bob}/storage").json()["release"] is None
 
     # Day 2.2: alice's 1-day warning; day 3.3: her home is released, bob's kept.
     clock.set(2.2)
