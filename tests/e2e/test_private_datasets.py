@@ -200,10 +200,13 @@ def test_a_class_gets_its_teachers_dataset_and_a_student_shares_into_no_course(h
     """Points: a teacher shares a dataset with a course and a student of it mounts it (the
     course's dataset limits are about the catalog's datasets); a student cannot share with a
     course they are not staff of (403 naming courses), nor with a course or user that does not
-    exist (400 naming the field), and nothing changes.
+    exist (400 naming the field), and nothing changes; the teacher, who holds ``servers`` on
+    the class, cannot publish, share or delete the student's datasets.
 
     Fails on the old code: no sharing at all. Checked also with the share rule
-    (``staff.share_problem``) answering None: the student's share went through."""
+    (``staff.share_problem``) answering None: the student's share went through; and with the
+    API's caller-is-the-user check (``_DatasetsHandler.own``) taken out: the teacher published
+    the student's folder (201)."""
     tag = uuid.uuid4().hex[:6]
     teacher, student = f"tch{tag}", f"stu{tag}"
     course = f"ds{tag}"
@@ -224,8 +227,21 @@ def test_a_class_gets_its_teachers_dataset_and_a_student_shares_into_no_course(h
     ):
         r = hub.api("PUT", f"/users/{student}/datasets/notes/sharing", token=s_token, json=body)
         assert r.status_code == code and r.json()["field"] == fld, (body, r.text)
+    # The teacher holds servers!group on the class, yet publishes and shares nothing of the
+    # student's (only the user themself does).
+    for method, path, body in (
+        ("POST", f"/users/{student}/datasets", {"folder": "notes", "name": "copy"}),
+        ("PUT", f"/users/{student}/datasets/notes/sharing", {"users": [teacher]}),
+        ("DELETE", f"/users/{student}/datasets/notes", None),
+    ):
+        r = hub.api(method, path, token=t_token, json=body)
+        assert r.status_code in (403, 404), (method, path, r.text)
     ds = hub.api("GET", f"/users/{student}/datasets/notes", token=s_token).json()["dataset"]
     assert ds["shared_with"] == {"users": [], "courses": []}
+    assert [
+        d["name"]
+        for d in hub.api("GET", f"/users/{student}/datasets", token=s_token).json()["datasets"]
+    ] == ["notes"]
 
     write_files(
         hub, teacher, "os.makedirs('lab1', exist_ok=True); open('lab1/q.txt','w').write('q')"
