@@ -127,8 +127,9 @@ def test_a_publish_copies_only_the_owners_files_and_never_changes(hub: Hub) -> N
 
 def test_only_those_it_is_shared_with_mount_it_and_others_cannot_tell_it_exists(hub: Hub) -> None:
     """Points: bob, shared read-only, mounts it and cannot write into it; carol (not shared)
-    cannot mount it and gets the same 400 as for a dataset that does not exist; bob's token
-    can neither publish, share nor delete alice's datasets.
+    cannot mount it and gets the same 400 as for a dataset that does not exist (REST start);
+    once unshared, bob's switch, REST start and app launch are refused the same way; bob's
+    token can neither publish, share nor delete alice's datasets.
 
     Fails on the old code: ``@alice/...`` was refused for everyone, bob too. Checked also with
     the spawner's access check (``GpuSpawnerMixin._check_private_datasets``) taken out: carol's
@@ -185,13 +186,29 @@ def test_only_those_it_is_shared_with_mount_it_and_others_cannot_tell_it_exists(
             for code in (f"open('@{alice}.tab/x.csv', 'a')", f"open('@{alice}.tab/y', 'w')"):
                 with pytest.raises(KernelError, match=WRITE_REFUSED):
                     k.execute(code)
+        # Unshared while bob's server runs: it keeps what it mounted at its start, but a switch
+        # (a new start) is refused with the same words, and his server goes on.
+        r = hub.api(
+            "PUT", f"/users/{alice}/datasets/tab/sharing", token=a_token, json={"users": []}
+        )
+        assert r.status_code == 200, r.text
+        r = hub.api("POST", f"/gpulab/users/{bob}/switch", token=b_token, json={"gpu": "rtx-4090"})
+        assert r.status_code == 400 and r.json().get("field") == "datasets", r.text
+        assert r.json()["message"].replace(slug, "SLUG") == missing
+        assert hub.server(bob)["ready"] and hub.server(bob)["user_options"]["gpu"] == "none"
     finally:
         hub.stop_server(bob)
 
-    # Unshared: bob's next start is refused with the same words.
-    r = hub.api("PUT", f"/users/{alice}/datasets/tab/sharing", token=a_token, json={"users": []})
-    assert r.status_code == 200, r.text
+    # Bob's next start, from the REST API or an app launch, is refused with the same words.
     assert refusal(bob, slug) == missing
+    r = hub.api(
+        "POST",
+        f"/gpulab/users/{bob}/apps/jupyterlab/launch",
+        token=b_token,
+        json={"gpu": "none", "datasets": [slug]},
+    )
+    assert r.status_code == 400 and r.json().get("field") == "datasets", r.text
+    assert hub.server(bob) is None
     r = hub.api("DELETE", f"/users/{alice}/datasets/tab", token=a_token)
     assert r.status_code == 204 and not (hub.data_dir / "user-datasets" / alice / "tab").exists()
 
