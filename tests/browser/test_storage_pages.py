@@ -39,7 +39,8 @@ GiB = 2**30
 def shot(page, name: str) -> None:
     if SHOTS:
         Path(SHOTS).mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(Path(SHOTS) / f"{name}.png"), full_page=True)
+        path = str(Path(SHOTS) / f"{name}.png")
+        page.screenshot(path=path, full_page=True, animations="disabled")
 
 
 def tiny_catalog(folder: Path) -> Path:
@@ -230,3 +231,42 @@ def test_the_admin_sees_the_largest_homes(vhub: Hub, browser) -> None:
         assert not errors, errors
     finally:
         context.close()
+
+
+def test_jupyterlab_shows_the_home_in_the_status_bar(vhub: Hub, browser) -> None:
+    """JupyterLab's status bar: "Home USED / QUOTA GB" from the hub's figure (read with the
+    server's own token), amber with one warning at 80 %, red with an error at 95 %."""
+    hub = vhub
+    name = approved_user(hub, "lab")
+    context, page, errors = open_page(browser, hub, name, PASSWORD, "/hub/home")
+    try:
+        hub.spawn_ready(name, {"gpu": "none"}, timeout=120)
+        s = fill_to(hub, name, 86, "lab-a")
+        page.goto(hub.user_url(name, "lab"), timeout=SLOW)
+        item = page.locator("#gpulab-storage-status")
+        item.filter(has_text="/ 0.0625 GB").wait_for(timeout=SLOW)
+        held = (s["home"]["used_bytes"] + s["datasets_bytes"]) / GiB
+        assert item.inner_text() == f"Home {held:.4f}".rstrip("0") + " / 0.0625 GB"
+        assert item.get_attribute("data-level") == "warn"
+        assert "jp-gpulab-storage-warn" in (item.get_attribute("class") or "")
+        assert "measured by the hub" in (item.get_attribute("title") or "")
+        toast = page.get_by_text(f"Your home is {round(s['percent'])} % full")
+        toast.first.wait_for(timeout=SLOW)
+        assert toast.count() == 1  # one notification for the level
+        shot(page, "storage-lab-85")
+
+        s = fill_to(hub, name, 97, "lab-b")
+        page.reload()
+        item.wait_for(timeout=SLOW)
+        page.wait_for_function(
+            "() => document.querySelector('#gpulab-storage-status')?.dataset.level === 'critical'",
+            timeout=SLOW,
+        )
+        page.get_by_text(f"Your home is {round(s['percent'])} % full").first.wait_for(timeout=SLOW)
+        assert "jp-gpulab-storage-critical" in (item.get_attribute("class") or "")
+        shot(page, "storage-lab-96")
+        assert not [e for e in errors if "storage" in e.lower()], errors
+    finally:
+        context.close()
+        if hub.server(name) is not None:
+            hub.stop_server(name)

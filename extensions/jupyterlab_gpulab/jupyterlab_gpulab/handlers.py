@@ -6,7 +6,8 @@
 - ``GET  catalog`` / ``GET pool``: the hub's catalog and live GPU pool;
 - ``POST switch``  ask the hub to restart this server with other options (GPU type, datasets);
 - ``GET  gpus``    live utilization and memory of this server's GPUs (NVML), or why there is none;
-- ``GET  spot``    spot servers: the spot price, the bid and a preemption warning with its deadline.
+- ``GET  spot``    spot servers: the spot price, the bid and a preemption warning with its deadline;
+- ``GET  storage`` this user's home against its quota, as the hub measured it (the status bar).
 
 The browser never talks to the hub or billing itself: these handlers call them with this
 server's own token (``JUPYTERHUB_API_TOKEN``), so no hub credential ever reaches the page.
@@ -310,6 +311,25 @@ class NoticesHandler(_Handler):
             )
 
 
+class StorageHandler(_Handler):
+    """This user's home against its quota, as the hub measured it (the status bar's "Home 12.3 /
+    50 GB"), fetched with this server's token, which may read its own user's figure only. Never an
+    error status for the page: a hub that cannot say answers ``{"available": false, message}``."""
+
+    @web.authenticated
+    async def get(self) -> None:
+        if not self.info.user:
+            self.finish_json({"available": False, "message": "not started by JupyterHub"})
+            return
+        path = f"users/{quote(self.info.user, safe='')}/storage"
+        status, data, error = await self.upstream.call(self.upstream.hub(path))
+        if status == 200 and isinstance(data, dict):
+            self.finish_json(data)
+        else:
+            message = self.hub_message(status, data, error, "storage")
+            self.finish_json({"available": False, "message": message})
+
+
 class SwitchHandler(_Handler):
     @property
     def guard(self) -> SwitchGuard:
@@ -444,5 +464,6 @@ def setup_handlers(server_app: Any) -> None:
             (url_path_join(base, "gpus"), GpusHandler),
             (url_path_join(base, "spot"), SpotHandler),
             (url_path_join(base, "notices"), NoticesHandler),
+            (url_path_join(base, "storage"), StorageHandler),
         ],
     )

@@ -4,6 +4,7 @@ import { ServerConnection } from '@jupyterlab/services';
 
 import { IBalance, ICatalog, IPool, IServerId, IStatus } from './logic';
 import { ISpotStatus } from './spot';
+import { IStorage } from './storage';
 
 export class ApiError extends Error {
   /** `answered`: this server's extension answered (a JSON message), not a proxy error page. */
@@ -50,6 +51,9 @@ export const getCatalog = () => request<ICatalog>('catalog');
 export const getPool = () => request<IPool>('pool');
 export const getGpus = () => request<any>('gpus');
 export const getSpot = () => request<ISpotStatus>('spot');
+/** The hub's figure of this user's home, or {available: false} when the hub cannot say. */
+export const getStorage = () =>
+  request<IStorage | { available: false; message: string }>('storage');
 
 export interface INotice {
   kind: string;

@@ -10,10 +10,12 @@ import { modeSwitchPlugin } from './modeswitch';
 import { sessionPlugin } from './session';
 import { spotPlugin } from './spotserver';
 import { statusBarPlugin } from './statusbar';
+import { storagePlugin } from './storageitem';
 
 const plugins: JupyterFrontEndPlugin<any>[] = [
   sessionPlugin,
   statusBarPlugin,
+  storagePlugin,
   modeSwitchPlugin,
   datasetsPlugin,
   gpuPanelPlugin,
