@@ -477,6 +477,24 @@ class GpuLocalSpawner(LocalIsolationMixin, GpuSpawnerMixin, LocalProcessSpawner)
         except StorageError as e:
             raise SpawnError(500, f"Your home could not be prepared: {e}") from None
 
+    async def stop(self, now: bool = False) -> None:
+        await super().stop(now=now)
+        await asyncio.to_thread(self._trim_home)
+
+    def _trim_home(self) -> None:
+        """Blocks the user's files freed go back to the node's disk (the home store's trim)."""
+        name = self.user_home_name()
+        store = self.pool.homes
+        if Path(self.home_dir) != store.path(name):
+            return
+        try:
+            n = store.trim(name)
+        except StorageError as e:
+            self.log.warning("Could not trim the home of %s: %s", self.owner, e)
+            return
+        if n:
+            self.log.info("Home of %s: %d MiB freed on the node's disk", self.owner, n >> 20)
+
     def _scratch(self) -> dict[str, Any] | None:
         """The server's own bounded /tmp and /dev/shm (:func:`private_scratch`), where the hub
         may make mount namespaces; None elsewhere (a hub that is not root)."""

@@ -385,6 +385,16 @@ class HomeStore(LoggingConfigurable):
 
     # ---- offline and release (image backend) ---------------------------------------------------
 
+    def trim(self, name: str) -> int:
+        """Return the blocks the home of ``name`` no longer uses to the node's disk (image
+        backend; a spawner calls it when a server stops); bytes trimmed."""
+        if self.backend != "image":
+            return 0
+        try:
+            return self.images.trim(name)
+        except (ImageError, OSError) as e:
+            raise StorageError(f"home: {e}", field="home", status=500) from None
+
     def unmount(self, name: str) -> bool:
         """Take the home offline (StorageError 409 while anything uses it). Homes stay mounted
         from their first ensure until this, a shrink or a release: never behind a server."""
