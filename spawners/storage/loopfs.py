@@ -28,6 +28,7 @@ import errno
 import fcntl
 import logging
 import os
+import re
 import shutil
 import stat
 import struct
@@ -226,18 +227,19 @@ def unmount_below(folder: str | os.PathLike) -> list[str]:
 def copy_tree(src_fd: int, dst_fd: int) -> int:
     """Copy the folder open at ``src_fd`` into the one at ``dst_fd``: files, folders and links
     as they are (a link is copied, never followed), hard links kept, owners, modes and times
-    kept; devices, sockets and fifos left out. Every entry is opened from its folder's
-    descriptor with O_NOFOLLOW, so a link swapped in meanwhile is never followed. Returns the
-    number of entries copied."""
+    kept; devices, sockets and fifos left out, and so are files with other names elsewhere that
+    the home's owner does not own (a hard link to /etc/shadow is never read). Every entry is
+    opened from its folder's descriptor with O_NOFOLLOW, so a link swapped in meanwhile is
+    never followed. Returns the number of entries copied."""
     seen: dict[tuple[int, int], tuple[int, str]] = {}
     try:
-        return _copy_dir(src_fd, dst_fd, seen)
+        return _copy_dir(src_fd, dst_fd, seen, os.fstat(src_fd).st_uid)
     finally:
         for fd, _ in seen.values():
             os.close(fd)
 
 
-def _copy_dir(src: int, dst: int, seen: dict) -> int:
+def _copy_dir(src: int, dst: int, seen: dict, owner: int) -> int:
     n = 0
     for name in os.listdir(src):
         try:
@@ -253,7 +255,7 @@ def _copy_dir(src: int, dst: int, seen: dict) -> int:
                 os.mkdir(name, 0o700, dir_fd=dst)
                 new = os.open(name, _DIR, dir_fd=dst)
                 try:
-                    n += _copy_dir(sub, new, seen)
+                    n += _copy_dir(sub, new, seen, owner)
                     _keep_meta(new, os.fstat(sub))
                 finally:
                     os.close(new)
@@ -264,6 +266,8 @@ def _copy_dir(src: int, dst: int, seen: dict) -> int:
             os.chown(name, st.st_uid, st.st_gid, dir_fd=dst, follow_symlinks=False)
         elif stat.S_ISREG(st.st_mode):
             key = (st.st_dev, st.st_ino)
+            if st.st_nlink > 1 and key not in seen and st.st_uid != owner:
+                continue  # someone else's file linked in (/etc/shadow): never read it
             if st.st_nlink > 1 and key in seen:
                 first_dir, first_name = seen[key]
                 try:
@@ -348,10 +352,10 @@ class ImageHomes:
         self._locks_lock = threading.Lock()
 
     def image(self, name: str) -> Path:
-        return self.images_dir / f"{name}.img"
+        return self.images_dir / f"{_checked(name)}.img"
 
     def path(self, name: str) -> Path:
-        return self.homes_dir / name
+        return self.homes_dir / _checked(name)
 
     def names(self) -> list[str]:
         try:
@@ -682,6 +686,16 @@ def _loop_setup(image: Path) -> str:
         return _run("losetup", "--find", "--show", "--direct-io=on", str(image)).strip()
     except ImageError:
         return _run("losetup", "--find", "--show", str(image)).strip()
+
+
+_NAME = re.compile(r"[A-Za-z0-9_-]{1,200}")
+
+
+def _checked(name: str) -> str:
+    """A home's name is one plain path component (``homes.home_name``), never a path."""
+    if not _NAME.fullmatch(name):
+        raise ImageError(f"{name!r} is no home name (letters, digits, '_' and '-')", 400)
+    return name
 
 
 def _round_up(n: int, unit: int = MiB) -> int:

@@ -159,7 +159,8 @@ def test_a_symlink_in_a_home_is_not_measured_or_followed(store):
 def test_an_old_plain_home_moves_into_its_image_without_following_links(store):
     """A home from before images is copied into its image on first ensure: files, hard links,
     sparse files and owners kept, links copied as links (never followed: /etc/shadow is not
-    read into it), then the plain folder is gone from the node's disk."""
+    read into it), a hard link to root's file not copied at all, then the plain folder is gone
+    from the node's disk."""
     home = store.path("carol")
     home.mkdir(parents=True)
     (home / "notes.txt").write_text("mine")
@@ -167,8 +168,13 @@ def test_an_old_plain_home_moves_into_its_image_without_following_links(store):
     os.symlink("/etc/shadow", home / "shadow")
     with open(home / "sparse", "wb") as f:
         f.truncate(10 * QUOTA)
-    os.chown(home / "notes.txt", 4003, 4003)
+    secret = store.data_dir / "secret"  # root's, on the same filesystem, linked in
+    secret.write_text("root's secret")
+    os.link(secret, home / "linked-secret")
+    for entry in (home, home / "notes.txt", home / "sparse"):
+        os.chown(entry, 4003, 4003)
     store.ensure("carol", 4003, 4003)
+    assert not (home / "linked-secret").exists()
     assert store.images.mounted_device("carol")
     st = os.stat(home / "same.txt")
     assert (home / "notes.txt").read_text() == "mine" and st.st_nlink == 2 and st.st_uid == 4003
