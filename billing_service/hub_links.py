@@ -41,6 +41,11 @@ class HubLinks:
         return self._join("authorize")
 
     @property
+    def storage(self) -> str:
+        # gpulab's own entry for admins (hub_config/templates/page.html): the largest homes.
+        return self._join("gpulab/storage")
+
+    @property
     def logout(self) -> str:
         return self._join("logout")
 
