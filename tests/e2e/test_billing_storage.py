@@ -37,7 +37,7 @@ MAX_GB = "4"
 # A price that makes seconds visible: 0.4375 GB above the free size costs 0.004375 a second.
 PRICE = "864.00"
 INTERVAL = 2.0  # billing reads the hub's storage scan every ~2 s here
-SHOTS = REPO.parent / "notes" / "i23" / "shots-D"
+SHOTS = REPO / "artifacts" / "screenshots"
 
 
 def tiny_catalog(folder):
