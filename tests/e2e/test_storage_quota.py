@@ -278,7 +278,8 @@ def mount_count(point: str) -> int:
 def test_a_kernel_past_its_quota_gets_enospc_and_nobody_else_notices(qhub: Hub) -> None:
     """Point 1: a kernel in alice's server writes past her 64 MiB quota: ENOSPC in her own code
     (bounded at quota + 8 MiB: on the old code it wrote all of it to the node's disk), while the
-    hub and billing answer, and bob starts a server and writes a file."""
+    hub and billing answer, and bob starts a server and writes a file (alice's home is not
+    mounted in bob's server at all)."""
     alice, bob = qhub.create_user(), qhub.create_user()
     qhub.spawn_ready(alice, {"gpu": "none"})
     with qhub.kernel(alice) as k:
@@ -289,6 +290,11 @@ def test_a_kernel_past_its_quota_gets_enospc_and_nobody_else_notices(qhub: Hub) 
         qhub.spawn_ready(bob, {"gpu": "none"})
         with qhub.kernel(bob) as kb:
             assert kb.execute("print(open('hello', 'w').write('x' * 100_000))").strip() == "100000"
+            # alice's home is not even mounted in bob's server (detached in its namespace, so
+            # bob's server never holds it)
+            alice_home = str(qhub.data_dir / "users" / alice)
+            seen = kb.execute(f"import os; print(os.path.ismount({alice_home!r}))").strip()
+            assert seen == "False"
         # alice can still delete, and then write again
         k.execute("import os; os.remove('fill'); open('again', 'w').write('ok')")
     assert mount_count(str(qhub.data_dir / "users" / alice)) == 1
