@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import docker
+import requests
 from docker.types import Mount
 from dockerspawner import DockerSpawner
 from jupyterhub.traitlets import ByteSpecification
@@ -65,6 +66,21 @@ from gpulab.spawners.request import SpawnRequest
 from gpulab.spawners.storage.datasets import mount_name
 
 DOCKER_SOCKETS = ("/var/run/docker.sock", "/run/docker.sock")
+# Run as the image user in a container with the old volume at /from and the new home at /to:
+# copy into a staging folder, then move each entry up (merging, never overwriting, where the
+# home has it already), then drop the staging folder.
+MOVE_HOME_SCRIPT = """set -e
+stage=/to/.gpulab-moving-home
+rm -rf "$stage"
+cp -a /from/. "$stage"
+cd "$stage"
+for f in .[!.]* ..?* *; do
+  [ -e "$f" ] || [ -L "$f" ] || continue
+  if [ -e "/to/$f" ] || [ -L "/to/$f" ]; then cp -a -n "$f" /to/; else mv "$f" /to/; fi
+done
+cd /
+rm -rf "$stage"
+"""
 
 
 def network_gateway(network: str) -> str:
@@ -156,6 +172,14 @@ class GpuDockerSpawner(ContainerAgentMixin, RecoveryMixin, GpuSpawnerMixin, Dock
         help="""Most bytes of a container's output (its stdout and stderr, its kernels': the
         user's to fill) Docker keeps on the node's disk: json-file logs rotated in two files of
         half this size each.""",
+    )
+
+    migrate_wait = Float(
+        40.0,
+        config=True,
+        help="""Seconds a start waits for the copy of a user's older named volume into their
+        bounded home (migrate_volumes); a longer copy goes on, and the start fails saying how far
+        it got (the next start waits for the same copy).""",
     )
 
     migrate_volumes = Bool(
@@ -389,24 +413,53 @@ class GpuDockerSpawner(ContainerAgentMixin, RecoveryMixin, GpuSpawnerMixin, Dock
 
     async def _migrate_volume(self, home: Path) -> None:
         """Copy the files of the user's older named volume into ``home``, once. The copy runs in
-        a throw-away container as the image user (no capability, no network), so a link in the
-        volume leads nowhere on the host and the home's quota bounds what is copied; a copy that
-        does not fit fails the start with that reason and is tried again at the next start."""
+        a container of its own as the image user (no capability, no network), so a link in the
+        volume leads nowhere on the host and the home's quota bounds what is copied. It copies
+        into a staging folder first (a copy cut short leaves no half file among the user's) and
+        then moves each entry up, merging without overwriting what the home already has. It
+        outlives the start that began it: a start that does not see it finish within
+        migrate_wait seconds fails with how far it got, and the next start waits for the same
+        copy. A failed copy (its reason shown) is tried afresh at the next start."""
         mark = self._migrated_mark()
         if await asyncio.to_thread(mark.exists):
             return
-        try:
-            await self.docker("inspect_volume", self.home_volume_name)
-        except docker.errors.NotFound:
-            await asyncio.to_thread(_write_mark, mark, "no volume")
-            return
-        self.emit_progress(20, f"Moving your files from volume {self.home_volume_name} to {home}")
-        uid, gid = self.container_ids()
         name = f"{self.container_name}-move-home"
         try:
-            await self.docker("remove_container", name, force=True)
+            mover = await self.docker("inspect_container", name)
         except docker.errors.NotFound:
-            pass
+            mover = None
+        if mover is None:
+            try:
+                await self.docker("inspect_volume", self.home_volume_name)
+            except docker.errors.NotFound:
+                await asyncio.to_thread(_write_mark, mark, "no volume")
+                return
+            mover = await self._start_mover(name, home)
+        self.emit_progress(
+            20, f"Moving your files from volume {self.home_volume_name} into your home"
+        )
+        try:
+            result = await self.docker("wait", mover["Id"], timeout=self.migrate_wait)
+        except requests.exceptions.RequestException:  # Docker's wait timed out
+            moved = await asyncio.to_thread(self.pool.homes.usage, self.user_home_name())
+            raise SpawnError(
+                503,
+                f"Your files in volume {self.home_volume_name} are still being moved into your "
+                f"home ({moved.used_bytes / 2**20:.0f} MiB so far); start again in a minute",
+            ) from None
+        tail = (await self.docker("logs", mover["Id"], tail=5)).decode(errors="replace")
+        await self.docker("remove_container", mover["Id"], force=True)
+        if result["StatusCode"] != 0:
+            raise SpawnError(
+                507 if "space" in tail.lower() or "quota" in tail.lower() else 500,
+                f"Your files in volume {self.home_volume_name} could not be moved into your home "
+                f"(quota {self.pool.homes.quota(self.user_home_name()) / 2**30:.2f} GB; raise it "
+                f"or ask an operator): {tail.strip()}",
+            )
+        await asyncio.to_thread(_write_mark, mark, self.home_volume_name)
+
+    async def _start_mover(self, name: str, home: Path) -> dict[str, Any]:
+        uid, gid = self.container_ids()
         host_config = self.client.create_host_config(
             mounts=[
                 Mount(target="/from", source=self.home_volume_name, type="volume", read_only=True),
@@ -416,30 +469,18 @@ class GpuDockerSpawner(ContainerAgentMixin, RecoveryMixin, GpuSpawnerMixin, Dock
             security_opt=["no-new-privileges"],
             network_mode="none",
         )
-        obj = await self.docker(
+        mover = await self.docker(
             "create_container",
             image=self.image,
-            command=["cp", "-a", "-n", "/from/.", "/to/"],
+            command=["sh", "-c", MOVE_HOME_SCRIPT],
             user=f"{uid}:{gid}",
             entrypoint=[],
             host_config=host_config,
             labels={L_USER: self.user.name, L_HUB: self.pool.hub_id},
             name=name,
         )
-        try:
-            await self.docker("start", obj["Id"])
-            code = (await self.docker("wait", obj["Id"]))["StatusCode"]
-            tail = (await self.docker("logs", obj["Id"], tail=5)).decode(errors="replace")
-        finally:
-            await self.docker("remove_container", obj["Id"], force=True)
-        if code != 0:
-            raise SpawnError(
-                507 if "space" in tail.lower() or "quota" in tail.lower() else 500,
-                f"Your files in volume {self.home_volume_name} could not be moved to your home "
-                f"(quota {self.pool.homes.quota(self.user_home_name()) / 2**30:.2f} GB): "
-                f"{tail.strip()}",
-            )
-        await asyncio.to_thread(_write_mark, mark, self.home_volume_name)
+        await self.docker("start", mover["Id"])
+        return mover
 
     # ---- environment and container config ----------------------------------------------------
 

@@ -176,3 +176,47 @@ def test_a_home_full_to_the_byte_still_starts_and_can_be_cleaned(shub: Hub) -> N
         )
     assert out.strip() == "/tmp/.gpulab-runtime"
     assert (home / "room.txt").read_text() == "ok"
+
+
+def test_a_long_move_outlives_its_start_and_the_next_start_finishes_it(
+    module_hub_factory, docker, small_catalog: Path, test_image: str
+) -> None:
+    """The move of an older volume into the bounded home takes longer than a start may wait:
+    that start fails saying so (503, nothing half-copied among the user's files), the copy goes
+    on, and the next start finds it done. A file the user made meanwhile is not overwritten."""
+    hub = start_docker_hub(
+        module_hub_factory,
+        docker,
+        "slowmove",
+        small_catalog,
+        "--GpuDockerSpawner.migrate_wait=0.05",
+    )
+    user = hub.create_user()
+    volume = f"gpulab-home-{user}"
+    docker.volumes.create(volume, labels={LABEL_HUB: hub_id(hub)})
+    docker.containers.run(
+        test_image,
+        [
+            "sh",
+            "-c",
+            "head -c 41943040 /dev/zero > /v/data.bin && echo old > /v/notes.txt "
+            "&& chown -R 1000 /v",
+        ],
+        volumes={volume: {"bind": "/v", "mode": "rw"}},
+        user="0",
+        remove=True,
+        entrypoint=[],
+    )
+    r = hub.spawn(user, {"gpu": "none"})
+    assert r.status_code == 503 and "still being moved" in r.json()["message"], r.text
+    home = hub.data_dir / "users" / user
+    data = home / "data.bin"  # among the user's files only once whole (moved up in one rename)
+    assert not data.exists() or data.stat().st_size == 41943040
+    (home / "notes.txt").write_text("mine\n")  # what the user wrote meanwhile (as root here)
+    hub.spawn_ready(user, {"gpu": "none"})
+    with hub.kernel(user) as k:
+        got = k.execute(
+            "import os; print(os.path.getsize('data.bin'), open('notes.txt').read().strip(), "
+            "os.path.exists('.gpulab-moving-home'))"
+        )
+    assert got.split() == ["41943040", "mine", "False"]
