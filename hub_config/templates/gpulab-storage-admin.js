@@ -66,10 +66,17 @@
         el("td", { class: "text-end" }, h.datasets_bytes ? size(h.datasets_bytes) : "—"),
         el("td", {}, h.enforced ? "yes" : "no"),
         el("td", { class: "small" }, ago(h.measured_at)),
+        el(
+          "td",
+          { class: "small" },
+          h.release
+            ? String(h.release.at).slice(0, 10) + " (in " + h.release.days_left + " days)"
+            : "—",
+        ),
       ),
     );
     if (!rows.length) {
-      rows.push(el("tr", {}, el("td", { colSpan: 8, class: "text-body-secondary" }, "No homes yet.")));
+      rows.push(el("tr", {}, el("td", { colSpan: 9, class: "text-body-secondary" }, "No homes yet.")));
     }
     $("gpulab-storage-homes").tBodies[0].replaceChildren(...rows);
   }

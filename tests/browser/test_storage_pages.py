@@ -113,13 +113,11 @@ def card_level(page) -> str:
     return page.locator("#gpulab-storage .gpulab-storage-bar").get_attribute("data-level")
 
 
-def test_the_storage_card_shows_usage_notices_and_prices_a_raise(vhub: Hub, browser) -> None:
+def test_the_storage_card_prices_a_raise_and_shows_usage_and_notices(vhub: Hub, browser) -> None:
     hub = vhub
     name = approved_user(hub, "disk")
     context, page, errors = open_page(browser, hub, name, PASSWORD, "/hub/home")
     try:
-        hub.spawn_ready(name, {"gpu": "none"}, timeout=120)
-        page.reload()
         used = page.locator("#gpulab-storage-used")
         used.filter(has_text="of 64.0 MB").wait_for(timeout=SLOW)
         assert card_level(page) == "ok"
@@ -127,9 +125,45 @@ def test_the_storage_card_shows_usage_notices_and_prices_a_raise(vhub: Hub, brow
         details = page.locator("#gpulab-storage-details").inner_text()
         assert "0.0625 GB free; above it CNY 2.00 per GB a day, no request fees." in details
         assert "Your quota costs nothing." in details
-        enforced = storage(hub, name)["home"]["enforced"]
-        assert page.locator("#gpulab-storage-not-enforced").count() == (0 if enforced else 1)
         shot(page, "storage-home-0")
+
+        # A bad size is refused by the hub, in its words, and changes nothing (the browser logs
+        # the refused request itself).
+        page.fill("#gpulab-storage-quota", "lots")
+        page.click("#gpulab-storage-price")
+        answer = page.locator("#gpulab-storage-answer")
+        answer.filter(has_text="must be a number of GB").wait_for(timeout=SLOW)
+        assert page.locator("#gpulab-storage-yes").count() == 0
+        assert storage(hub, name)["home"]["quota_bytes"] == GiB // 16
+        assert len(errors) == 1 and "status of 400" in errors[0], errors
+        errors.clear()
+
+        # Raising the quota: the hub's price for the size first, the change only once confirmed.
+        page.fill("#gpulab-storage-quota", "0.125")
+        page.click("#gpulab-storage-price")
+        quote = page.locator("#gpulab-storage-quote")
+        quote.wait_for(timeout=SLOW)
+        # (0.125 - 0.0625) GB x CNY 2.00 a day, as the hub priced it (0.1250).
+        text = quote.inner_text()
+        assert "0.125 GB will cost CNY 0.13 a day (64.0 MB above the free 0.0625 GB)" in text, text
+        assert storage(hub, name)["home"]["quota_bytes"] == GiB // 16  # nothing changed yet
+        shot(page, "storage-home-confirm")
+        page.click("#gpulab-storage-yes")
+        answer.filter(has_text="Your quota is now 0.125 GB.").wait_for(timeout=SLOW)
+        assert storage(hub, name)["home"]["quota_bytes"] == GiB // 8
+        used.filter(has_text="of 128.0 MB").wait_for(timeout=SLOW)
+        assert (
+            "Your quota costs CNY 0.13 a day."
+            in page.locator("#gpulab-storage-details").inner_text()
+        )
+        shot(page, "storage-home-raised")
+
+        # The home as the hub measures it, filled from the user's own kernel.
+        hub.spawn_ready(name, {"gpu": "none"}, timeout=120)
+        enforced = storage(hub, name)["home"]["enforced"]
+        page.reload()
+        used.filter(has_text="of 128.0 MB").wait_for(timeout=SLOW)
+        assert page.locator("#gpulab-storage-not-enforced").count() == (0 if enforced else 1)
 
         # ~85 %: a warning in plain words, the bar turns amber.
         s = fill_to(hub, name, 86, "a")
@@ -150,40 +184,7 @@ def test_the_storage_card_shows_usage_notices_and_prices_a_raise(vhub: Hub, brow
         if s["home"]["enforced"]:
             assert "No space left on device" in notice.inner_text()
         shot(page, "storage-home-96")
-
-        # Raising the quota: the hub's price for the size first, the change only once confirmed
-        # (with the server stopped: an image-backed home is resized offline).
-        hub.stop_server(name)
-        page.reload()
-        page.fill("#gpulab-storage-quota", "0.125")
-        page.click("#gpulab-storage-price")
-        quote = page.locator("#gpulab-storage-quote")
-        quote.wait_for(timeout=SLOW)
-        # (0.125 - 0.0625) GB x CNY 2.00 a day, as the hub priced it (0.1250).
-        text = quote.inner_text()
-        assert "0.125 GB will cost CNY 0.13 a day (64.0 MB above the free 0.0625 GB)" in text, text
-        assert storage(hub, name)["home"]["quota_bytes"] == GiB // 16  # nothing changed yet
-        shot(page, "storage-home-confirm")
-        page.click("#gpulab-storage-yes")
-        page.locator("#gpulab-storage-answer").filter(
-            has_text="Your quota is now 0.125 GB."
-        ).wait_for(timeout=SLOW)
-        assert storage(hub, name)["home"]["quota_bytes"] == GiB // 8
-        used.filter(has_text="of 128.0 MB").wait_for(timeout=SLOW)
-        assert card_level(page) != "critical"
-        shot(page, "storage-home-raised")
-
         assert not errors, errors
-
-        # A bad size is refused by the hub, in its words, and changes nothing (the browser logs
-        # the refused request itself, and nothing else).
-        page.fill("#gpulab-storage-quota", "lots")
-        page.click("#gpulab-storage-price")
-        answer = page.locator("#gpulab-storage-answer")
-        answer.filter(has_text="must be a number of GB").wait_for(timeout=SLOW)
-        assert page.locator("#gpulab-storage-yes").count() == 0
-        assert storage(hub, name)["home"]["quota_bytes"] == GiB // 8
-        assert [e for e in errors if "status of 400" not in e] == [] and len(errors) == 1, errors
     finally:
         context.close()
         if hub.server(name) is not None:
