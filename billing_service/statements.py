@@ -475,7 +475,8 @@ def admin_overview(conn: Connection, prices: PriceBook, from_us: int, to_us: int
         conn.execute(
             select(LedgerEntry.user, func.sum(-LedgerEntry.amount_micro))
             .where(
-                LedgerEntry.kind == "charge",
+                # What the user was charged: sessions and storage.
+                LedgerEntry.kind.in_(("charge", storage.KIND)),
                 LedgerEntry.created_us >= from_us,
                 LedgerEntry.created_us < to_us,
             )
@@ -530,6 +531,18 @@ def admin_overview(conn: Connection, prices: PriceBook, from_us: int, to_us: int
         "users": users,
         "gpu_types": per_type,
         "prepaid_revenue": money(sum(prepaid.values())),
+        # Homes above the free size (ledger kind ``storage``), charged in the period.
+        "storage_revenue": money(
+            -int(
+                conn.execute(
+                    select(func.coalesce(func.sum(LedgerEntry.amount_micro), 0)).where(
+                        LedgerEntry.kind == storage.KIND,
+                        LedgerEntry.created_us >= from_us,
+                        LedgerEntry.created_us < to_us,
+                    )
+                ).scalar()
+            )
+        ),
     }
 
 

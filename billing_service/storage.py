@@ -56,6 +56,7 @@ from gpulab.billing_service.rating import (
     to_micro,
 )
 from gpulab.catalog.models import Storage
+from gpulab.catalog.pricing import storage_quote
 
 if TYPE_CHECKING:
     from gpulab.billing_service.app import BillingService
@@ -79,8 +80,11 @@ class Measurement:
     quota_bytes: int
     datasets_bytes: int
 
-    def billable(self, free_bytes: int) -> int:
-        return max(0, max(self.quota_bytes, self.used_bytes + self.datasets_bytes) - free_bytes)
+    def billable(self, storage: Storage) -> int:
+        """max(quota, used + datasets) - free, floored at 0: the one price function's bytes
+        (``catalog.pricing.storage_quote``, which the hub's storage API quotes by too)."""
+        held = self.used_bytes + self.datasets_bytes
+        return storage_quote(storage, self.quota_bytes, held).billable_bytes
 
 
 def _size(row: dict, key: str) -> int:
@@ -206,7 +210,7 @@ def record(
     measurement not newer than the last one taken changes nothing (a repeated scan)."""
     at = min(m.measured_us, now_us)  # never charged ahead of billing's own clock
     meter = conn.execute(select(StorageMeter).where(StorageMeter.user == m.user)).first()
-    level = m.billable(storage.free_bytes)
+    level = m.billable(storage)
     values = {
         "measured_us": at,
         "used_bytes": m.used_bytes,

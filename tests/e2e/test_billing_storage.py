@@ -338,3 +338,20 @@ def test_the_statement_page_shows_a_storage_line_per_day(sbhub, browser) -> None
     page.screenshot(path=str(SHOTS / "statement-storage.png"), full_page=True)
     assert errors == []
     page.close()
+    # The admin's view: storage revenue of every home, next to revenue per GPU type.
+    page = browser.new_page()
+    page.on("console", lambda m: m.type == "error" and errors.append(m.text))
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    browser_log_in(page, hub, "admin", (hub.data_dir / "admin-password").read_text().strip())
+    page.goto(f"{billing.base}?user={name}")
+    shown = page.locator("#storage-revenue")
+    shown.wait_for()
+    overview = billing.get("api/v1/admin/overview").json()
+    assert Decimal(shown.inner_text()) >= Decimal(day["amount"]["display"]) > 0
+    assert overview["storage_revenue"]["micro"] >= day["amount"]["micro"]
+    # The user's charges in the period count their storage too.
+    charges = page.locator("#users tr", has_text=name).locator("td").nth(2).inner_text()
+    assert Decimal(charges) >= Decimal(day["amount"]["display"])
+    page.screenshot(path=str(SHOTS / "statement-storage-admin.png"), full_page=True)
+    assert errors == []
+    page.close()
