@@ -309,16 +309,22 @@ def course_room(seat: CourseSeat, bytes_per_person: int) -> int:
     return max(1, people) * bytes_per_person
 
 
-def bound_course(data_dir: Path, exchange: Path, seat: CourseSeat, room: int) -> None:
+def bound_course(data_dir: Path, exchange: Path, seat: CourseSeat, room: int) -> str | None:
     """The course's exchange folder is its own filesystem image of at least ``room`` bytes:
-    made (an existing plain folder copied in) and mounted when it is not, grown online when the
-    course grew. Never shrunk here (that needs it offline)."""
+    made (an existing plain folder copied in) and mounted when it is not, grown when the course
+    grew. Never shrunk here. A growth the node refuses while the exchange is in use (a kernel
+    without online resizing) leaves it at its size, still bounded: the problem is returned and
+    the course stays open."""
     images = ImageHomes(exchange, Path(data_dir) / "storage" / "exchange-images")
     if images.mounted_device(seat.course) is None:
         images.ensure(seat.course, room, None, None)
     got = images.usage(seat.course)
     if got is not None and got.capacity_bytes < room:
-        images.resize(seat.course, room)
+        try:
+            images.resize(seat.course, room)
+        except ImageError as e:
+            return f"exchange kept at {got.capacity_bytes} bytes, not grown to {room}: {e}"
+    return None
 
 
 def prepare(
@@ -351,7 +357,10 @@ def prepare(
     for seat in seats:
         try:
             if bytes_per_person is not None:
-                bound_course(Path(data_dir), exchange, seat, course_room(seat, bytes_per_person))
+                room = course_room(seat, bytes_per_person)
+                problem = bound_course(Path(data_dir), exchange, seat, room)
+                if problem:
+                    problems.append(f"course {seat.course}: {problem}")
             prepare_course(exchange, seat, account_of)
         except (ExchangeError, ImageError, OSError) as e:
             problems.append(f"course {seat.course}: {e}")

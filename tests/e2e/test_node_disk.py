@@ -106,6 +106,8 @@ try:
     tiny = ('wrote', files)
 except OSError as e:
     tiny = (errno.errorcode[e.errno], files)
+import shutil
+shutil.rmtree(os.path.join(inbound, 'tiny'))  # the student cleans up
 print(*big, *tiny)
 """
 
@@ -144,3 +146,17 @@ def test_a_student_cannot_fill_the_node_through_the_nbgrader_exchange(hub_factor
         os.path.ismount(exchange)
         and (lambda v: v.f_blocks * v.f_frsize)(os.statvfs(exchange)) >= room
     )
+    # A student who joins later (the course grows while the exchange is mounted and in use, so
+    # the node may refuse to grow it): their server starts and the course stays open to them.
+    newcomer = f"s{os.urandom(3).hex()}"
+    r = roster(hub, course, f"{student},student\n{newcomer},student\n", token_for(hub, teacher))
+    assert r.status_code == 200, r.text
+    hub.spawn_ready(newcomer, {"gpu": "none"}, timeout=120)
+    with hub.kernel(newcomer) as k:
+        listed = k.execute(
+            "import glob, os\n"
+            "inbound = glob.glob(os.environ['JUPYTER_CONFIG_PATH'].split(':')[0]"
+            " + '/exchange/*/inbound')[0]\n"
+            "os.mkdir(os.path.join(inbound, 'mine')); print('ok')"
+        )
+    assert listed.strip() == "ok"
