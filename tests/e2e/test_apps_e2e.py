@@ -174,8 +174,9 @@ def test_second_user_gets_their_own_card_and_process(hub: Hub) -> None:
             "except OSError as e:\n"
             "    print('refused', e.errno)\n"
         )
-    if os.geteuid() == 0:  # per-user accounts: the folder is closed to a
-        assert "refused 13" in out, out
+    if os.geteuid() == 0:  # per-user accounts: the folder is closed to a (EACCES); where each
+        # server has a /tmp of its own (issue 23), it is not even there for a (ENOENT)
+        assert out.strip() in ("refused 13", "refused 2"), out
     # One user's token cannot reach the other's app.
     r = requests.get(ib["ready_url"], headers={"Authorization": f"token {ta}"}, timeout=30)
     assert r.status_code in (403, 404)
