@@ -140,14 +140,23 @@
         ),
       );
     }
-    // This home's own answer: a hub that enforces quotas may hold a home not yet in its image.
-    if (!h.enforced) {
+    if (!data.enforced) {
       notes.push(
         el(
           "p",
           { class: "small text-body-secondary mb-1", id: "gpulab-storage-not-enforced" },
           "The quota is not enforced on this hub: usage is measured, but writes past it are " +
             "not stopped.",
+        ),
+      );
+    } else if (!h.enforced) {
+      // A hub that enforces quotas, and a home not in its own disk image yet (never started).
+      notes.push(
+        el(
+          "p",
+          { class: "small text-body-secondary mb-1", id: "gpulab-storage-not-yet" },
+          "Your home moves into its own disk at your next start; from then on writes past the " +
+            "quota fail.",
         ),
       );
     }
