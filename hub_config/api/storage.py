@@ -198,6 +198,23 @@ class _StorageHandler(GpulabAPIHandler):
             "currency": catalog.currency,
         }
 
+    def bytes_asked(self, value: Any) -> tuple[Decimal, int]:
+        """``quota_gb`` as sent, in GB and bytes, within this hub's free size and limit (the
+        POST and the GET's price ask the same): a 400 naming ``quota_gb`` otherwise."""
+        storage = self.pool.catalog.storage
+        try:
+            wanted = parse_quota_gb(value)
+        except ValueError as e:
+            raise self.refuse(400, str(e)) from None
+        quota = storage.bytes_of(wanted)
+        if not storage.free_bytes <= quota <= storage.max_bytes:
+            raise self.refuse(
+                400,
+                f"must be between {storage.free_gb} (free) and {storage.max_gb} (this hub's "
+                f"limit) GB, not {wanted}",
+            )
+        return wanted, quota
+
     def refuse(self, status: int, message: str, human: str = "") -> web.HTTPError:
         error = http_error(status, f"quota_gb: {message}", field="quota_gb")
         error.human = human or message[:1].upper() + message[1:]  # type: ignore[attr-defined]
@@ -239,10 +256,7 @@ class UserStorageHandler(_StorageHandler):
                 value = json.loads(asked)
             except ValueError:
                 value = asked
-            try:
-                quota = self.pool.catalog.storage.bytes_of(parse_quota_gb(value))
-            except ValueError as e:
-                raise self.refuse(400, str(e)) from None
+            quota = self.bytes_asked(value)[1]
             out["quote"] = quote_json(
                 self.pool.catalog.storage, quota, usage.used_bytes + out["datasets_bytes"]
             )
@@ -260,18 +274,8 @@ class UserStorageHandler(_StorageHandler):
             raise error
         if "quota_gb" not in body:
             raise self.refuse(400, "required: the new quota in GB")
-        try:
-            wanted = parse_quota_gb(body["quota_gb"])
-        except ValueError as e:
-            raise self.refuse(400, str(e)) from None
+        wanted, quota = self.bytes_asked(body["quota_gb"])
         storage = self.pool.catalog.storage
-        quota = storage.bytes_of(wanted)
-        if not storage.free_bytes <= quota <= storage.max_bytes:
-            raise self.refuse(
-                400,
-                f"must be between {storage.free_gb} (free) and {storage.max_gb} (this hub's "
-                f"limit) GB, not {wanted}",
-            )
         name = home_name(user.name)
         # What it holds now, measured now: a cached figure could be older than the last write.
         now = await self.api.usage(self.homes, name, fresh=True)

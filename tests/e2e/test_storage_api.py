@@ -249,8 +249,9 @@ def test_bad_quota_requests_name_quota_gb_and_change_nothing(shub: Hub) -> None:
     r = set_quota(hub, name, "[1]", token)
     assert r.status_code == 400, r.text
     # The price asked on a GET: the same check, and no change.
-    r = storage(hub, name, token, quota_gb="lots")
-    assert r.status_code == 400 and r.json()["field"] == "quota_gb", r.text
+    for asked in ("lots", "4.5", "0.03"):  # not a number; beyond the limit; below the free size
+        r = storage(hub, name, token, quota_gb=asked)
+        assert r.status_code == 400 and r.json()["field"] == "quota_gb", (asked, r.text)
     # A cookie caller (a page) needs JupyterHub's XSRF token: a form elsewhere cannot post.
     admin = admin_web(hub)
     r = admin.http.post(f"{hub.url}/hub/api/users/{name}/storage", json={"quota_gb": 1}, timeout=30)
