@@ -31,6 +31,7 @@ from typing import Any
 from jupyterhub import orm
 from jupyterhub.scopes import needs_scope
 from tornado import web
+from traitlets import Any as AnyTrait
 from traitlets import Float
 from traitlets.config import SingletonConfigurable
 
@@ -58,6 +59,17 @@ class StorageAPI(SingletonConfigurable):
         help="""How long a home's measured usage is reused (seconds) before the hub measures it
         again: refreshing a page, or many pages at once, cannot keep the hub walking a big home.
         Answers say when their figure was measured (``measured_at``). 0 measures every time.""",
+    )
+
+    meter_hook = AnyTrait(
+        None,
+        allow_none=True,
+        config=True,
+        help="""An async callable() asking billing to read every home's storage now, or None on a
+        hub without billing. The storage API calls it before a quota is lowered (refusing the
+        change, 503, when billing cannot be asked) and after any change, so a quota raised and
+        lowered between two of billing's periodic reads is still billed for the time it was
+        held. gpulab's billing sets it.""",
     )
 
     def __init__(self, **kwargs: Any) -> None:
@@ -89,6 +101,12 @@ class StorageAPI(SingletonConfigurable):
 
     def remember(self, usage: HomeUsage) -> None:
         self._usage[usage.name] = (time.monotonic(), usage)
+
+    def changed(self, usage: HomeUsage) -> None:
+        """A quota changed: its figure is the new one, and the next scan measures afresh (billing
+        reads the scan right after a change)."""
+        self.remember(usage)
+        self._scan = None
 
     async def scan(self, homes: HomeStore) -> list[HomeUsage]:
         """Every home, largest first, measured at most ``cache_seconds`` ago."""
@@ -289,12 +307,29 @@ class UserStorageHandler(_StorageHandler):
         new_cost = storage_quote(storage, quota, now.used_bytes + held).per_day
         if quota > now.quota_bytes and new_cost > 0:
             await self.check_balance(user.name, wanted, new_cost)
+        meter = self.api.meter_hook
+        if meter is not None and quota < now.quota_bytes:
+            # The time at the old, larger quota is read by billing before it ends.
+            try:
+                await meter()
+            except Exception as e:
+                self.log.warning("Quota of %s not lowered: billing not asked: %s", user.name, e)
+                raise http_error(
+                    503,
+                    "Billing is unavailable right now, so the quota cannot be changed; try "
+                    "again in a minute.",
+                ) from None
         try:
             done = await asyncio.to_thread(self.homes.set_quota, name, quota)
         except StorageError as e:
             error = http_error(e.status, str(e), field=e.field)
             raise error from None
-        self.api.remember(done)
+        self.api.changed(done)
+        if meter is not None:
+            try:
+                await meter()
+            except Exception as e:  # the change stands; billing's next periodic read sees it
+                self.log.warning("Billing not told of %s's new quota: %s", user.name, e)
         self.log.info("Quota of %s set to %s GB by %s", user.name, wanted, self.current_user.name)
         self.write(json.dumps(await self.view(user, done)))
 

@@ -215,6 +215,12 @@ class BillingHooks:
         the teacher dashboard, whose page the hub has already checked the viewer may see)."""
         return await self._call("GET", f"api/v1/courses/{course}")
 
+    async def meter_storage(self) -> None:
+        """Ask billing to read every home's storage now (a quota is about to change, or just
+        did), so that a quota held between two of billing's periodic reads is billed too.
+        Raises when billing cannot be asked."""
+        await self._call_when_up("POST", "api/v1/storage/pull", {})
+
     async def balance(self, user_name: str) -> dict[str, Any]:
         """Billing's balance record for ``user_name`` (for the hub's home page)."""
         return await self._call("GET", f"api/v1/users/{user_name}/balance")
@@ -431,6 +437,7 @@ def configure_billing(c, data_dir: str, catalog: str, roles: list[dict]) -> None
     c.ActivityObserver.report_hook = hooks.report_events
     c.SpotMarket.compensation_hook = hooks.compensate
     c.GpulabHome.balance_hook = hooks.balance
+    c.StorageAPI.meter_hook = hooks.meter_storage
     c.CourseDashboard.money_hook = hooks.course_money
     c.ReservationsConfig.prepay_hook = hooks.prepay_reservation
     c.GpulabHome.statement_url = "/services/billing/"

@@ -78,7 +78,7 @@ def set_quota(hub: Hub, name: str, gb: str, token: str | None = None):
 
 
 def raise_quota(hub: Hub, name: str, gb: str, token: str | None = None):
-    """Raise the quota of a home no server uses. Where the kernel refuses online resizing (this
+    """Raise (or lower) the quota of a home no server uses. Where the kernel refuses online resizing (this
     runner: no CAP_SYS_RESOURCE) a home image grows offline, and a server that has just stopped
     may still hold it for a moment (409, "in use"): asked again until it is free."""
 
@@ -355,3 +355,42 @@ def test_the_statement_page_shows_a_storage_line_per_day(sbhub, browser) -> None
     page.screenshot(path=str(SHOTS / "statement-storage-admin.png"), full_page=True)
     assert errors == []
     page.close()
+
+
+@pytest.fixture(scope="module")
+def slow_meter_hub(module_hub_factory, tmp_path_factory) -> Hub:
+    """Billing reads the hub's storage scan once an hour here: only a quota change makes it read
+    in between."""
+    hub = module_hub_factory(
+        "billing-storage-slow",
+        catalog=tiny_catalog(tmp_path_factory.mktemp("billing-storage-slow-catalog")),
+        env={**FAST_BILLING_ENV, "GPULAB_BILLING_STORAGE_INTERVAL": "3600"},
+        extra_args=["--StorageAPI.cache_seconds=60"],
+    )
+    wait_for(Billing(hub).up, 60, 0.2, "the billing service")
+    return hub
+
+
+def test_a_quota_raised_and_lowered_between_billings_reads_is_billed(slow_meter_hub) -> None:
+    """Attack (issue 23, "make the platform pay for your storage"): raise the quota, use it, and
+    lower it again before billing's next periodic read (an hour here, ten minutes by default), so
+    that billing never sees the larger quota. The hub asks billing to read right after a change
+    and right before a lowering, so the time at the larger quota is charged; without that, no
+    piece of it is. The hub's scan is cached for a minute here: the read after the change still
+    sees the new quota."""
+    hub, billing = slow_meter_hub, Billing(slow_meter_hub)
+    name = with_home(hub)
+    billing.credit(name, "1000.00", kind="topup")
+    raise_quota(hub, name, "0.5")
+    t_raised = time.time()
+    held = 3.0
+    time.sleep(held)  # the time held at the larger quota is what is measured, not a wait
+    raise_quota(hub, name, FREE_GB)  # lowered (asked again while the home is "in use")
+    t_lowered = time.time()
+    billable = int(Decimal("0.5") * GIB) - int(Decimal(FREE_GB) * GIB)
+    ps = pieces(billing, name)
+    high = [p for p in ps if p["billable_bytes"] == billable]
+    assert high, f"the larger quota was never billed: {ps}"
+    seconds = sum(p["to"] - p["from"] for p in high)
+    assert held - 0.5 <= seconds <= t_lowered - t_raised + 1.0, (seconds, ps)
+    assert sum(p["charged"]["micro"] for p in high) > 0
