@@ -443,6 +443,7 @@ TABLE: tuple[Setting, ...] = (
             ("GPULAB_DATASET_MODE", "launcher: bind or symlink"),
             ("GPULAB_TRIM_IMPORTS", "launcher and fork server: 0 keeps every import"),
             ("GPULAB_APP_SERVERS", "launcher: the apps' jupyter-server-proxy config (JSON)"),
+            ("GPULAB_SCRATCH", "launcher: JSON sizes of the server's own /tmp and /dev/shm"),
             ("GPULAB_REPORTER_SPOOL", "the usage reporter's spool folder"),
             ("GPULAB_COMFYUI_PREFIX", "images/comfyui: the URL prefix ComfyUI serves under"),
             ("GPULAB_UNSAFE_AUTOGRADE", "nbgrader in a server: 1 lets staff autograde anyway"),

@@ -21,7 +21,7 @@ from harness import FAST_BILLING_ENV, PASSWORD, REPO, SLOW, Hub, approved_user, 
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="homes are loop-mounted images as root")
 
-SHOTS = Path(os.environ.get("GPULAB_SHOTS_DIR", REPO / "artifacts" / "screenshots"))
+SHOTS = Path(os.environ.get("GPULAB_SCREENSHOTS", REPO / "artifacts" / "screenshots"))
 MiB = 2**20
 
 FILL_TO_THE_BYTE = """
