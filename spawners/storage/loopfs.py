@@ -189,6 +189,15 @@ def _libc() -> ctypes.CDLL:
     return c
 
 
+def _detach(dev: str) -> None:
+    """Detach a loop device, quietly (it may be gone already); found on sbin whatever PATH is."""
+    exe = shutil.which("losetup", path=_SBIN) or "losetup"
+    try:
+        subprocess.run([exe, "-d", dev], capture_output=True, check=False, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        pass
+
+
 def _run(*cmd: str, timeout: float = 600) -> str:
     exe = shutil.which(cmd[0], path=_SBIN) or cmd[0]
     try:
@@ -215,9 +224,7 @@ def unmount_below(folder: str | os.PathLike) -> list[str]:
     for entry in Path("/sys/block").glob("loop*"):
         backing = loop_backing_file(entry.name)
         if backing and backing.startswith(top):
-            subprocess.run(
-                ["losetup", "-d", f"/dev/{entry.name}"], capture_output=True, check=False
-            )
+            _detach(f"/dev/{entry.name}")
     return done
 
 
@@ -493,7 +500,7 @@ class ImageHomes:
             log.info("Home %s: copied %d entries of its plain folder into its image", name, n)
         finally:
             c.umount2(str(staging).encode(), UMOUNT_NOFOLLOW)
-            subprocess.run(["losetup", "-d", dev], capture_output=True, check=False)
+            _detach(dev)
             os.rmdir(staging)
 
     def _remove_old_folder(self, homes_fd: int, name: str) -> None:
@@ -518,7 +525,7 @@ class ImageHomes:
         _mount_fd(_libc(), dev, target)
         if not devices:
             # Detach when the last mount of it goes (lazy: the kernel keeps it while mounted).
-            subprocess.run(["losetup", "-d", dev], capture_output=True, check=False)
+            _detach(dev)
         log.info("Home %s: mounted %s from %s", name, self.path(name), dev)
 
     def _settle(self, name: str) -> None:
@@ -533,7 +540,7 @@ class ImageHomes:
             _mount_fd(c, dev, os.open(staging, O_PATH | _DIR))
             c.umount2(str(staging).encode(), UMOUNT_NOFOLLOW)
         finally:
-            subprocess.run(["losetup", "-d", dev], capture_output=True, check=False)
+            _detach(dev)
             os.rmdir(staging)
 
     def _own_top(self, name: str, uid: int | None, gid: int | None) -> None:
@@ -764,7 +771,7 @@ def can_loop_mount(scratch: Path) -> str:
         return str(e)
     finally:
         if dev:
-            subprocess.run(["losetup", "-d", dev], capture_output=True, check=False)
+            _detach(dev)
         image.unlink(missing_ok=True)
         try:
             point.rmdir()
