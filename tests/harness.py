@@ -9,6 +9,7 @@ from __future__ import annotations
 import http.cookiejar
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -16,6 +17,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterable
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -175,6 +177,21 @@ def passable_for_accounts(path: Path) -> None:
         mode = folder.stat().st_mode & 0o777
         if not mode & 0o001:
             folder.chmod(mode | 0o011)
+
+
+def catalog_with(out: Path, base: Path | None = None, **keys: Any) -> Path:
+    """A copy of a catalog (the shipped one unless ``base``) written to ``out`` (a folder: its
+    catalog.toml; or a file path) with each ``key = value`` line set: keys that stand once in the
+    file (``free_gb``, ``tmp_gb``, ``keep_days``, ``trial_credit``...), values as Python numbers,
+    strings or lists (written as TOML)."""
+    text = (base or REPO / "catalog" / "catalog.toml").read_text()
+    for key, value in keys.items():
+        toml = str(value) if isinstance(value, Decimal) else json.dumps(value)
+        text, n = re.subn(rf"(?m)^{key} = .*$", f"{key} = {toml}", text, count=2)
+        assert n == 1, f"{key} stands {n} times in the catalog"
+    path = out / "catalog.toml" if out.is_dir() else out
+    path.write_text(text)
+    return path
 
 
 def write_in_home(home: Path, relative: str, text: str) -> Path:

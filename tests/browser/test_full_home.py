@@ -17,7 +17,16 @@ from pathlib import Path
 
 import pytest
 import requests
-from harness import FAST_BILLING_ENV, PASSWORD, REPO, SLOW, Hub, approved_user, browser_log_in
+from harness import (
+    FAST_BILLING_ENV,
+    PASSWORD,
+    REPO,
+    SLOW,
+    Hub,
+    approved_user,
+    browser_log_in,
+    catalog_with,
+)
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="homes are loop-mounted images as root")
 
@@ -56,13 +65,8 @@ print(json.dumps({"steps": steps, "tiny": tiny, "tiny_files": n, "bavail": v.f_b
 
 
 def full_catalog(folder: Path) -> Path:
-    text = (REPO / "catalog" / "catalog.toml").read_text()
-    for old, new in (("free_gb = 50\n", "free_gb = 0.0625\n"), ("max_gb = 500\n", "max_gb = 1\n")):
-        assert text.count(old) == 1, old
-        text = text.replace(old, new)
-    path = folder / "catalog.toml"
-    path.write_text(text)
-    return path
+    """The shipped catalog with a 64 MiB free home."""
+    return catalog_with(folder, free_gb=0.0625, max_gb=1)
 
 
 def test_a_home_full_to_the_byte_still_opens_jupyterlab(hub_factory, tmp_path, browser) -> None:

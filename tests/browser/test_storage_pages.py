@@ -23,12 +23,12 @@ import pytest
 from harness import (
     FAST_BILLING_ENV,
     PASSWORD,
-    REPO,
     SLOW,
     Hub,
     WebSession,
     approved_user,
     browser_log_in,
+    catalog_with,
     wait_for,
 )
 
@@ -45,14 +45,7 @@ def shot(page, name: str) -> None:
 
 def tiny_catalog(folder: Path) -> Path:
     """The shipped catalog with a 64 MiB free home (tests fill it in seconds), CNY 2 per GB-day."""
-    text = (REPO / "catalog" / "catalog.toml").read_text()
-    text = text.replace("free_gb = 50\n", "free_gb = 0.0625\n").replace(
-        "max_gb = 500\n", "max_gb = 4\n"
-    )
-    text = text.replace('price_per_gb_day = "0.01"', 'price_per_gb_day = "2.00"')
-    assert "free_gb = 0.0625" in text and '"2.00"' in text
-    (folder / "catalog.toml").write_text(text)
-    return folder / "catalog.toml"
+    return catalog_with(folder, free_gb=0.0625, max_gb=4, price_per_gb_day="2.00")
 
 
 @pytest.fixture(scope="module")

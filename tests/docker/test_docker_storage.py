@@ -6,12 +6,11 @@ container; files of an older named volume move into the bounded home once."""
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
 import pytest
 from docker_helpers import LABEL_HUB, container_of, hub_id, start_docker_hub
-from harness import Hub
+from harness import Hub, catalog_with
 
 from gpulab.spawners.storage.loopfs import can_loop_mount
 
@@ -36,15 +35,14 @@ except OSError as e:
 
 @pytest.fixture(scope="module")
 def small_catalog(catalog: Path) -> Path:
-    text = catalog.read_text()
-    for key, value in (("free_gb", "0.0625"), ("max_gb", "1"), ("tmp_gb", "0.03125")):
-        text, n = re.subn(rf"(?m)^{key} = .*$", f"{key} = {value}", text, count=1)
-        assert n == 1, key
-    text, n = re.subn(r"(?m)^shm_gb = .*$", "shm_gb = 0.0625", text, count=1)
-    assert n == 1
-    path = catalog.with_name("small-storage.toml")
-    path.write_text(text)
-    return path
+    return catalog_with(
+        catalog.with_name("small-storage.toml"),
+        catalog,
+        free_gb=0.0625,
+        max_gb=1,
+        tmp_gb=0.03125,
+        shm_gb=0.0625,
+    )
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,16 @@ from decimal import Decimal
 
 import pytest
 from billing.client import Billing, user_token
-from harness import FAST_BILLING_ENV, PASSWORD, REPO, Hub, approved_user, browser_log_in, wait_for
+from harness import (
+    FAST_BILLING_ENV,
+    PASSWORD,
+    REPO,
+    Hub,
+    approved_user,
+    browser_log_in,
+    catalog_with,
+    wait_for,
+)
 
 from gpulab.billing_service.rating import GIB, US_PER_DAY, round_div
 
@@ -41,14 +50,9 @@ SHOTS = REPO / "artifacts" / "screenshots"
 
 
 def tiny_catalog(folder):
-    text = (REPO / "catalog" / "catalog.toml").read_text()
-    text = text.replace("free_gb = 50\n", f"free_gb = {FREE_GB}\n")
-    text = text.replace("max_gb = 500\n", f"max_gb = {MAX_GB}\n")
-    text = text.replace('price_per_gb_day = "0.01"', f'price_per_gb_day = "{PRICE}"')
-    assert f"free_gb = {FREE_GB}" in text and f'"{PRICE}"' in text
-    path = folder / "catalog.toml"
-    path.write_text(text)
-    return path
+    return catalog_with(
+        folder, free_gb=Decimal(FREE_GB), max_gb=Decimal(MAX_GB), price_per_gb_day=PRICE
+    )
 
 
 @pytest.fixture(scope="module")

@@ -27,11 +27,11 @@ from course_helpers import token_for
 from harness import (
     FAST_BILLING_ENV,
     PASSWORD,
-    REPO,
     Hub,
     WebSession,
     admin_web,
     approved_user,
+    catalog_with,
     wait_for,
 )
 
@@ -45,15 +45,13 @@ TRIAL = "1.00"
 
 def tiny_catalog(folder) -> object:
     """The shipped catalog with a tiny home, a high storage price and a small trial credit."""
-    text = (REPO / "catalog" / "catalog.toml").read_text()
-    text = text.replace("free_gb = 50\n", f"free_gb = {FREE_GB}\n")
-    text = text.replace("max_gb = 500\n", f"max_gb = {MAX_GB}\n")
-    text = text.replace('price_per_gb_day = "0.01"', f'price_per_gb_day = "{PRICE}"')
-    text = text.replace('trial_credit = "10.00"', f'trial_credit = "{TRIAL}"')
-    assert text.count(FREE_GB) == 1 and f'"{PRICE}"' in text and f'"{TRIAL}"' in text
-    path = folder / "catalog.toml"
-    path.write_text(text)
-    return path
+    return catalog_with(
+        folder,
+        free_gb=Decimal(FREE_GB),
+        max_gb=Decimal(MAX_GB),
+        price_per_gb_day=PRICE,
+        trial_credit=TRIAL,
+    )
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from harness import REPO, Hub, wait_for, write_in_home
+from harness import Hub, catalog_with, wait_for, write_in_home
 
 DAY = 86400.0
 KIND = "storage-release"
@@ -23,13 +23,7 @@ KIND = "storage-release"
 
 def keeper_catalog(folder: Path) -> Path:
     """The shipped catalog with homes kept 3 days after last use, warned 2 and 1 days before."""
-    text = (REPO / "catalog" / "catalog.toml").read_text()
-    text = text.replace("keep_days = 90\n", "keep_days = 3\n")
-    text = text.replace("warn_days = [14, 3]\n", "warn_days = [2, 1]\n")
-    assert "keep_days = 3\n" in text and "warn_days = [2, 1]\n" in text
-    path = folder / "catalog.toml"
-    path.write_text(text)
-    return path
+    return catalog_with(folder, keep_days=3, warn_days=[2, 1])
 
 
 class Clock:

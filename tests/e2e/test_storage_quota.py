@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from billing.client import Billing
-from harness import FAST_BILLING_ENV, REPO, Hub, passable_for_accounts
+from harness import FAST_BILLING_ENV, Hub, catalog_with, passable_for_accounts
 
 from gpulab.catalog.models import Storage
 from gpulab.spawners.storage import loopfs
@@ -229,18 +229,7 @@ def test_a_home_mounted_elsewhere_cannot_be_shrunk_and_a_free_one_can(store, tmp
 
 def quota_catalog(folder: Path) -> Path:
     """The shipped catalog with a 64 MiB home and 32 MiB of /tmp and of /dev/shm."""
-    text = (REPO / "catalog" / "catalog.toml").read_text()
-    for old, new in (
-        ("free_gb = 50\n", "free_gb = 0.0625\n"),
-        ("max_gb = 500\n", "max_gb = 0.25\n"),
-        ("tmp_gb = 10\n", "tmp_gb = 0.03125\n"),
-        ("shm_gb = 2\n", "shm_gb = 0.03125\n"),
-    ):
-        assert text.count(old) == 1, old
-        text = text.replace(old, new)
-    path = folder / "catalog.toml"
-    path.write_text(text)
-    return path
+    return catalog_with(folder, free_gb=0.0625, max_gb=0.25, tmp_gb=0.03125, shm_gb=0.03125)
 
 
 @pytest.fixture(scope="module")

@@ -22,12 +22,13 @@ import os
 import socket
 import time
 import uuid
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
 import requests
 from course_helpers import token_for
-from harness import PASSWORD, REPO, Hub, WebSession, approved_user, wait_for
+from harness import PASSWORD, Hub, WebSession, approved_user, catalog_with, wait_for
 
 MiB = 2**20
 FREE_GB = "0.0625"  # 64 MiB
@@ -37,11 +38,7 @@ REFUSED = (403, 404)
 
 
 def small_catalog(folder: Path) -> Path:
-    text = (REPO / "catalog" / "catalog.toml").read_text()
-    assert text.count("free_gb = 50\n") == 1
-    path = folder / "catalog.toml"
-    path.write_text(text.replace("free_gb = 50\n", f"free_gb = {FREE_GB}\n"))
-    return path
+    return catalog_with(folder, free_gb=Decimal(FREE_GB))
 
 
 @pytest.fixture(scope="module")

@@ -4,11 +4,10 @@ shared home on a filesystem without CephFS quotas gets none and the hub says so.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
-from harness import Hub
+from harness import Hub, catalog_with
 from swarm_helpers import (
     SwarmCluster,
     remove_hub_services,
@@ -39,13 +38,9 @@ except OSError as e:
 
 @pytest.fixture(scope="module")
 def small_catalog(catalog: Path) -> Path:
-    text = catalog.read_text()
-    for key, value in (("tmp_gb", "0.03125"), ("shm_gb", "0.0625")):
-        text, n = re.subn(rf"(?m)^{key} = .*$", f"{key} = {value}", text, count=1)
-        assert n == 1, key
-    path = catalog.with_name("swarm-small-storage.toml")
-    path.write_text(text)
-    return path
+    return catalog_with(
+        catalog.with_name("swarm-small-storage.toml"), catalog, tmp_gb=0.03125, shm_gb=0.0625
+    )
 
 
 @pytest.fixture(scope="module")
