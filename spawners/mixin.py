@@ -39,7 +39,7 @@ from gpulab.spawners.node.procs import ENV_ALLOC, ENV_HUB
 from gpulab.spawners.options import OptionsError, ServerOptions, options_from_form, parse_options
 from gpulab.spawners.request import CourseSeat, SpawnRequest, make_request, take
 from gpulab.spawners.storage.datasets import is_private
-from gpulab.spawners.storage.homes import StorageError
+from gpulab.spawners.storage.homes import StorageError, home_name
 
 
 class SpawnError(web.HTTPError):
@@ -579,8 +579,6 @@ class GpuSpawnerMixin(AppServersMixin, HasTraits):
         raise NotImplementedError
 
     def user_home_name(self) -> str:
-        """The user name made safe as one path component."""
-        out = []
-        for ch in self.user.name:
-            out.append(ch if ch.isascii() and (ch.isalnum() or ch in "_-") else f"-{ord(ch):x}-")
-        return "".join(out)
+        """The user name made safe as one path component, never another user's (one rule for
+        every spawner and the hub: :func:`gpulab.spawners.storage.homes.home_name`)."""
+        return home_name(self.user.name)

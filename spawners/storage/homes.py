@@ -66,12 +66,38 @@ class HomeUsage:
         return out
 
 
+# An escape as home_name writes it: a character's code point in lowercase hex between dashes.
+_ESCAPE = re.compile(r"-[0-9a-f]+-")
+_PLAIN = re.compile(r"[A-Za-z0-9_-]+")
+
+
 def home_name(user_name: str) -> str:
-    """A user name made safe as one path component (the spawners' ``user_home_name``)."""
-    out = []
-    for ch in user_name:
-        out.append(ch if ch.isascii() and (ch.isalnum() or ch in "_-") else f"-{ord(ch):x}-")
-    return "".join(out)
+    """A user name made safe as one path component, and never another user's (issue 23).
+
+    Every per-user path and key (``users/NAME``, its image, uploads, private datasets, quota,
+    keeper record, server log, exchange folder) goes through this one rule; the spawners'
+    ``user_home_name`` calls it. A name of letters, digits, ``_`` and ``-`` holding no escape
+    (``-hex-``) is used as it is (``alice``, ``fay-z``). Every other name has each character
+    outside ``[A-Za-z0-9_]``, ``-`` included, written as ``-hex-`` (``fay.z`` -> ``fay-2e-z``,
+    ``fay-2e-z`` -> ``fay-2d-2e-2d-z``). Injective: a plain name holds no escape and an escaped
+    one always does, and in an escaped one every ``-`` opens or closes an escape, so it reads
+    back one way only. (The old rule kept a literal ``-`` everywhere: ``fay.z`` and ``fay-2e-z``
+    shared one home.) Names the old rule wrote differently are adopted by the local spawner
+    (:func:`legacy_home_name`)."""
+    if _PLAIN.fullmatch(user_name) and not _ESCAPE.search(user_name):
+        return user_name
+    return "".join(
+        ch if ch.isascii() and (ch.isalnum() or ch == "_") else f"-{ord(ch):x}-" for ch in user_name
+    )
+
+
+def legacy_home_name(user_name: str) -> str:
+    """The home name the old, non-injective rule gave ``user_name`` (a literal ``-`` kept):
+    where a home made before issue 23's fix may still lie."""
+    return "".join(
+        ch if ch.isascii() and (ch.isalnum() or ch in "_-") else f"-{ord(ch):x}-"
+        for ch in user_name
+    )
 
 
 def walk_usage(root: Path) -> tuple[int, int]:

@@ -1,0 +1,80 @@
+"""One injective home-name rule (issue 23, red team): two user names never share one home.
+
+The old rule kept a literal ``-`` and wrote other characters as ``-hex-``, so ``fay.z`` and
+``fay-2e-z`` both got home ``fay-2e-z`` (with its image, uploads, private datasets, quota, keeper
+record and server log). These tests fail on that rule.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from types import SimpleNamespace
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpulab.spawners.mixin import GpuSpawnerMixin
+from gpulab.spawners.storage.homes import home_name, legacy_home_name
+
+SAFE = re.compile(r"[A-Za-z0-9_-]+")
+
+# Names as sign-up takes them (hub_config/courses/roster.py USERNAME_RE), biased to the
+# characters that make escapes, and any text an authenticator might hand the hub.
+signup_names = st.from_regex(r"[a-z0-9][a-z0-9._-]{0,62}", fullmatch=True)
+tricky = st.text(alphabet="-.2e0abcdfz_@", min_size=1, max_size=16)
+any_names = st.text(min_size=1, max_size=40)
+
+
+def test_the_reported_pair_gets_two_homes():
+    """Red team: ``fay.z`` and ``fay-2e-z`` (likewise ``dave.x``/``dave-2e-x``) shared a home."""
+    assert home_name("fay.z") != home_name("fay-2e-z")
+    assert home_name("dave.x") != home_name("dave-2e-x")
+
+
+def test_plain_names_keep_their_homes():
+    """Names the old rule wrote without an escape, and names without a ``-``, keep the home
+    they had: no move for them."""
+    for name in ("alice", "fay-z", "John_Doe", "jo-ann-smith", "fay.z", "x@y.com"):
+        assert home_name(name) == legacy_home_name(name)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.one_of(signup_names, tricky, any_names), min_size=2, max_size=30, unique=True))
+def test_distinct_names_get_distinct_homes(names):
+    homes = {home_name(n) for n in names}
+    assert len(homes) == len(names), {n: home_name(n) for n in names}
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.one_of(signup_names, tricky, any_names))
+def test_nobody_can_sign_up_as_anothers_home(name):
+    """The attack: take as your user name the home name another name is given (``fay-2e-z`` for
+    ``fay.z``). That twin must get a home of its own."""
+    twin = home_name(name)
+    if twin != name:
+        assert home_name(twin) != home_name(name)
+    old_twin = legacy_home_name(name)
+    if old_twin != name:
+        assert home_name(old_twin) != home_name(name)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.one_of(signup_names, tricky, any_names))
+def test_each_home_name_is_one_safe_path_component(name):
+    got = home_name(name)
+    assert SAFE.fullmatch(got), got
+    assert got not in (".", "..") and os.sep not in got and not got.startswith(".")
+
+
+@settings(max_examples=400, deadline=None)
+@given(signup_names)
+def test_signup_names_fit_a_file_name(name):
+    # users/NAME, storage/images/NAME.img, logs/NAME-SERVER.log: well below 255 bytes.
+    assert len(home_name(name).encode()) <= 255 - len(".img")
+
+
+@given(any_names)
+def test_the_spawners_use_the_same_rule(name):
+    spawner = SimpleNamespace(user=SimpleNamespace(name=name))
+    assert GpuSpawnerMixin.user_home_name(spawner) == home_name(name)
