@@ -1,0 +1,107 @@
+"""Two user names never share one home (issue 23, red team finding on the home name).
+
+The old rule wrote a disallowed character as ``-hex-`` but kept a literal ``-``, so ``fay.z`` and
+``fay-2e-z`` (both allowed names) got the same home and with it the same image, upload folder,
+private datasets, quota, keeper record and server log. Reproduced on a real hub:
+
+- an attacker signs up as ``fay-2e-z``, plants ``~/.ipython/profile_default/startup/00-x.py``
+  and stops; the victim ``fay.z`` starts: the attacker's code runs in the victim's kernel;
+- the other order: the attacker's start (or upload, with no server) hands the victim's running
+  home to the attacker's account, and the victim's kernel gets Permission denied;
+- each lists the other's pending uploads.
+
+Points of issue 23 covered: "Your own datasets ... uploading large files" (uploads stay one's
+own) and the threat model (another user's files). Each test here failed on the old rule.
+"""
+
+from __future__ import annotations
+
+import os
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+from harness import Hub, catalog_with
+
+from gpulab.spawners.storage.homes import home_name
+
+VICTIM, ATTACKER = "fay.z", "fay-2e-z"
+PLANTED = "~/.ipython/profile_default/startup/00-x.py"
+
+
+@pytest.fixture(scope="module")
+def nhub(module_hub_factory, tmp_path_factory) -> Hub:
+    folder = tmp_path_factory.mktemp("home-names-catalog")
+    return module_hub_factory(
+        "home-names",
+        simulate="RTX-4090:1",
+        catalog=catalog_with(folder, free_gb=Decimal("0.0625")),
+    )
+
+
+def pending(hub: Hub, name: str) -> list[dict]:
+    r = hub.api("GET", f"/users/{name}/uploads")
+    assert r.status_code == 200, r.text
+    return r.json()["uploads"]
+
+
+def test_a_name_spelling_anothers_home_gets_a_home_of_its_own(nhub: Hub) -> None:
+    """``fay-2e-z`` (the attacker) and ``fay.z`` (the victim): the attacker's planted IPython
+    startup file is not in the victim's home and does not run in the victim's kernel; the
+    attacker's later start leaves the victim's running home the victim's (it still writes);
+    neither sees the other's files, pending uploads or server log. On the old rule all of
+    these were one home."""
+    for name in (VICTIM, ATTACKER):
+        assert nhub.create_user(name) == name
+    assert nhub.api("GET", f"/users/{VICTIM}").status_code == 200
+
+    # The attacker plants code where IPython runs it at every kernel start, open to all.
+    nhub.spawn_ready(ATTACKER, {"gpu": "none"})
+    with nhub.kernel(ATTACKER) as k:
+        k.execute(
+            "import os, pathlib\n"
+            f"p = pathlib.Path(os.path.expanduser({PLANTED!r}))\n"
+            "p.parent.mkdir(parents=True, exist_ok=True)\n"
+            "p.write_text('PWNED = open(os.path.expanduser(\"~/owner\")).read()')\n"
+            "for d in [p, *p.parents][:4]: os.chmod(d, 0o777)\n"
+            "open(os.path.expanduser('~/owner'), 'w').write('attacker')\n"
+        )
+    r = nhub.api("POST", f"/users/{ATTACKER}/uploads", json={"path": "drop.bin", "size": 10})
+    assert r.status_code == 201, r.text
+    attackers_upload = r.json()["id"]
+    nhub.stop_server(ATTACKER)
+
+    # The victim starts: a home of their own, nothing of the attacker's in it.
+    nhub.spawn_ready(VICTIM, {"gpu": "none"})
+    with nhub.kernel(VICTIM) as k:
+        planted = k.execute(f"import os; print(os.path.exists(os.path.expanduser({PLANTED!r})))")
+        assert planted.strip() == "False"
+        ran = k.execute("print('PWNED' in dir())")
+        assert ran.strip() == "False"
+        victim_home = k.execute("import os; print(os.path.expanduser('~'))").strip()
+        k.execute("open('mine.txt', 'w').write('victim')")
+        assert attackers_upload not in [u["id"] for u in pending(nhub, VICTIM)]
+
+        # The attacker starts again while the victim works: the victim's home stays theirs.
+        nhub.spawn_ready(ATTACKER, {"gpu": "none"})
+        with nhub.kernel(ATTACKER) as ka:
+            attacker_home = ka.execute("import os; print(os.path.expanduser('~'))").strip()
+            seen = ka.execute(f"import os; print(os.path.exists({victim_home + '/mine.txt'!r}))")
+            assert seen.strip() == "False"
+        assert attacker_home != victim_home
+        r = nhub.api("POST", f"/users/{VICTIM}/uploads", json={"path": "v.bin", "size": 10})
+        assert r.status_code == 201, r.text
+        assert r.json()["id"] not in [u["id"] for u in pending(nhub, ATTACKER)]
+        # No Permission denied for the victim after all that.
+        again = k.execute("print(open('after.txt', 'w').write('still mine'))")
+        assert again.strip() == "10"
+    nhub.stop_server(VICTIM)
+    nhub.stop_server(ATTACKER)
+
+    homes = nhub.data_dir / "users"
+    victims, attackers = homes / home_name(VICTIM), homes / home_name(ATTACKER)
+    assert Path(victim_home) == victims and Path(attacker_home) == attackers
+    assert os.stat(victims).st_uid != os.stat(attackers).st_uid or os.geteuid() != 0
+    logs = nhub.data_dir / "logs"
+    assert (logs / f"{home_name(VICTIM)}.log").exists()
+    assert (logs / f"{home_name(ATTACKER)}.log").exists()
