@@ -52,7 +52,7 @@ from gpulab.billing_service.models import (
     Reservation,
     ServerSession,
 )
-from gpulab.billing_service.rating import PriceBook
+from gpulab.billing_service.rating import PriceBook, format_money
 from gpulab.catalog import load_catalog
 
 MONDAY = datetime(2026, 6, 1, tzinfo=UTC).timestamp()
@@ -330,6 +330,7 @@ def test_the_statement_page_shows_each_part(sqlite_engine) -> None:
             name=user,
             usage=u,
             chart=bar_chart(u["daily"], u["currency"], u["time_zone"]),
+            spend_total=format_money(sum(d["micro"] for d in u["daily"])),
             balance=bal,
             overview=None,
             rows=statements.page_rows(u, [], MONDAY + 3 * HOUR, open_end=False),
