@@ -41,7 +41,16 @@ SCRATCH_RUNTIME = "/tmp/.gpulab-runtime"
 # A home with less room than this at start counts as full (its JupyterLab layout goes to scratch).
 FULL_HOME_BYTES = 2**20
 
+# Every folder of the host anyone may write into (``find / -xdev -type d -perm -0002``; /var/lock
+# is a link to /run/lock): each server and each grading sandbox gets its own, private and bounded,
+# in its mount namespace. One list for both (the grader imports it from here).
+SHARED_WRITABLE = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
+# Where, in the server's own /tmp tmpfs, the other shared folders' private copies live (so they
+# share its size and are wiped with it).
+SCRATCH_SHARED = "/tmp/.gpulab-shared"
+
 CLONE_NEWNS = 0x00020000
+CLONE_NEWIPC = 0x08000000
 MS_RDONLY = 0x1
 MS_NOSUID = 0x2
 MS_NODEV = 0x4
@@ -389,20 +398,22 @@ def private_scratch(env: dict[str, str]) -> None:
     Also detaches, in this namespace only, every other home mounted below the homes folder: a
     server never holds another user's home (which could then not be taken offline), and the
     folders the server needs that lived under the old ``/tmp`` (``keep``: the data dir, where a
-    test puts it there) are bound back at their paths. Runs as root, before the sandbox."""
+    test puts it there) are bound back at their paths. The host's other world-writable folders
+    (/var/tmp, /run/lock) become folders of this /tmp (:func:`private_shared_folders`) and the
+    server gets its own IPC namespace (:func:`private_ipc`). Runs as root, before the sandbox."""
     raw = env.get(ENV_SCRATCH)
     if not raw or os.geteuid() != 0:
         return
     spec = json.loads(raw)
     c = libc()
     enter_private_mounts(c)
+    # Its own SysV IPC and POSIX message queues: segments die with the server, and other
+    # tenants' (and the host's) are out of sight.
+    private_ipc(c)
     home = os.path.realpath(_home(env))
     homes = spec.get("homes")
     if homes:
-        top = os.path.realpath(homes).rstrip("/") + "/"
-        for point in reversed(_mount_points()):
-            if point.startswith(top) and point != home and not point.startswith(home + "/"):
-                c.umount2(point.encode(), MNT_DETACH)
+        detach_mounts_below(c, homes, keep=[home])
     flags = MS_NOSUID | MS_NODEV
     for target, size in (("/tmp", spec["tmp"]), ("/dev/shm", spec["shm"])):
         keep = [k for k in spec.get("keep", []) if _below(os.path.realpath(k), target)]
@@ -415,6 +426,7 @@ def private_scratch(env: dict[str, str]) -> None:
         finally:
             if old is not None:
                 os.close(old)
+    private_shared_folders(c)
     os.environ["JUPYTER_RUNTIME_DIR"] = SCRATCH_RUNTIME
     try:
         v = os.statvfs(home)
@@ -425,6 +437,50 @@ def private_scratch(env: dict[str, str]) -> None:
         # JupyterLab saves its layout (a workspace) on every change: on a full home that is an
         # error on the page, so this session keeps it in scratch (the home's own stays as is).
         os.environ["JUPYTERLAB_WORKSPACES_DIR"] = f"{SCRATCH_RUNTIME}/workspaces"
+
+
+def private_ipc(c: ctypes.CDLL) -> None:
+    """Enter an IPC namespace of this server's own (SysV shared memory, semaphores, message
+    queues; POSIX message queues): what the user makes there is freed by the kernel when the
+    server's last process ends, and no other tenant's is visible. Where ``/dev/mqueue`` exists it
+    shows this namespace's queues (the mount is in the private mount namespace)."""
+    _check(c.unshare(CLONE_NEWIPC), "unshare(CLONE_NEWIPC)")
+    if os.path.isdir("/dev/mqueue") and not os.path.islink("/dev/mqueue"):
+        flags = MS_NOSUID | MS_NODEV | MS_NOEXEC
+        c.mount(b"mqueue", b"/dev/mqueue", b"mqueue", flags, None)  # best effort: a view only
+
+
+def private_shared_folders(c: ctypes.CDLL) -> None:
+    """Every other world-writable folder of the host (:data:`SHARED_WRITABLE` beyond /tmp and
+    /dev/shm, which have tmpfs of their own) becomes a folder of the server's own /tmp: bounded
+    by its size, wiped at stop, and out of other tenants' reach. Runs after /tmp is mounted."""
+    made = False
+    for folder in SHARED_WRITABLE:
+        if folder in ("/tmp", "/dev/shm") or not os.path.isdir(folder) or os.path.islink(folder):
+            continue
+        if not made:
+            os.mkdir(SCRATCH_SHARED, 0o700)  # reached only through the folders bound below
+            made = True
+        private = os.path.join(SCRATCH_SHARED, folder.strip("/").replace("/", "-"))
+        os.mkdir(private)
+        os.chmod(private, 0o1777)
+        what = f"bind a private {folder}"
+        _check(c.mount(private.encode(), folder.encode(), None, MS_BIND, None), what)
+
+
+def detach_mounts_below(c: ctypes.CDLL, folder: str, keep: list[str]) -> None:
+    """Detach, in this mount namespace only, every mount below ``folder`` (other users' homes,
+    their datasets) except those on the way to or inside a path of ``keep``: a server or a
+    grading job then never pins a home it has no business with (its quota change or release
+    would answer "in use")."""
+    top = os.path.realpath(folder).rstrip("/") + "/"
+    kept = [os.path.realpath(k).rstrip("/") for k in keep]
+    for point in reversed(_mount_points()):
+        if not point.startswith(top):
+            continue
+        if any(_below(point, k) or _below(k, point) for k in kept):
+            continue
+        c.umount2(point.encode(), MNT_DETACH)
 
 
 def _below(path: str, folder: str) -> bool:

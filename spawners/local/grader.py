@@ -11,8 +11,9 @@ steps, each under the account that owns what it touches (the hub runs as root):
    student's grades, no other assignment's hidden tests), as a tar on stdout.
 2. **sandbox**, as a throwaway uid that no account owns (a fresh one per submission): root
    unpacks the tar into a fresh folder of its own (regular files and folders only), joins a
-   fresh cgroup, enters new network, mount and pid namespaces (``unshare``; loopback only, so
-   127.0.0.1 is not the host's; private ``/tmp``, ``/var/tmp``, ``/dev/shm``), drops to the
+   fresh cgroup, enters new network, mount, IPC and pid namespaces (``unshare``; loopback only,
+   so 127.0.0.1 is not the host's; private ``/tmp``, ``/var/tmp``, ``/dev/shm``, ``/run/lock``;
+   every user's home below the data dir detached, so no home is pinned), drops to the
    throwaway uid and runs the real ``nbgrader autograde``. A wall-clock limit ends it; then the
    whole cgroup is killed, detached processes included. Root reads back only the executed
    notebooks, opening each with ``O_NOFOLLOW`` under a folder fd, and removes the folder.
@@ -48,6 +49,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpulab.spawners.inside.launcher import SHARED_WRITABLE, detach_mounts_below, libc
 from gpulab.spawners.local.accounts import Account
 from gpulab.spawners.local.cgroup import CgroupError, Cgroups, Limits
 
@@ -56,8 +58,6 @@ SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 # Where the teacher's import step puts the sandbox's executed notebooks, in the course folder.
 HANDOFF = "gpulab-sandboxed"
 CGROUP_PARENT = "gpulab-grading"
-# Folders anyone may write into, made private (tmpfs) inside the sandbox's mount namespace.
-SHARED_WRITABLE = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
 # Where the submission's folder appears inside the sandbox (bound into its private /tmp).
 SANDBOX_WORK = "/tmp/gpulab-grading"
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_BIND, MS_REMOUNT = 0x1, 0x2, 0x4, 0x1000, 0x20
@@ -102,6 +102,9 @@ class SandboxSettings:
     pids: int | None = 256
     max_bytes: int = 200 << 20
     uid: int = 0  # the throwaway uid (no account has it)
+    # Folder whose mounts (users' homes, datasets) the sandbox's namespace detaches; "" for the
+    # data dir that holds the grading scratch (``DATA/courses/grading/JOB``).
+    data_dir: str = ""
 
 
 def _python() -> str:
@@ -263,6 +266,7 @@ def run_sandbox(
         "--procs", os.pathsep.join(group.procs_files),
         "--max-bytes", str(settings.max_bytes),
         "--time-limit", str(settings.time_limit),
+        "--private-below", settings.data_dir or _data_dir_of(work),
         assignment, student,
     )  # fmt: skip
     log = open(work.parent / f"{work.name}.log", "wb")
@@ -306,6 +310,15 @@ def run_sandbox(
                 pass
             ACTIVE.discard(name)
     return state, reason, seconds
+
+
+def _data_dir_of(work: Path) -> str:
+    """The data dir of a work folder ``DATA/courses/grading/JOB/WORK`` (see
+    :mod:`gpulab.hub_config.courses.autograde`); else the work folder's own parent."""
+    scratch = work.parent
+    if scratch.parent.name == "grading" and scratch.parent.parent.name == "courses":
+        return str(scratch.parent.parent.parent)
+    return str(scratch)
 
 
 def sweep_orphans(cgroups: Cgroups) -> list[str]:
@@ -556,8 +569,8 @@ def _bring_up_loopback() -> None:
 
 
 def _op_sandbox(
-    uid: int, work: str, procs: str, max_bytes: int, time_limit: float, assignment: str,
-    student: str,
+    uid: int, work: str, procs: str, max_bytes: int, time_limit: float, private_below: str,
+    assignment: str, student: str,
 ) -> None:  # fmt: skip
     """As root: join the cgroup, then run :func:`_op_inner` in fresh namespaces.
 
@@ -573,11 +586,11 @@ def _op_sandbox(
         raise SystemExit("gpulab: the grading sandbox needs `unshare` and `timeout`")
     argv = [
         timeout, "--signal=KILL", f"{time_limit + 10:g}",
-        unshare, "--net", "--mount", "--pid", "--kill-child", "--mount-proc",
+        unshare, "--net", "--mount", "--ipc", "--pid", "--kill-child", "--mount-proc",
         "--propagation", "private", "--",
         *_helper(
             "inner", "--uid", str(uid), "--work", work, "--max-bytes", str(max_bytes),
-            assignment, student,
+            "--private-below", private_below, assignment, student,
         ),
     ]  # fmt: skip
     os.execve(timeout, argv, dict(os.environ))
@@ -614,11 +627,17 @@ def _software_under_tmp() -> list[str]:
     return outer
 
 
-def _op_inner(uid: int, work: str, max_bytes: int, assignment: str, student: str) -> None:
-    """As root, pid 1 of the sandbox's namespaces: loopback up, private temp folders (the work
-    folder bound at :data:`SANDBOX_WORK` inside them, wherever the data dir is), then become the
-    throwaway uid and run nbgrader."""
+def _op_inner(
+    uid: int, work: str, max_bytes: int, private_below: str, assignment: str, student: str
+) -> None:
+    """As root, pid 1 of the sandbox's namespaces: loopback up, every home and dataset mounted
+    below the data dir detached (a grading job pins no user's home: their quota change or
+    release would answer "in use" until it ends), private temp folders (the work folder bound
+    at :data:`SANDBOX_WORK` inside them, wherever the data dir is), then become the throwaway
+    uid and run nbgrader."""
     _bring_up_loopback()
+    if private_below:
+        detach_mounts_below(libc(), private_below, keep=[work])
     # Held open: a tmpfs over /tmp may hide the work folder's own path.
     work_fd = os.open(work, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
     # So may it hide the software that grades (a checkout and its venv under /tmp, as CI has):
@@ -663,6 +682,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--procs", default="")
     parser.add_argument("--max-bytes", type=int, default=200 << 20)
     parser.add_argument("--time-limit", type=float, default=300.0)
+    parser.add_argument("--private-below", default="")
     parser.add_argument("args", nargs="*")
     ns = parser.parse_intermixed_args(argv)
     if ns.op == "list":
@@ -674,11 +694,13 @@ def main(argv: list[str] | None = None) -> None:
     elif ns.op == "sandbox":
         if ns.uid <= 0:
             raise SystemExit("gpulab: the sandbox needs a non-root uid")
-        _op_sandbox(ns.uid, ns.work, ns.procs, ns.max_bytes, ns.time_limit, *ns.args)
+        _op_sandbox(
+            ns.uid, ns.work, ns.procs, ns.max_bytes, ns.time_limit, ns.private_below, *ns.args
+        )
     else:
         if ns.uid <= 0:
             raise SystemExit("gpulab: the sandbox needs a non-root uid")
-        _op_inner(ns.uid, ns.work, ns.max_bytes, *ns.args)
+        _op_inner(ns.uid, ns.work, ns.max_bytes, ns.private_below, *ns.args)
 
 
 if __name__ == "__main__":
