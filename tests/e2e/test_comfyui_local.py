@@ -101,7 +101,10 @@ def test_operator_enabled_comfyui_runs_on_a_unix_socket_behind_the_hub(chub: Hub
     # socket, in a folder only the user's account can enter.
     assert not socket_inodes(ran["pid"]) & listening_tcp_inodes()
     cmdline = Path(f"/proc/{ran['pid']}/cmdline").read_bytes().split(b"\0")
-    sock = Path(cmdline[cmdline.index(b"--unix-socket") + 1].decode())
+    # The path as the server sees it: its /tmp is its own (issue 23), reached from here through
+    # the app's /proc root.
+    inside = cmdline[cmdline.index(b"--unix-socket") + 1].decode()
+    sock = Path(f"/proc/{ran['pid']}/root") / inside.lstrip("/")
     folder = sock.parent.stat()
     assert stat.S_IMODE(folder.st_mode) == 0o700 and folder.st_uid == ran["uid"]
     assert stat.S_IMODE(sock.stat().st_mode) & 0o077 == 0
