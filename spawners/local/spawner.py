@@ -49,7 +49,7 @@ from gpulab.spawners.node.pool import GpuPool
 from gpulab.spawners.options import ServerOptions
 from gpulab.spawners.request import SpawnRequest
 from gpulab.spawners.storage.datasets import is_private, mount_name
-from gpulab.spawners.storage.homes import HomeUsage, StorageError
+from gpulab.spawners.storage.homes import HomeUsage, StorageError, legacy_home_name
 
 _FORKSERVERS: dict[str, ForkServerClient] = {}
 
@@ -472,10 +472,44 @@ class GpuLocalSpawner(LocalIsolationMixin, GpuSpawnerMixin, LocalProcessSpawner)
         if Path(home) != store.path(name):
             return
         try:
+            if account is not None:
+                self.adopt_legacy_home(name, account)
             store.ensure(name, *((account.uid, account.gid) if account else (None, None)))
             self._home_usage = store.usage(name)
         except StorageError as e:
             raise SpawnError(500, f"Your home could not be prepared: {e}") from None
+
+    def adopt_legacy_home(self, name: str, account: accounts.Account) -> None:
+        """Issue 23: the old home-name rule gave two users one home. A home under this user's
+        old-rule name is theirs only if their own account owns it (the store adopts it then,
+        and the account's recorded home follows); a home under their name owned by another
+        user's account is never handed over (the old rule's shared home): the start is refused.
+        Blocking."""
+        store = self.pool.homes
+        why = store.adopt(legacy_home_name(self.user.name), name, account.uid)
+        if why:
+            self.log.warning("Home of %s: %s", self.owner, why)
+        elif account.home != str(store.path(name)) and not os.path.lexists(account.home):
+            usermod = shutil.which("usermod", path="/usr/sbin:/sbin") or "usermod"
+            subprocess.run(
+                [usermod, "--home", str(store.path(name)), account.name],
+                capture_output=True,
+                timeout=60,
+            )
+        owner = store.owner_of(name)
+        if owner in (None, 0, os.geteuid(), account.uid):
+            return
+        try:
+            other = pwd.getpwuid(owner).pw_name
+        except KeyError:
+            return
+        if other.startswith(self.account_prefix):
+            self.log.error("Home %s of %s belongs to %s: not handed over", name, self.owner, other)
+            raise SpawnError(
+                409,
+                "Your home folder belongs to another user's account (a home shared under the "
+                "old home-name rule); an administrator must look at it before it is yours.",
+            )
 
     async def stop(self, now: bool = False) -> None:
         await super().stop(now=now)

@@ -313,6 +313,67 @@ class HomeStore(LoggingConfigurable):
                 os.close(fd)
         return home
 
+    def owner_of(self, name: str) -> int | None:
+        """The uid owning the top folder of ``name``'s home (its image mounted first, without a
+        change of owner), or None when there is no home yet."""
+        if self.backend == "image" and self.images.image(name).exists():
+            self.ensure(name)
+        try:
+            st = os.lstat(self.path(name))
+        except FileNotFoundError:
+            return None
+        return st.st_uid if stat.S_ISDIR(st.st_mode) else None
+
+    def adopt(self, old: str, new: str, uid: int) -> str | None:
+        """Give the home made under the old home-name rule (``old``: a plain folder
+        ``users/OLD`` or an image ``storage/images/OLD.img``) the name ``new``, with its quota
+        and private datasets, when its top folder belongs to ``uid`` (the user's own account:
+        account names are injective, the old home names were not). Renames only, inside the
+        hub's own folders, never through a link; nothing is overwritten. Returns why a home
+        found was left where it is (the caller logs it), or None (adopted, or nothing to adopt).
+        StorageError 409 when the old home is in use by a running server."""
+        if old == new or not _PLAIN.fullmatch(old) or not _PLAIN.fullmatch(new):
+            return None
+        is_image = self.backend == "image" and self.images.image(old).exists()
+        if not is_image and not os.path.lexists(self.path(old)):
+            return None
+        with self._lock:
+            if os.path.lexists(self.path(new)) or (
+                self.backend == "image" and self.images.image(new).exists()
+            ):
+                return f"home {old} (old rule) left: {new} exists already"
+            try:
+                owner = self.owner_of(old)
+            except (StorageError, OSError) as e:
+                return f"home {old} (old rule) left: {e}"
+            if owner != uid:
+                return f"home {old} (old rule) left: owned by uid {owner}, not {uid}"
+            try:
+                if is_image:
+                    self.images.unmount(old)
+                    os.rename(self.images.image(old), self.images.image(new))
+                    os.rmdir(self.path(old))  # the empty mount point
+                else:
+                    os.rename(self.path(old), self.path(new))
+            except ImageError as e:
+                raise StorageError(f"home: {e}", field="home", status=e.status) from None
+            except OSError as e:
+                return f"home {old} (old rule) left: {e}"
+            quotas = self._quotas()
+            if old in quotas:
+                quotas[new] = quotas.pop(old)
+                self._write_quotas(quotas)
+            datasets = self.data_dir / "user-datasets"
+            try:
+                if not os.path.lexists(datasets / new):
+                    os.rename(datasets / old, datasets / new)
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                self.log.warning("Private datasets of %s left at %s: %s", new, old, e)
+        self.log.info("Home %s (old home-name rule) adopted as %s", old, new)
+        return None
+
     def names(self) -> list[str]:
         """Every home on this node."""
         try:

@@ -9,13 +9,22 @@ from __future__ import annotations
 
 import os
 import re
+from decimal import Decimal
+from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+from harness import passable_for_accounts
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpulab.catalog.models import Storage
 from gpulab.spawners.mixin import GpuSpawnerMixin
-from gpulab.spawners.storage.homes import home_name, legacy_home_name
+from gpulab.spawners.storage import loopfs
+from gpulab.spawners.storage.homes import HomeStore, home_name, legacy_home_name
+
+TINY = Storage(free_gb=Decimal("0.0625"), max_gb=Decimal("0.25"), tmp_gb=Decimal("0.03125"),
+               shm_gb=Decimal("0.03125"))  # fmt: skip
 
 SAFE = re.compile(r"[A-Za-z0-9_-]+")
 
@@ -78,3 +87,60 @@ def test_signup_names_fit_a_file_name(name):
 def test_the_spawners_use_the_same_rule(name):
     spawner = SimpleNamespace(user=SimpleNamespace(name=name))
     assert GpuSpawnerMixin.user_home_name(spawner) == home_name(name)
+
+
+# ---- homes made under the old rule: adopted by their own account only -------------------------
+
+OLD_USER = "kim.o-1"  # old rule: kim-2e-o-1; new rule: kim-2e-o-2d-1
+
+
+@pytest.fixture(params=["directory", "image"])
+def store(request, tmp_path):
+    if request.param == "image" and os.geteuid() != 0:
+        pytest.skip("loop mounts need root")
+    data = tmp_path / "data"
+    data.mkdir()
+    passable_for_accounts(data)
+    homes = HomeStore(data, TINY, mode=request.param)
+    yield homes
+    loopfs.unmount_below(data)
+
+
+def legacy_home(store: HomeStore, uid: int) -> Path:
+    """A home as the old rule named it, made the way the store made homes then, with a file."""
+    old = legacy_home_name(OLD_USER)
+    home = store.ensure(old, uid, uid)
+    (home / "thesis.tex").write_text("mine")
+    os.chown(home / "thesis.tex", uid, uid)
+    store._write_quotas({old: 2 * TINY.free_bytes})
+    return home
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="homes owned by other uids need root")
+def test_a_legacy_home_owned_by_the_users_account_is_adopted(store):
+    """Point (red team follow-up): a user whose home name changed with the new rule keeps their
+    files and quota: the old home, owned by their own account, moves to the new name."""
+    old, new = legacy_home_name(OLD_USER), home_name(OLD_USER)
+    assert old != new
+    legacy_home(store, 4101)
+    assert store.adopt(old, new, 4101) is None
+    home = store.ensure(new, 4101, 4101)
+    assert (home / "thesis.tex").read_text() == "mine"
+    assert store.quota(new) == 2 * TINY.free_bytes
+    assert old not in store.names() and new in store.names()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="homes owned by other uids need root")
+def test_a_legacy_home_owned_by_another_account_is_left_alone(store):
+    """The shared home of the old rule: whoever's account does not own it never gets it; it
+    stays where it is, its files and quota untouched, and the reason is returned for the log."""
+    old, new = legacy_home_name(OLD_USER), home_name(OLD_USER)
+    legacy_home(store, 4102)
+    why = store.adopt(old, new, 4101)
+    assert why and "4102" in why
+    assert new not in store.names()
+    assert (store.ensure(old) / "thesis.tex").read_text() == "mine"
+    assert store.quota(old) == 2 * TINY.free_bytes and store.quota(new) == TINY.free_bytes
+    # And a home already at the new name is never overwritten.
+    store.ensure(new, 4101, 4101)
+    assert "exists" in store.adopt(old, new, 4102)
