@@ -7,9 +7,10 @@ ledger (kind ``storage``) under the same rules, and the enforcer's money rules a
 - **Source.** A loop (``StorageMetering``, every ``BillingService.storage_interval`` seconds,
   jittered) reads the hub's ``GET /hub/api/storage`` with billing's own hub token (scope
   ``custom:gpulab:read-storage``): each home's ``used_bytes``, ``quota_bytes``,
-  ``datasets_bytes`` (the user's published private datasets) and ``measured_at``. Nothing a user's
+  ``datasets_bytes`` (the user's published private datasets), ``uploads_bytes`` (what their
+  unfinished uploads hold on the node's disk; 0 from a hub that does not say) and ``measured_at``. Nothing a user's
   token or server can send reaches this: billing has no endpoint that takes storage figures.
-- **Billable bytes** = max(quota, used + datasets) - the catalog's ``storage.free_gb``, floored
+- **Billable bytes** = max(quota, used + datasets + uploads) - the catalog's ``storage.free_gb``, floored
   at 0. A quota is space held for the user, so a raised quota is paid for whether filled or not.
 - **Sample and hold.** Each measurement's level holds until the next one: the time between two
   measurements of a home is charged at the level the first found (``StorageMeter`` keeps the
@@ -79,17 +80,19 @@ class Measurement:
     used_bytes: int
     quota_bytes: int
     datasets_bytes: int
+    uploads_bytes: int = 0  # unfinished uploads' pending files (outside the home)
 
     def billable(self, storage: Storage) -> int:
-        """max(quota, used + datasets) - free, floored at 0: the one price function's bytes
-        (``catalog.pricing.storage_quote``, which the hub's storage API quotes by too)."""
-        held = self.used_bytes + self.datasets_bytes
+        """max(quota, used + datasets + uploads) - free, floored at 0: the one price function's
+        bytes (``catalog.pricing.storage_quote``, which the hub's storage API quotes by too)."""
+        held = self.used_bytes + self.datasets_bytes + self.uploads_bytes
         return storage_quote(storage, self.quota_bytes, held).billable_bytes
 
 
 def _size(row: dict, key: str) -> int:
-    value = row.get(key, 0) if key == "datasets_bytes" else row.get(key)
-    if value is None and key == "datasets_bytes":
+    optional = key in ("datasets_bytes", "uploads_bytes")  # 0 from an older hub
+    value = row.get(key, 0) if optional else row.get(key)
+    if value is None and optional:
         return 0
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < MAX_BYTES:
         raise ScanError(f"homes[].{key}: {value!r} is not a byte count")
@@ -124,6 +127,7 @@ def parse_scan(body: Any) -> tuple[int, list[Measurement]]:
                     _size(row, "used_bytes"),
                     _size(row, "quota_bytes"),
                     _size(row, "datasets_bytes"),
+                    _size(row, "uploads_bytes"),
                 )
             )
         except ScanError as e:

@@ -4,7 +4,9 @@ the operator's list of the largest homes.
 - ``GET  /hub/api/users/NAME/storage`` (NAME themself, their server's own token, or an admin):
   the home's usage and quota (``home``), the catalog's free size and price per GB-day, what the
   quota costs a day, a ``notice`` at 80 % (warn) and 95 % (critical), the user's published
-  datasets (counted against the quota) and the retention schedule (``release``). With
+  datasets (``datasets_bytes``) and unfinished uploads (``uploads_bytes``: what their pending
+  files hold on the node's disk, outside the home), both counted with the home in ``percent``
+  and in what the quota costs, and the retention schedule (``release``). With
   ``?quota_gb=X`` it also answers what X would cost a day (``quote``), changing nothing.
 - ``POST /hub/api/users/NAME/storage`` ``{"quota_gb": number}``: set the quota, between the free
   size and the operator's ``max_gb``. 400 naming ``quota_gb`` for a value that is not such a
@@ -12,7 +14,8 @@ the operator's list of the largest homes.
   balance cannot pay one day of the new size. Nothing changes on a refusal. It costs money, so
   it is a POST (JupyterHub's XSRF check for cookie callers) and a server's own token cannot.
 - ``GET  /hub/api/storage`` (admins, or ``custom:gpulab:read-storage`` unfiltered: billing meters
-  storage from it): every home, largest first.
+  storage from it): every home, largest first, each with its ``datasets_bytes`` and
+  ``uploads_bytes`` (billing bills max(quota, used + datasets + uploads) - free).
 
 Only the hub measures (:class:`~gpulab.spawners.storage.homes.HomeStore`, in a thread); nothing a
 user's server says is asked. A figure is kept ``StorageAPI.cache_seconds`` and says when it was
@@ -38,6 +41,7 @@ from traitlets.config import SingletonConfigurable
 from gpulab.catalog.models import GiB, Storage
 from gpulab.catalog.pricing import storage_quote
 from gpulab.hub_config.api.base import GpulabAPIHandler
+from gpulab.hub_config.api.uploads import uploads_of
 from gpulab.hub_config.home import GpulabHome, StorageAdminPage
 from gpulab.hub_config.overrides.errors import http_error
 from gpulab.hub_config.scopes import READ_STORAGE_SCOPE, SET_STORAGE_SCOPE
@@ -122,6 +126,12 @@ class StorageAPI(SingletonConfigurable):
 def datasets_bytes(pool: Any, owner: str) -> int:
     """What ``owner``'s published private datasets hold (counted against their quota). Blocking."""
     return pool.datasets.datasets_bytes(owner)
+
+
+def uploads_bytes(pool: Any, owner: str) -> int:
+    """What ``owner``'s unfinished uploads hold on the node's disk (outside their home, counted
+    like datasets: bytes parked there are not free storage). Blocking."""
+    return uploads_of(pool).held_bytes(home_name(owner))
 
 
 def release_schedule(app_config: Any, user_name: str) -> dict[str, Any] | None:
@@ -249,17 +259,20 @@ class UserStorageHandler(_StorageHandler):
     async def view(self, user: Any, usage: HomeUsage) -> dict[str, Any]:
         name = home_name(user.name)
         held = await asyncio.to_thread(datasets_bytes, self.pool, user.name)
+        pending = await asyncio.to_thread(uploads_bytes, self.pool, user.name)
         storage = self.pool.catalog.storage
-        # The quota counts the home and its owner's published datasets.
-        percent = 100.0 * (usage.used_bytes + held) / usage.quota_bytes if usage.quota_bytes else 0
+        # The quota counts the home, its owner's published datasets and unfinished uploads.
+        total = usage.used_bytes + held + pending
+        percent = 100.0 * total / usage.quota_bytes if usage.quota_bytes else 0
         return {
             **(await self.header()),
             "user": user.name,
             "home": {**usage.as_json(), "name": name},
             "datasets_bytes": held,
+            "uploads_bytes": pending,
             "percent": round(percent, 2),
             "notice": notice(percent, usage.enforced),
-            "cost": quote_json(storage, usage.quota_bytes, usage.used_bytes + held),
+            "cost": quote_json(storage, usage.quota_bytes, total),
             "release": release_schedule(self.settings["config"], user.name),
         }
 
@@ -275,9 +288,8 @@ class UserStorageHandler(_StorageHandler):
             except ValueError:
                 value = asked
             quota = self.bytes_asked(value)[1]
-            out["quote"] = quote_json(
-                self.pool.catalog.storage, quota, usage.used_bytes + out["datasets_bytes"]
-            )
+            held = usage.used_bytes + out["datasets_bytes"] + out["uploads_bytes"]
+            out["quote"] = quote_json(self.pool.catalog.storage, quota, held)
         self.write(json.dumps(out))
 
     @needs_scope(SET_STORAGE_SCOPE, "admin:users")
@@ -367,13 +379,17 @@ class StorageListHandler(_StorageHandler):
         owners = [users.get(u.name) for u in homes]
         # One thread for every home's datasets (a thousand homes are a thousand manifests' sums).
         held = await asyncio.to_thread(
-            lambda: [datasets_bytes(self.pool, o) if o else 0 for o in owners]
+            lambda: [
+                (datasets_bytes(self.pool, o), uploads_bytes(self.pool, o)) if o else (0, 0)
+                for o in owners
+            ]
         )
         rows = [
             {
                 "user": owner,
                 **usage.as_json(),
-                "datasets_bytes": h,
+                "datasets_bytes": h[0],
+                "uploads_bytes": h[1],
                 # The retention schedule once the user was warned (hub_config/storage_keeper.py).
                 "release": release_schedule(self.settings["config"], owner) if owner else None,
             }

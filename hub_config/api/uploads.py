@@ -13,7 +13,9 @@ A tus-like protocol under ``/hub/api/users/NAME/uploads`` (the disk side is
   at its path in the home, owned by the home's owner (``"complete": true``). A chunk at the
   wrong offset, or while another chunk is being written: 409 with the right offset (JSON
   ``offset`` and header ``Upload-Offset``); a chunk past the declared size: 400. A connection
-  dropped mid-chunk leaves the offset at what was written.
+  dropped mid-chunk leaves the offset at what was written. A last chunk refused at the end (413:
+  no room in the home; 409: the destination changed) keeps its bytes but does not extend the
+  upload's expiry, so a pending upload cannot be kept alive by resending its end.
 - ``HEAD``/``GET .../uploads/ID``: the offset (header ``Upload-Offset``; JSON for GET);
   ``DELETE``: cancel it (its reservation goes).
 - ``/hub/upload``: the page (``templates/upload.html``, ``gpulab-upload.js``) that does all this
@@ -191,6 +193,7 @@ class UploadAPIHandler(_UploadsBase):
     _pos = 0
     _error: Exception | None = None
     _inflight: asyncio.Future | None = None
+    _last_write = 0.0  # the upload's last write before this chunk (kept if its end is refused)
     last_progress = 0.0  # monotonic time this chunk last received bytes
 
     _refused: web.HTTPError | None = None
@@ -270,6 +273,7 @@ class UploadAPIHandler(_UploadsBase):
                 "Upload-Offset",
                 offset,
             )
+        self._last_write = await asyncio.to_thread(store.last_write, upload)
         self._fd = await asyncio.to_thread(store.open_data, upload)
         self._pos = at
         self.request.connection.set_max_body_size(length)
@@ -312,6 +316,7 @@ class UploadAPIHandler(_UploadsBase):
             try:
                 done = await asyncio.to_thread(store.finish, upload, owner, held)
             except UploadError as e:
+                await asyncio.to_thread(store.keep_expiry, upload, self._last_write)
                 raise refusal(e) from None
             out = {"offset": done.size, "complete": True, "path": done.path}
         self.set_header("Upload-Offset", str(out["offset"]))

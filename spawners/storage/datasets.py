@@ -668,6 +668,17 @@ class DatasetStore(LoggingConfigurable):
                 nxt = os.open(part, _DIR, dir_fd=fd)
                 os.close(fd)
                 fd = nxt
+                if os.fstat(fd).st_uid != top.st_uid:
+                    # Root's lost+found (or any folder not the owner's): nothing of it would be
+                    # copied, and an empty dataset only looks like one.
+                    os.close(fd)
+                    raise StorageError(
+                        f"folder: {folder!r} is not yours (a folder on its way is owned by "
+                        "another account, e.g. the filesystem's lost+found); publish a folder "
+                        "you own",
+                        "folder",
+                        409,
+                    )
         except OSError:
             os.close(fd)
             raise StorageError(

@@ -10,10 +10,14 @@ it in a thread).
   bytes received so far: its length *is* the upload's offset, so a dropped connection leaves the
   offset at what was written). A pending upload reserves its whole declared size against the
   user's quota (:meth:`UploadStore.pending_bytes`) and expires ``expire_seconds`` after its
-  last write (:meth:`UploadStore.sweep`).
+  last accepted write (:meth:`UploadStore.sweep`; a last chunk refused for want of room does
+  not extend it, :meth:`UploadStore.keep_expiry`). What the pending files hold on the node's
+  disk (:meth:`UploadStore.held_bytes`, allocated blocks) counts like published datasets in
+  the hub's storage answers and in billing, so bytes parked here are never free storage.
 - **Root never acts on a path the user controls**: the destination is reached from the home's
   descriptor one folder at a time with ``O_NOFOLLOW`` (a link anywhere on the way is refused, a
-  mount below the home, such as a dataset, too), folders it makes are handed to the home's owner
+  mount below the home, such as a dataset, too, and so is a folder the home's owner does not own,
+  such as an image's root-owned ``lost+found``), folders it makes are handed to the home's owner
   through their own descriptor, the file is written under a fresh name with ``O_EXCL`` and put in
   place by ``rename`` inside that folder's descriptor, which replaces a directory entry and never
   writes through one. Only a regular file at the destination is replaced.
@@ -44,6 +48,9 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _TEMP_PREFIX = ".gpulab-upload-"
 MAX_PATH_BYTES = 4096
 MAX_NAME_BYTES = 255
+# Unicode categories refused in a path: controls, formats (bidi overrides such as U+202E, zero
+# widths), unpaired surrogates, line and paragraph separators: a name that reads unlike it is.
+_REFUSED_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
 
 
 class UploadError(ValueError):
@@ -76,17 +83,23 @@ class Upload:
 
 def clean_path(path: Any) -> list[str]:
     """The destination's components, or UploadError naming ``path``: relative to the home, no
-    empty, ``.`` or ``..`` component, no control characters, within the kernel's lengths."""
+    empty, ``.`` or ``..`` component, no control, invisible formatting (bidi overrides, zero
+    widths) or line/paragraph separator characters, within the kernel's lengths."""
     allowed = (
         "a path relative to your home with '/' between folders, e.g. data/faces.zip "
-        "(no leading '/', no '.' or '..', no empty parts, no control characters)"
+        "(no leading '/', no '.' or '..', no empty parts, no control or invisible formatting "
+        "characters)"
     )
     if not isinstance(path, str) or not path:
         raise UploadError(f"path is required: {allowed}", "path")
     if path.startswith("/"):
         raise UploadError(f"path must not be absolute: {allowed}", "path")
-    if any(unicodedata.category(c) in ("Cc", "Cs") for c in path):
-        raise UploadError(f"path holds a control character: {allowed}", "path")
+    bad = next((c for c in path if unicodedata.category(c) in _REFUSED_CATEGORIES), None)
+    if bad is not None:
+        raise UploadError(
+            f"path holds a control or invisible formatting character (U+{ord(bad):04X}): {allowed}",
+            "path",
+        )
     parts = path.split("/")
     if ".." in parts:
         raise UploadError(f"path must not leave your home ('..'): {allowed}", "path")
@@ -198,6 +211,14 @@ class UploadStore(LoggingConfigurable):
                 continue
         return upload.created
 
+    def keep_expiry(self, upload: Upload, last_write: float) -> None:
+        """Put the upload's last write back at ``last_write``: a chunk whose end was refused
+        (no room in the home) does not extend how long the upload's bytes are kept."""
+        try:
+            os.utime(self._dir(upload.user, upload.id) / "data", (last_write, last_write))
+        except FileNotFoundError:
+            pass
+
     def expires_at(self, upload: Upload) -> float:
         return self.last_write(upload) + self.expire_seconds
 
@@ -225,6 +246,20 @@ class UploadStore(LoggingConfigurable):
         """What ``user``'s unfinished uploads reserve against their quota (declared sizes)."""
         return sum(u.size for u in self.list(user) if not u.complete)
 
+    def held_bytes(self, user: str) -> int:
+        """What ``user``'s unfinished uploads hold on the node's disk now (the pending files'
+        allocated blocks): counted beside the home and the datasets in storage answers and
+        billing."""
+        total = 0
+        for upload in self.list(user):
+            if upload.complete:
+                continue
+            try:
+                total += os.stat(self._dir(user, upload.id) / "data").st_blocks * 512
+            except FileNotFoundError:
+                continue
+        return total
+
     # ---- making one --------------------------------------------------------------------------
 
     def create(
@@ -238,7 +273,7 @@ class UploadStore(LoggingConfigurable):
         parts = clean_path(path)
         size = clean_size(size)
         home = self.homes.ensure(user, *(owner or (None, None)))
-        self._precheck_target(home, parts)
+        self._precheck_target(home, parts, owner)
         with self._lock:
             lock = self._user_locks.setdefault(user, threading.Lock())
         with lock:
@@ -278,12 +313,15 @@ class UploadStore(LoggingConfigurable):
             self._write_meta(upload)
         return upload
 
-    def _precheck_target(self, home: Path, parts: list[str]) -> None:
-        """Refuse early what :meth:`finish` would refuse: a link or non-folder on the way, or
-        something other than a regular file at the destination (nothing is made here)."""
+    def _precheck_target(
+        self, home: Path, parts: list[str], owner: tuple[int, int] | None = None
+    ) -> None:
+        """Refuse early what :meth:`finish` would refuse: a link, a non-folder or a folder the
+        home's owner does not own on the way, or something other than a regular file at the
+        destination (nothing is made here)."""
         home_fd = os.open(home, _DIR_FLAGS)
         try:
-            parent = _walk(home_fd, parts, create=False, owner=None)
+            parent = _walk(home_fd, parts, create=False, owner=owner)
             if parent is None:
                 return  # folders still to be made: nothing in the way yet
             try:
@@ -396,10 +434,14 @@ def _full(upload: Upload, free: int) -> str:
 
 
 def _walk(home_fd: int, parts: list[str], *, create: bool, owner: tuple[int, int] | None):
-    """A descriptor of the destination's folder, reached from the home without following a link
-    or leaving the home's filesystem; None when a folder is missing and ``create`` is false.
-    Folders made here are given to ``owner`` through their own descriptor."""
-    dev = os.fstat(home_fd).st_dev
+    """A descriptor of the destination's folder, reached from the home without following a link,
+    leaving the home's filesystem or entering a folder the home's owner does not own (root's
+    ``lost+found``: what root wrote there its owner could neither see nor delete); None when a
+    folder is missing and ``create`` is false. Folders made here are given to ``owner`` through
+    their own descriptor."""
+    top = os.fstat(home_fd)
+    dev = top.st_dev
+    home_uid = owner[0] if owner is not None and owner[0] != 0 else top.st_uid
     fd = os.dup(home_fd)
     try:
         for i, part in enumerate(parts[:-1]):
@@ -433,6 +475,15 @@ def _walk(home_fd: int, parts: list[str], *, create: bool, owner: tuple[int, int
                 )
             if made and owner is not None and owner[0] != 0 and st.st_uid == 0:
                 os.fchown(nxt, *owner)
+            elif st.st_uid != home_uid:
+                os.close(nxt)
+                raise UploadError(
+                    f"path: {so_far} in your home is not yours (e.g. the filesystem's "
+                    "lost+found, root's); files are only put in folders you own. Choose "
+                    "another folder.",
+                    "path",
+                    409,
+                )
             os.close(fd)
             fd = nxt
         return fd

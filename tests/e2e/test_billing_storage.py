@@ -16,11 +16,13 @@ for storage, had no storage line, and nothing stopped a user in storage debt):
   cannot start a server (402) nor raise their quota (402); lowering it is allowed; nothing in
   the home is deleted.
 - "No request fees": only bytes x time is charged (the pieces say so; the statement says so).
+- Bytes parked in an unfinished upload (outside the home) are billed like the home's own.
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 import time
 from datetime import datetime
 from decimal import Decimal
@@ -398,3 +400,57 @@ def test_a_quota_raised_and_lowered_between_billings_reads_is_billed(slow_meter_
     seconds = sum(p["to"] - p["from"] for p in high)
     assert held - 0.5 <= seconds <= t_lowered - t_raised + 1.0, (seconds, ps)
     assert sum(p["charged"]["micro"] for p in high) > 0
+
+
+def test_bytes_parked_in_an_unfinished_upload_are_billed(sbhub) -> None:
+    """Red team (issue 23, "billing meters GB-days from what the hub measures"): a user at the
+    free size starts a 60 MiB upload, sends all but its last byte (it lives outside the home
+    image, never billed), then fills the home with 30 MiB more: 90 MiB held on 64 MiB free, and
+    billing showed ``billable_bytes`` 0. The hub's scan now reports the pending bytes
+    (``uploads_bytes``) and billing bills max(quota, used + datasets + uploads) - free.
+
+    Fails on the old code: the hub's scan row had no ``uploads_bytes`` and billing's pieces
+    stayed at 0 billable bytes while the upload was pending."""
+    hub, billing = sbhub, Billing(sbhub)
+    name = hub.create_user()
+    billing.credit(name, "1000.00", kind="topup")
+    size = 60 * MiB
+    r = hub.api("POST", f"/users/{name}/uploads", json={"path": "parked.bin", "size": size})
+    assert r.status_code == 201, r.text
+    up = r.json()
+    for at in range(0, size - 1, 8 * MiB):
+        n = min(8 * MiB, size - 1 - at)
+        r = hub.api(
+            "PATCH",
+            f"/users/{name}/uploads/{up['id']}",
+            data=bytes([7]) * n,
+            headers={"Upload-Offset": str(at), "Content-Type": "application/offset+octet-stream"},
+        )
+        assert r.status_code == 200 and not r.json()["complete"], r.text
+    home = hub.data_dir / "users" / name
+    filler = home / "filler.bin"
+    filler.write_bytes(b"\1" * (30 * MiB))
+    os.chown(filler, os.stat(home).st_uid, os.stat(home).st_gid)
+    free = int(Decimal(FREE_GB) * GIB)
+
+    rows = [h for h in hub.api("GET", "/storage").json()["homes"] if h["user"] == name]
+    assert len(rows) == 1 and rows[0]["uploads_bytes"] >= size - 1, rows
+    assert rows[0]["quota_bytes"] == free and rows[0]["used_bytes"] < free, rows
+    held = rows[0]["used_bytes"] + rows[0]["uploads_bytes"]
+
+    def billed_above_the_quota():
+        ps = pieces(billing, name)
+        return ps if ps and ps[-1]["billable_bytes"] > 0 else None
+
+    ps = wait_for(billed_above_the_quota, 60, 0.5, "the pending upload's bytes to be billed")
+    assert ps[-1]["billable_bytes"] >= held - free - MiB, (held - free, ps[-1])
+    assert billing.get(f"api/v1/users/{name}/storage").json()["home"]["billable_bytes"] > 0
+    # Cancelled and cleaned up: back to the free size, billed 0 again.
+    assert hub.api("DELETE", f"/users/{name}/uploads/{up['id']}").status_code == 204
+    filler.unlink()
+    wait_for(
+        lambda: billing.get(f"api/v1/users/{name}/storage").json()["home"]["billable_bytes"] == 0,
+        30,
+        0.5,
+        "the free size to be measured again",
+    )

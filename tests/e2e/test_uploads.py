@@ -11,6 +11,12 @@ call below was a 404, so no file could reach a home without a running server):
 - "a symlink in a home that makes the hub ... follow into system paths" or another user's home:
   a link anywhere on the way to the destination, or at it, is refused, also when swapped in
   between the first and the last chunk; nothing is written where it points.
+- "counted once against their quota" / "billing meters GB-days from what the hub measures":
+  what unfinished uploads hold (outside the home) counts in the hub's storage answers like
+  datasets, and a last chunk refused for want of room does not keep them longer.
+- "root never acts on a path a user controls": a destination in a folder the user does not own
+  (an image's root-owned ``lost+found``) is refused, and so is publishing it as a dataset; a
+  path with invisible bidi/format characters is refused.
 - The threat model: another user, a server's own token and a cross-site page (a cookie without
   the XSRF token) upload nothing into a home; two chunks racing at one offset do not corrupt it.
 """
@@ -52,6 +58,7 @@ def uhub(module_hub_factory, tmp_path_factory) -> Hub:
             "--UploadStore.sweep_seconds=1",
             f"--UploadStore.stale_seconds={STALE_SECONDS}",
             f"--UploadStore.max_chunk_bytes={4 * MiB}",
+            "--StorageAPI.cache_seconds=0",
         ],
     )
 
@@ -419,3 +426,134 @@ def test_unfinished_uploads_expire_and_their_space_comes_back(uhub: Hub) -> None
     r = patch(uhub, name, up["id"], MiB, b"late")
     assert r.status_code == 404, r.text
     assert start(uhub, name, "other.bin", 30 * MiB).status_code == 201
+
+
+def test_pending_upload_bytes_count_in_storage_and_a_refused_end_keeps_the_expiry(
+    uhub: Hub,
+) -> None:
+    """Red team (issue 23, "counted against their quota", "billing meters GB-days from what the
+    hub measures"): an upload pending with all but its last byte, then the home filled by the
+    server, held home + pending bytes above the quota while the hub's storage answers showed
+    only the home (billable 0), and the refused last byte (413) extended the upload's expiry.
+
+    Fails on the old code: no ``uploads_bytes`` in ``GET /users/NAME/storage`` nor in the
+    admins' ``GET /storage`` row, ``percent`` and the cost counted the home alone, and the
+    refused chunk moved ``expires_at`` to its own time."""
+    name = uhub.create_user()
+    data = os.urandom(30 * MiB)
+    up = start(uhub, name, "parked.bin", len(data)).json()
+    for at in range(0, len(data) - 1, 4 * MiB):
+        r = patch(uhub, name, up["id"], at, data[at : min(at + 4 * MiB, len(data) - 1)])
+        assert r.status_code == 200, r.text
+    assert offset_of(uhub, name, up["id"]) == len(data) - 1
+    # The user's server fills the home: the image allows it (the pending bytes are elsewhere).
+    home = home_of(uhub, name)
+    filler = home / "filler.bin"
+    filler.write_bytes(os.urandom(40 * MiB))
+    os.chown(filler, os.stat(home).st_uid, os.stat(home).st_gid)
+
+    mine = uhub.api("GET", f"/users/{name}/storage").json()
+    assert mine["uploads_bytes"] >= len(data) - 1, mine
+    held = mine["home"]["used_bytes"] + mine["datasets_bytes"] + mine["uploads_bytes"]
+    quota = mine["home"]["quota_bytes"]
+    assert held > quota and mine["percent"] > 100, mine
+    assert mine["cost"]["billable_bytes"] >= held - quota > 0, mine
+    assert mine["notice"]["level"] == "critical", mine
+    rows = [h for h in uhub.api("GET", "/storage").json()["homes"] if h["user"] == name]
+    assert len(rows) == 1 and rows[0]["uploads_bytes"] >= len(data) - 1, rows
+
+    # The last byte, a while after the previous chunk: refused (no room), its expiry unmoved.
+    before = uhub.api("GET", f"/users/{name}/uploads/{up['id']}").json()["expires_at"]
+    wait_for(lambda: time.time() > before - EXPIRE_SECONDS + 2, 10, 0.1, what="two seconds")
+    r = patch(uhub, name, up["id"], len(data) - 1, data[-1:])
+    assert r.status_code == 413 and r.json()["field"] == "size", r.text
+    after = uhub.api("GET", f"/users/{name}/uploads/{up['id']}").json()
+    assert after["offset"] == len(data) and abs(after["expires_at"] - before) < 0.01, (
+        before,
+        after,
+    )
+    assert not (home / "parked.bin").exists()
+    # Cancelled: nothing pending is counted any more.
+    assert uhub.api("DELETE", f"/users/{name}/uploads/{up['id']}").status_code == 204
+    assert uhub.api("GET", f"/users/{name}/storage").json()["uploads_bytes"] == 0
+
+
+def root_folder(home: Path, name: str = "lost+found") -> Path:
+    """A folder of the home owned by root, 0700, like an image home's own ``lost+found``."""
+    folder = home / name
+    if not folder.exists():
+        folder.mkdir(mode=0o700)
+    st = os.lstat(folder)
+    assert st.st_uid == 0 and st.st_uid != os.stat(home).st_uid, "the home must be the user's"
+    return folder
+
+
+def test_uploads_into_a_folder_the_user_does_not_own_are_refused(uhub: Hub) -> None:
+    """Red team (issue 23, "root never acts on a path a user controls"): an upload into
+    ``lost+found`` (root's, 0700, in every image home) succeeded: root put a file there its
+    owner can neither see nor delete, counted against their quota for good.
+
+    Fails on the old code: the POST was 201 and the last chunk put the file in lost+found."""
+    name = uhub.create_user()
+    upload(uhub, name, "hello.txt", b"hi")  # the home exists, the user's
+    home = home_of(uhub, name)
+    lost = root_folder(home)
+    inside = sorted(os.listdir(lost))
+    for path in ("lost+found/x.bin", "lost+found/deeper/x.bin"):
+        r = start(uhub, name, path, 3)
+        assert r.status_code == 409 and r.json()["field"] == "path", (path, r.text)
+        assert "not yours" in r.json()["message"], r.text
+    # Made root's between the first chunk and the last: refused at the end, nothing written.
+    (home / "later").mkdir()
+    os.chown(home / "later", os.stat(home).st_uid, os.stat(home).st_gid)
+    up = start(uhub, name, "later/x.bin", 6).json()
+    assert patch(uhub, name, up["id"], 0, b"abc").status_code == 200
+    os.chown(home / "later", 0, 0)
+    r = patch(uhub, name, up["id"], 3, b"def")
+    assert r.status_code == 409 and r.json()["field"] == "path", r.text
+    assert os.listdir(home / "later") == [] and sorted(os.listdir(lost)) == inside
+    assert uhub.api("GET", f"/users/{name}/uploads").json()["uploads"] != []
+
+
+def test_invisible_characters_in_paths_are_400_naming_path(uhub: Hub) -> None:
+    """Red team: a path with a right-to-left override (U+202E between ``a`` and ``b``: shown
+    as another name), a zero-width or line/paragraph separator, or an unpaired surrogate was
+    accepted.
+
+    Fails on the old code: only Cc and Cs were refused, so the POSTs below were 201."""
+    name = uhub.create_user()
+    for path in (
+        "a\u202eb.txt",
+        "cod\u202egnp.exe",
+        "x\u200by",
+        "x\ufeffy",
+        "x\u2028y",
+        "x\u2029y",
+    ):
+        r = start(uhub, name, path, 1)
+        assert r.status_code == 400 and r.json()["field"] == "path", (path, r.text)
+    r = uhub.api(
+        "POST",
+        f"/users/{name}/uploads",
+        data='{"path": "x\\ud800y", "size": 1}',
+        headers={"Content-Type": "application/json"},
+    )
+    assert r.status_code == 400 and r.json()["field"] == "path", r.text
+    assert uhub.api("GET", f"/users/{name}/uploads").json()["uploads"] == []
+
+
+def test_a_folder_the_user_does_not_own_is_not_published(uhub: Hub) -> None:
+    """Red team (issue 23, "your own datasets"): publishing ``lost+found`` (root's) as a private
+    dataset answered 201 with an empty dataset (only the owner's files are copied).
+
+    Fails on the old code: the publish was accepted (201/202) and listed."""
+    name = uhub.create_user()
+    token = token_for(uhub, name)
+    upload(uhub, name, "hello.txt", b"hi")
+    root_folder(home_of(uhub, name))
+    r = uhub.api(
+        "POST", f"/users/{name}/datasets", token=token, json={"folder": "lost+found", "name": "lf"}
+    )
+    assert r.status_code in (400, 409) and r.json()["field"] == "folder", r.text
+    listed = uhub.api("GET", f"/users/{name}/datasets", token=token).json()
+    assert listed["datasets"] == [], listed
