@@ -57,7 +57,8 @@ def test_a_failed_start_frees_its_cards_only_once_its_container_stopped(
     wait_for(lambda: hub.free("a100-80g") == 0, what="the cards to be held")
     container = wait_for(
         lambda: (c := _container(docker, hub, user)) is not None and running(c) and c,
-        what="the container to run",
+        90,
+        what="the container to run (its home image made and mounted first)",
     )
     # The moment the cards are back, the container must have stopped. (The pool is read without
     # pause: before the fix the cards were free for only ~40 ms, until the hub's poll saw the
