@@ -21,9 +21,10 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
-from harness import Hub, catalog_with
+from harness import Hub, catalog_with, wait_for
 
-from gpulab.spawners.storage.homes import home_name
+from gpulab.spawners.local import accounts
+from gpulab.spawners.storage.homes import home_name, legacy_home_name
 
 VICTIM, ATTACKER = "fay.z", "fay-2e-z"
 PLANTED = "~/.ipython/profile_default/startup/00-x.py"
@@ -105,3 +106,64 @@ def test_a_name_spelling_anothers_home_gets_a_home_of_its_own(nhub: Hub) -> None
     logs = nhub.data_dir / "logs"
     assert (logs / f"{home_name(VICTIM)}.log").exists()
     assert (logs / f"{home_name(ATTACKER)}.log").exists()
+
+
+def legacy_folder(hub: Hub, user: str, owner: accounts.Account) -> Path:
+    """A home as the old rule named and made it (a plain folder), owned by ``owner``."""
+    old = hub.data_dir / "users" / legacy_home_name(user)
+    assert old.name != home_name(user)
+    old.mkdir(parents=True)
+    (old / "thesis.tex").write_text("mine")
+    for p in (old, old / "thesis.tex"):
+        os.chown(p, owner.uid, owner.gid)
+    old.chmod(0o700)
+    return old
+
+
+def account_of(hub: Hub, user: str) -> accounts.Account:
+    return accounts.ensure_account(accounts.account_name(user), hub.data_dir / "users" / user)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="users' own accounts need a root hub")
+def test_a_home_from_the_old_rule_goes_to_its_own_account_only(nhub: Hub) -> None:
+    """After the fix some names get a new home name (``kim.o-1``: ``kim-2e-o-1`` before,
+    ``kim-2e-o-2d-1`` now). Their home from before is adopted when their own account owns it
+    (the file is there at the first start); one owned by another account is not (``lee.p-2``
+    starts in an empty home, the old folder untouched); and a home at a user's name that another
+    user's account owns (the old rule's shared home) is never handed over: the start is
+    refused. On the old code the shared home was chowned to whoever started."""
+    kim, lee, ann, other = "kim.o-1", "lee.p-2", "ann.q", "oth-1"
+    for name in (kim, lee, ann, other):
+        nhub.create_user(name)
+    stranger = account_of(nhub, other)
+
+    legacy_folder(nhub, kim, account_of(nhub, kim))
+    nhub.spawn_ready(kim, {"gpu": "none"})
+    with nhub.kernel(kim) as k:
+        assert k.execute("print(open('thesis.tex').read())").strip() == "mine"
+    nhub.stop_server(kim)
+
+    not_lees = legacy_folder(nhub, lee, stranger)
+    nhub.spawn_ready(lee, {"gpu": "none"})
+    with nhub.kernel(lee) as k:
+        assert k.execute("import os; print(os.path.exists('thesis.tex'))").strip() == "False"
+    nhub.stop_server(lee)
+    assert os.stat(not_lees).st_uid == stranger.uid
+    assert (not_lees / "thesis.tex").read_text() == "mine"
+
+    shared = nhub.data_dir / "users" / home_name(ann)
+    shared.mkdir()
+    (shared / "planted.py").write_text("x = 1")
+    for p in (shared, shared / "planted.py"):
+        os.chown(p, stranger.uid, stranger.gid)
+    r = nhub.spawn(ann, {"gpu": "none"})
+
+    def failed() -> str | None:
+        if r.status_code >= 400:
+            return r.text
+        s = nhub.server(ann)
+        return None if s is None or s.get("pending") else (s and "running")
+
+    got = wait_for(failed, 60, what="ann's start to end")
+    assert "belongs to another user's account" in got, got
+    assert os.stat(shared).st_uid == stranger.uid
