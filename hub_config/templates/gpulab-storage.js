@@ -101,13 +101,17 @@
 
   function render() {
     const h = data.home;
-    const held = Number(h.used_bytes) + Number(data.datasets_bytes || 0);
+    const held =
+      Number(h.used_bytes) + Number(data.datasets_bytes || 0) + Number(data.uploads_bytes || 0);
     $("gpulab-storage-used").textContent =
       size(held) + " of " + size(h.quota_bytes) + " (" + Math.round(data.percent) + " %)";
     $("gpulab-storage-bar").replaceChildren(bar(data.percent, "home usage"));
     const lines = [];
     if (Number(data.datasets_bytes) > 0) {
       lines.push("Includes " + size(data.datasets_bytes) + " in your published datasets.");
+    }
+    if (Number(data.uploads_bytes) > 0) {
+      lines.push("Includes " + size(data.uploads_bytes) + " in unfinished uploads.");
     }
     lines.push(
       data.free_gb + " GB free; above it " + money(data.price_per_gb_day) +
