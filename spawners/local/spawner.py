@@ -49,7 +49,12 @@ from gpulab.spawners.node.pool import GpuPool
 from gpulab.spawners.options import ServerOptions
 from gpulab.spawners.request import SpawnRequest
 from gpulab.spawners.storage.datasets import is_private, mount_name
-from gpulab.spawners.storage.homes import HomeUsage, StorageError, legacy_home_name
+from gpulab.spawners.storage.homes import (
+    HomeUsage,
+    StorageError,
+    home_name,
+    legacy_home_name,
+)
 
 _FORKSERVERS: dict[str, ForkServerClient] = {}
 
@@ -240,7 +245,8 @@ class GpuLocalSpawner(LocalIsolationMixin, GpuSpawnerMixin, LocalProcessSpawner)
 
     @property
     def log_path(self) -> Path:
-        suffix = f"-{self.name}" if self.name else ""
+        # A home name never holds a ".": "bob.x.log" (bob's server x) is never "bob-x"'s log.
+        suffix = f".{home_name(self.name)}" if self.name else ""
         return Path(self.pool.data_dir) / "logs" / f"{self.user_home_name()}{suffix}.log"
 
     def _dataset_mode(self) -> str:

@@ -144,3 +144,17 @@ def test_a_legacy_home_owned_by_another_account_is_left_alone(store):
     # And a home already at the new name is never overwritten.
     store.ensure(new, 4101, 4101)
     assert "exists" in store.adopt(old, new, 4102)
+
+
+def test_a_named_servers_log_is_never_another_users_log():
+    """``bob``'s server ``x`` and ``bob-x``'s server wrote one log file (``logs/bob-x.log``)."""
+    from gpulab.spawners.local.spawner import GpuLocalSpawner
+
+    def log_of(user: str, server: str) -> Path:
+        spawner = SimpleNamespace(
+            name=server, pool=SimpleNamespace(data_dir="/d"), user_home_name=lambda: home_name(user)
+        )
+        return GpuLocalSpawner.log_path.fget(spawner)
+
+    assert log_of("bob", "x") != log_of("bob-x", "")
+    assert log_of("bob", "") == Path("/d/logs/bob.log")
