@@ -417,6 +417,9 @@ def private_scratch(env: dict[str, str]) -> None:
     flags = MS_NOSUID | MS_NODEV
     for target, size in (("/tmp", spec["tmp"]), ("/dev/shm", spec["shm"])):
         keep = [k for k in spec.get("keep", []) if _below(os.path.realpath(k), target)]
+        # What is mounted below the old folder (another hub's homes, on a machine running
+        # several) would only be hidden by the tmpfs, and held by this server all the same.
+        detach_mounts_below(c, target, keep=[*keep, home])
         old = os.open(target, O_PATH | _DIR_FLAGS) if keep else None
         try:
             opts = f"size={int(size)},mode=1777".encode()

@@ -378,3 +378,25 @@ def test_deleted_files_go_back_to_the_nodes_disk(store):
     os.sync()
     assert store.trim("alice") >= 15 * MiB
     assert os.stat(image).st_blocks * 512 < before + MiB
+
+
+def test_a_server_of_another_hub_on_the_node_holds_no_home_of_this_one(
+    qhub: Hub, hub_factory
+) -> None:
+    """A node may run more than one hub (and the test suite runs many): a server of another hub,
+    started while alice's home is mounted, must not hold a copy of that mount in its namespace
+    (its tmpfs /tmp only hid what was mounted below the old /tmp, where these hubs keep their
+    data): alice's quota change or release would answer "in use" for as long as it runs."""
+    alice = qhub.create_user()
+    qhub.spawn_ready(alice, {"gpu": "none"})
+    alice_home = str(qhub.data_dir / "users" / alice)
+    assert mount_count(alice_home) == 1
+    other = hub_factory("storage-other-hub", simulate="RTX-4090:1", env=FAST_BILLING_ENV)
+    dave = other.create_user()
+    other.spawn_ready(dave, {"gpu": "none"})
+    with other.kernel(dave) as k:
+        seen = k.execute("print(open('/proc/self/mountinfo').read())")
+    held = [line for line in seen.splitlines() if f" {alice_home} " in line]
+    assert held == [], held
+    other.stop_server(dave)
+    qhub.stop_server(alice)
