@@ -43,6 +43,7 @@ from tornado import web
 
 from gpulab.hub_config.api.base import GpulabAPIHandler
 from gpulab.spawners.local import accounts
+from gpulab.spawners.mixin import SpawnError
 from gpulab.spawners.node.pool import GpuPool
 from gpulab.spawners.storage.homes import home_name
 from gpulab.spawners.storage.uploads import UploadError, UploadStore
@@ -71,6 +72,11 @@ def home_owner(spawner: Any, home: Path) -> tuple[int, int] | None:
     user; None for the hub's own user (servers run as the hub)."""
     if getattr(spawner, "user_accounts", False) and hasattr(spawner, "account_name"):
         account = accounts.ensure_account(spawner.account_name, home)
+        adopt = getattr(spawner, "adopt_legacy_home", None)
+        if adopt is not None:
+            # A home under the user's old-rule name is adopted before an upload makes an empty
+            # one under the new name (and one owned by another account is refused, 409).
+            adopt(home.name, account)
         return account.uid, account.gid
     try:
         st = os.stat(home, follow_symlinks=False)
@@ -121,6 +127,8 @@ class _UploadsBase(GpulabAPIHandler):
             return await asyncio.to_thread(home_owner, user.spawner, home)
         except accounts.AccountError as e:
             raise web.HTTPError(500, f"Could not make your Unix account: {e}") from None
+        except SpawnError as e:
+            raise Refusal(e.status_code, e.jupyterhub_message, "path") from None
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         if getattr(self, "_unread", False):

@@ -168,3 +168,23 @@ def test_a_home_from_the_old_rule_goes_to_its_own_account_only(nhub: Hub) -> Non
     said = r.text if r.status_code != 202 else nhub.log_tail(400)
     assert "belongs to another user's account" in said or "belongs to jupyter-" in said, said
     assert os.stat(shared).st_uid == stranger.uid
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="users' own accounts need a root hub")
+def test_an_upload_before_the_first_start_adopts_the_old_home_too(nhub: Hub) -> None:
+    """A user whose home name changed uploads a file before their first start: the upload goes
+    into their old home, adopted under the new name, instead of an empty new home that would
+    leave the old one behind for good (the adoption then refuses to overwrite it)."""
+    mia = "mia.r-3"
+    nhub.create_user(mia)
+    old = legacy_folder(nhub, mia, account_of(nhub, mia))
+    r = nhub.api("POST", f"/users/{mia}/uploads", json={"path": "notes.txt", "size": 0})
+    assert r.status_code == 201, r.text
+    new = nhub.data_dir / "users" / home_name(mia)
+    assert not old.exists()
+    nhub.spawn_ready(mia, {"gpu": "none"})
+    with nhub.kernel(mia) as k:
+        got = k.execute("import os; print(open('thesis.tex').read(), os.path.exists('notes.txt'))")
+    assert got.split() == ["mine", "True"], got
+    assert new.is_dir()
+    nhub.stop_server(mia)
