@@ -56,6 +56,9 @@ from gpulab.spawners.storage.homes import (
     legacy_home_name,
 )
 
+# The folder holding gpulab's code (spawners/local/ is two below it).
+CODE_ROOT = Path(__file__).resolve().parents[2]
+
 _FORKSERVERS: dict[str, ForkServerClient] = {}
 
 # LocalProcessSpawner options that only a new process can honour: a server forked by the fork
@@ -545,7 +548,15 @@ class GpuLocalSpawner(LocalIsolationMixin, GpuSpawnerMixin, LocalProcessSpawner)
             "tmp": s.bytes_of(s.tmp_gb),
             "shm": s.bytes_of(s.shm_gb),
             "homes": str(self.pool.homes.homes_dir),
-            "keep": [str(Path(self.pool.data_dir).resolve())],
+            # What the server runs from stays where it is, should it live below /tmp (a test
+            # checkout, a throw-away venv): the data dir, the Python environment, this code.
+            "keep": sorted(
+                {
+                    str(Path(self.pool.data_dir).resolve()),
+                    str(Path(sys.prefix).resolve()),
+                    str(CODE_ROOT),
+                }
+            ),
         }
 
     def _prepare_assignments(self, sandbox: Sandbox) -> str:
