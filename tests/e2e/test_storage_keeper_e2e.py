@@ -165,7 +165,10 @@ def test_a_sigkill_mid_release_spares_a_running_users_home(hub_factory, tmp_path
     release is stalled half-way by an immutable file, so the SIGKILL lands mid-release; an image
     home is released in one unlink (nothing half-way to stall)."""
     hub, clock = start_keeper_hub(hub_factory, tmp_path, f"keeper-kill-{mode}", mode)
-    alice, bob = hub.create_user("kkalice"), hub.create_user("kkbob")
+    # Names of this variant's own: a root hub runs each user as a Unix account named after them,
+    # and the other variant (perhaps on another worker at the same time) stops its users'
+    # servers by ending their accounts' processes.
+    alice, bob = hub.create_user(f"kkalice{mode[:3]}"), hub.create_user(f"kkbob{mode[:3]}")
     hub.spawn_ready(bob, {"gpu": "none"}, timeout=120)
     write_in_home(home(hub, bob), "keep.txt", "bob's data")
     hub.spawn_ready(alice, {"gpu": "none"}, timeout=120)
