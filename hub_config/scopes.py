@@ -30,6 +30,9 @@ PREPAY_SCOPE = "custom:gpulab:prepay"
 # from it), and changing the quota, which costs money: never a server's own token.
 READ_STORAGE_SCOPE = "custom:gpulab:read-storage"
 SET_STORAGE_SCOPE = "custom:gpulab:set-storage"
+# A user's own GPU at work (hub_config/api/gpu_usage.py): each user and their server's token for
+# themself (!user), admins through admin:users; course staff do not hold it.
+READ_GPU_USAGE_SCOPE = "custom:gpulab:read-gpu-usage"
 
 CUSTOM_SCOPES: dict[str, dict[str, str]] = {
     READ_POOL_SCOPE: {
@@ -60,6 +63,10 @@ CUSTOM_SCOPES: dict[str, dict[str, str]] = {
         "description": "Change a home's quota (paid per GB-day above the free size): users hold "
         "it for themselves (!user); a server's own token never holds it.",
     },
+    READ_GPU_USAGE_SCOPE: {
+        "description": "Read the hub's measurement of a user's GPUs (utilisation, memory, "
+        "processes, idle time, the idle nudge): users hold it for themselves (!user).",
+    },
     COURSE_MANAGE_SCOPE: {
         "description": "Manage a course: import its roster, set its limits and caps, book lab "
         "sessions (teachers hold it as !group=COURSE).",
@@ -85,6 +92,8 @@ SERVER_TOKEN_SCOPES = [
     f"{REPORT_USAGE_SCOPE}!server",
     # JupyterLab's status bar: its own user's home usage, read-only (SET_STORAGE_SCOPE is not here).
     f"{READ_STORAGE_SCOPE}!user",
+    # JupyterLab's GPU item and panel: its own user's cards as the hub measures them, read-only.
+    f"{READ_GPU_USAGE_SCOPE}!user",
 ]
 
 MARKET_SERVICE = "gpulab-market"
@@ -105,6 +114,7 @@ def base_roles(admin_name: str, *, admin_service: bool) -> list[dict[str, Any]]:
                 f"{PREPAY_SCOPE}!user",
                 f"{READ_STORAGE_SCOPE}!user",
                 f"{SET_STORAGE_SCOPE}!user",
+                f"{READ_GPU_USAGE_SCOPE}!user",
                 # JupyterHub gives a server's token only what its owner holds, so the owner must
                 # hold the report scope for SERVER_TOKEN_SCOPES' `!server` grant to survive.
                 # Billing accepts only the `!server=USER/NAME` form, so the user's other tokens
