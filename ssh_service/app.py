@@ -1,0 +1,253 @@
+"""The SSH gateway process: the JupyterHub managed service ``gpulab-ssh``.
+
+Started by the hub as ``python -m gpulab.ssh_service`` with the service environment
+(``JUPYTERHUB_API_URL``, ``JUPYTERHUB_API_TOKEN``) plus ``GPULAB_SSH_PORT`` and
+``GPULAB_DATA_DIR``. One asyncssh server: the SSH user name is the hub user name; a login is a
+public key or a hub API token given as the password, each checked by the hub
+(:class:`~.hub.HubClient`), nothing else (no passwords, no keyboard-interactive); failures are
+answered slowly (``failure_delay``) and rate-limited by the hub. Sessions (shell, command, SFTP)
+are :mod:`.sessions`; ``ssh -L`` goes through :mod:`.forwarding`'s one rule; agent, X11, remote
+and Unix-socket forwarding are refused. The host key lives in ``DATA_DIR/ssh/host_ed25519``
+(root, 0600), made on first start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+import asyncssh
+from asyncssh.forward import SSHForwarder
+from traitlets import Float, Int, Unicode, default
+from traitlets.config import Application
+
+from gpulab.ssh_service.forwarding import connect, may_connect
+from gpulab.ssh_service.hub import HubClient, HubUnavailable
+from gpulab.ssh_service.sessions import GatewaySession
+
+log = logging.getLogger("gpulab.ssh")
+MAX_NAME = 255
+
+
+class SshGateway(Application):
+    """The SSH endpoint into users' own servers."""
+
+    name = "gpulab-ssh"
+
+    port = Int(
+        config=True,
+        help="TCP port the gateway listens on (GPULAB_SSH_PORT; 8022 by default).",
+    )
+    ip = Unicode(
+        config=True,
+        help="Address the gateway listens on (GPULAB_SSH_IP; every address by default).",
+    )
+    data_dir = Unicode(
+        config=True,
+        help="gpulab's data dir (GPULAB_DATA_DIR): the host key is kept in its ssh/ folder.",
+    )
+    host_key_path = Unicode(
+        config=True,
+        help="The gateway's ed25519 host key (made on first start, root 0600); default "
+        "DATA_DIR/ssh/host_ed25519.",
+    )
+    hub_api_url = Unicode(
+        config=True, help="The hub's REST API (JUPYTERHUB_API_URL, as the hub gives services)."
+    )
+    api_token = Unicode(
+        config=True, help="The gateway's own hub token (JUPYTERHUB_API_TOKEN, the service's)."
+    )
+    failure_delay = Float(
+        1.0,
+        config=True,
+        help="Seconds a refused key or token waits before it is answered (the hub rate-limits "
+        "failures per user and source as well).",
+    )
+    login_timeout = Float(
+        60.0, config=True, help="Seconds a client has to log in before it is disconnected."
+    )
+
+    @default("port")
+    def _default_port(self) -> int:
+        return int(os.environ.get("GPULAB_SSH_PORT") or 8022)
+
+    @default("ip")
+    def _default_ip(self) -> str:
+        return os.environ.get("GPULAB_SSH_IP", "")
+
+    @default("data_dir")
+    def _default_data_dir(self) -> str:
+        return os.environ.get("GPULAB_DATA_DIR", "")
+
+    @default("host_key_path")
+    def _default_host_key_path(self) -> str:
+        if not self.data_dir:
+            raise ValueError("GPULAB_DATA_DIR: required (where the host key is kept)")
+        return str(Path(self.data_dir) / "ssh" / "host_ed25519")
+
+    @default("hub_api_url")
+    def _default_hub_api_url(self) -> str:
+        return os.environ.get("JUPYTERHUB_API_URL", "http://127.0.0.1:8081/hub/api")
+
+    @default("api_token")
+    def _default_api_token(self) -> str:
+        return os.environ.get("JUPYTERHUB_API_TOKEN", "")
+
+    def start(self) -> None:
+        logging.basicConfig(
+            stream=sys.stdout,
+            level=logging.INFO,
+            format="[%(levelname).1s %(asctime)s gpulab-ssh] %(message)s",
+        )
+        logging.getLogger("asyncssh").setLevel(logging.WARNING)
+        if not self.api_token:
+            raise SystemExit("gpulab-ssh: JUPYTERHUB_API_TOKEN is required (the service's token)")
+        asyncio.run(self.serve())
+
+    async def serve(self) -> None:
+        self.hub = HubClient(self.hub_api_url, self.api_token)
+        key = await asyncio.to_thread(host_key, Path(self.host_key_path))
+        server = await asyncssh.create_server(
+            lambda: GatewayServer(self),
+            self.ip or None,
+            self.port,
+            server_host_keys=[key],
+            encoding=None,
+            agent_forwarding=False,
+            x11_forwarding=False,
+            allow_scp=False,
+            login_timeout=self.login_timeout,
+            keepalive_interval=30,
+        )
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        log.info("SSH gateway listening on %s:%d", self.ip or "*", self.port)
+        await stop.wait()
+        server.close()
+        await server.wait_closed()
+
+
+def host_key(path: Path) -> asyncssh.SSHKey:
+    """The gateway's host key, made on first start (root's folder 0700, the key 0600, written to
+    a new file and renamed into place); blocking."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if path.exists():
+        return asyncssh.read_private_key(str(path))
+    key = asyncssh.generate_private_key("ssh-ed25519")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(key.export_private_key())
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return key
+
+
+class GatewayServer(asyncssh.SSHServer):
+    """One client connection: who it is (the hub says), and what it may open."""
+
+    def __init__(self, app: SshGateway) -> None:
+        self.app = app
+        self.hub: HubClient = app.hub
+        self.username = ""
+        self.peer = ""
+        self.conn_info: dict[str, str] = {}
+        self.accepted: dict[str, bool] = {}
+
+    def connection_made(self, conn: asyncssh.SSHServerConnection) -> None:
+        peer = conn.get_extra_info("peername") or ("", 0)
+        sock = conn.get_extra_info("sockname") or ("", 0)
+        self.peer = str(peer[0])
+        self.conn_info = {
+            "SSH_CONNECTION": f"{peer[0]} {peer[1]} {sock[0]} {sock[1]}",
+            "SSH_CLIENT": f"{peer[0]} {peer[1]} {sock[1]}",
+        }
+
+    def begin_auth(self, username: str) -> bool:
+        self.username = username
+        return True
+
+    def password_auth_supported(self) -> bool:
+        return True
+
+    def public_key_auth_supported(self) -> bool:
+        return True
+
+    def kbdint_auth_supported(self) -> bool:
+        return False
+
+    def host_based_auth_supported(self) -> bool:
+        return False
+
+    async def validate_public_key(self, username: str, key: asyncssh.SSHKey) -> bool:
+        # asyncssh asks twice per key (the offer, then the signed request): the hub once.
+        fingerprint = key.get_fingerprint("sha256")
+        if fingerprint not in self.accepted:
+            self.accepted[fingerprint] = await self._authorize(username, fingerprint=fingerprint)
+        return self.accepted[fingerprint]
+
+    async def validate_password(self, username: str, password: str) -> bool:
+        return await self._authorize(username, token=password)
+
+    async def _authorize(self, username: str, **secret: str) -> bool:
+        ok = 0 < len(username) <= MAX_NAME and await self.hub.authorize(
+            username, self.peer, **secret
+        )
+        if ok:
+            log.info("%s logged in from %s (%s)", username, self.peer, next(iter(secret)))
+        else:
+            log.info("Refused %s from %s (%s)", username, self.peer, next(iter(secret)))
+            await asyncio.sleep(self.app.failure_delay)
+        return ok
+
+    def session_requested(self) -> GatewaySession:
+        return GatewaySession(self.hub, self.username, self.conn_info)
+
+    def connection_requested(self, dest_host: str, dest_port: int, orig_host: str, orig_port: int):
+        return self._forward(dest_host, dest_port)
+
+    async def _forward(self, host: str, port: int) -> SSHForwarder:
+        try:
+            session = await self.hub.session(self.username)
+        except HubUnavailable as e:
+            log.warning("%s", e)
+            raise asyncssh.ChannelOpenError(
+                asyncssh.OPEN_CONNECT_FAILED, "hub unavailable"
+            ) from None
+        target = await asyncio.to_thread(may_connect, session, host, port)
+        if target is None:
+            log.info("Refused %s's forward to %s:%d", self.username, host, port)
+            raise asyncssh.ChannelOpenError(
+                asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED,
+                f"{host}:{port} is not a port of your own server",
+            )
+        try:
+            sock = await asyncio.to_thread(connect, target)
+        except OSError as e:
+            raise asyncssh.ChannelOpenError(asyncssh.OPEN_CONNECT_FAILED, str(e)) from None
+        loop = asyncio.get_running_loop()
+        _, peer = await loop.create_connection(SSHForwarder, sock=sock)
+        log.info("%s forwards to %s:%d", self.username, host, port)
+        return SSHForwarder(peer)
+
+    def server_requested(self, listen_host: str, listen_port: int) -> bool:
+        return False  # remote (-R) forwarding: never a listener on the node for a user
+
+    def unix_connection_requested(self, dest_path: str) -> bool:
+        return False
+
+    def unix_server_requested(self, listen_path: str) -> bool:
+        return False
+
+
+def main(argv: list[str] | None = None) -> None:
+    app = SshGateway.instance()
+    app.initialize(argv)
+    app.start()

@@ -1,0 +1,122 @@
+"""What the SSH gateway asks of the hub: may this key or token log in as NAME, and where does
+NAME's server run.
+
+The gateway decides nothing about users itself: the hub keeps the keys (``hub_config/ssh_keys.py``),
+knows the tokens and the servers, and rate-limits failures per user and source. The gateway
+reaches it only over HTTP, with its own service token (scope ``custom:gpulab:ssh-gateway``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlparse
+
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+
+log = logging.getLogger("gpulab.ssh")
+
+
+class HubUnavailable(RuntimeError):
+    """The hub did not answer, or answered something the gateway cannot use."""
+
+
+@dataclass(frozen=True)
+class Session:
+    """The hub's answer to ``POST /hub/api/gpulab/ssh/session``: where NAME's server runs."""
+
+    user: str
+    server: str = ""
+    running: bool = False
+    kind: str = "local"
+    home: str = "/"
+    uid: int | None = None
+    gid: int | None = None
+    account: str = ""
+    pid: int | None = None
+    cgroup: tuple[str, ...] = ()
+    container: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+    message: str = ""
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Session:
+        cgroup = data.get("cgroup") or ()
+        if isinstance(cgroup, str):
+            cgroup = tuple(p for p in cgroup.split(":") if p)
+        env = {str(k): str(v) for k, v in (data.get("env") or {}).items()}
+        return cls(
+            user=str(data["user"]),
+            server=str(data.get("server") or ""),
+            running=bool(data.get("running")),
+            kind=str(data.get("kind") or "local"),
+            home=str(data.get("home") or "/"),
+            uid=_int(data.get("uid")),
+            gid=_int(data.get("gid")),
+            account=str(data.get("account") or ""),
+            pid=_int(data.get("pid")),
+            cgroup=tuple(str(p) for p in cgroup),
+            container=str(data.get("container") or ""),
+            env=env,
+            message=str(data.get("message") or ""),
+        )
+
+
+def _int(value: Any) -> int | None:
+    return None if value in (None, "") else int(value)
+
+
+class HubClient:
+    """The hub's REST API, as the ``gpulab-ssh`` service."""
+
+    def __init__(self, api_url: str, token: str) -> None:
+        self.api_url = api_url.rstrip("/")
+        self.token = token
+        self.http = AsyncHTTPClient()
+
+    @property
+    def hub_url(self) -> str:
+        """The hub's own address (its API's origin), for messages."""
+        parsed = urlparse(self.api_url)
+        return f"{parsed.scheme}://{parsed.netloc}"
+
+    async def post(self, path: str, body: dict[str, Any]) -> tuple[int, Any]:
+        req = HTTPRequest(
+            self.api_url + path,
+            method="POST",
+            headers={"Authorization": f"token {self.token}", "Content-Type": "application/json"},
+            body=json.dumps(body),
+            request_timeout=30,
+        )
+        try:
+            resp = await self.http.fetch(req, raise_error=False)
+        except (HTTPClientError, OSError) as e:
+            raise HubUnavailable(f"the hub did not answer {path}: {e}") from None
+        try:
+            data = json.loads(resp.body or b"null")
+        except ValueError:
+            data = None
+        return resp.code, data
+
+    async def authorize(self, user: str, peer: str, **secret: str) -> bool:
+        """True when the hub lets ``secret`` (a ``fingerprint`` or a ``token``) log in as
+        ``user``; False on any refusal (403, 429, an error)."""
+        try:
+            code, data = await self.post(
+                "/gpulab/ssh/authorize", {"user": user, "peer": peer, **secret}
+            )
+        except HubUnavailable as e:
+            log.warning("%s", e)
+            return False
+        if code == 429:
+            log.warning("The hub rate-limits %s from %s", user, peer)
+        ok = code == 200 and isinstance(data, dict) and data.get("user") == user
+        return ok
+
+    async def session(self, user: str, server: str = "") -> Session:
+        code, data = await self.post("/gpulab/ssh/session", {"user": user, "server": server})
+        if code != 200 or not isinstance(data, dict) or data.get("user") != user:
+            raise HubUnavailable(f"the hub answered {code} for {user}'s session")
+        return Session.from_json(data)
