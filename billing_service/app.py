@@ -16,6 +16,7 @@ import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -32,6 +33,7 @@ from gpulab.billing_service import (
     courses,
     ledger,
     reservations,
+    revenue,
     statements,
     storage,
 )
@@ -41,6 +43,7 @@ from gpulab.billing_service.db import is_sqlite, make_engine, upgrade
 from gpulab.billing_service.enforce import Enforcer
 from gpulab.billing_service.hub_client import HubClient
 from gpulab.billing_service.metering import ingest, rate_session
+from gpulab.billing_service.metrics import BillingMetrics, thresholds_of
 from gpulab.billing_service.models import MICRO, LedgerEntry, ServerSession
 from gpulab.billing_service.rating import PriceBook, to_micro
 from gpulab.billing_service.schemas import ServerStop
@@ -257,6 +260,23 @@ class BillingService(Application):
     def _check_compensation(self, proposal: dict) -> str:
         Rule.parse(proposal["value"])  # raises with the allowed forms
         return proposal["value"]
+
+    metrics_cache_seconds = Float(
+        5.0,
+        config=True,
+        help="""Seconds a scrape of /metrics reuses the figures read from the database
+        (revenue, credits, balances, lag) before reading them again: many scrapers, or a fast
+        scrape interval, read the ledger once per this long.""",
+    )
+
+    @cached_property
+    def metrics(self) -> BillingMetrics:
+        """This service's Prometheus metrics (``metrics``), made on first use."""
+        return BillingMetrics(
+            lambda thresholds: self.read(revenue.totals, thresholds),
+            thresholds_of(self.catalog.billing.low_balance_thresholds),
+            self.metrics_cache_seconds,
+        )
 
     pid_file = Unicode(config=True, help="Where the service writes its process id.")
 

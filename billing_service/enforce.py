@@ -187,6 +187,8 @@ class Enforcer:
 
     async def check(self) -> None:
         decisions = await self.app.run_db(self.decide)
+        # Decided: the check ran (billing's metrics; an alert fires when it stops running).
+        self.app.metrics.enforcer_last_run.set(time.time())
         for action, sess, reason in decisions:
             key = (sess.user, sess.server)
             if key in self.in_flight:
@@ -204,13 +206,17 @@ class Enforcer:
                 # The hub does not run it: gone without the hub's stop report reaching us. Close
                 # the session at its last sign of life, as the hub would have.
                 await self.app.close_session(sess)
+                self.app.metrics.enforced("close")
             elif action == "no-gpu":
                 await hub.move_to_no_gpu(sess.user, sess.server, session_options(sess))
+                self.app.metrics.enforced("no_gpu")
             else:
                 # 'stop', or 'silent': running without a reporter, no metering, no server.
-                await hub.stop_server(sess.user, sess.server)
+                code = await hub.stop_server(sess.user, sess.server)
+                self.app.metrics.enforced("stop" if code < 400 else "failed")
         except Exception:
             log.exception("could not %s %s/%s", action, sess.user, sess.server)
+            self.app.metrics.enforced("failed")
         finally:
             # Give the hub's stop report time to arrive before the server is considered again.
             await asyncio.sleep(max(5.0, 3 * self.app.heartbeat_interval))

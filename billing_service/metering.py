@@ -22,7 +22,7 @@ A server killed with SIGKILL sends nothing more, so its kernels' spans end at th
 from __future__ import annotations
 
 import json
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 from sqlalchemy import Connection, Engine, select, tuple_, update
@@ -56,6 +56,8 @@ class IngestResult:
     accepted: int
     duplicates: int
     rejected: list[Rejection] = field(default_factory=list)
+    # How many of the accepted events were of each kind (billing's metrics).
+    kinds: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         out: dict = {"accepted": self.accepted, "duplicates": self.duplicates}
@@ -120,6 +122,7 @@ def ingest(
         accepted=len(new),
         duplicates=len(events) - len(new) - len(rejected),
         rejected=rejected,
+        kinds=dict(Counter(ev.kind for ev in new)),
     )
 
 

@@ -120,6 +120,7 @@ class LedgerEntry(Base):
     __table_args__ = (
         UniqueConstraint("idempotency_key", name="uq_ledger_idempotency_key"),
         Index("ix_ledger_user_created", "user", "created_us"),
+        Index("ix_ledger_kind_created", "kind", "created_us"),
     )
 
 
@@ -171,6 +172,7 @@ class CourseLedgerEntry(Base):
     __table_args__ = (
         UniqueConstraint("idempotency_key", name="uq_course_ledger_idempotency_key"),
         Index("ix_course_ledger_course_created", "course", "created_us"),
+        Index("ix_course_ledger_kind_created", "kind", "created_us"),
     )
 
 

@@ -497,7 +497,7 @@ class StorageMetering:
                 return None
             scan_us, homes = parse_scan(body)
             app = self.app
-            return await app.run_db(
+            result = await app.run_db(
                 apply_scan,
                 app.engine,
                 app.catalog.storage,
@@ -506,3 +506,5 @@ class StorageMetering:
                 time.time_ns() // 1000,
                 app.trial_micro,
             )
+            app.metrics.ingest.labels("storage").inc(result.homes + result.released)
+            return result

@@ -262,6 +262,18 @@ class Storage(_Model):
         return self.bytes_of(self.max_gb)
 
 
+class BillingSettings(_Model):
+    """What the billing service reads from the catalog besides prices (``[billing]``)."""
+
+    low_balance_thresholds: tuple[
+        Annotated[Decimal, Field(max_digits=12, decimal_places=6)], ...
+    ] = Field(
+        (Decimal(0), Decimal(10)),
+        description="Balances (in the currency) for which billing's metrics count the "
+        "accounts below each (gpulab_billing_balances_below{threshold}).",
+    )
+
+
 class Catalog(_Model):
     currency: str = Field(pattern=r"^[A-Z]{3}$")
     trial_credit: Money
@@ -275,6 +287,7 @@ class Catalog(_Model):
     models: dict[str, StoreModel] = Field(default_factory=dict)
     limits: ServerLimits = Field(default_factory=ServerLimits)
     storage: Storage = Field(default_factory=Storage)
+    billing: BillingSettings = Field(default_factory=BillingSettings)
 
     @model_validator(mode="before")
     @classmethod

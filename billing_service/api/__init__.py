@@ -9,7 +9,9 @@
 - ``courses``: ``courses/C``;
 - ``reservations``: ``reservations``;
 - ``storage``: ``GET users/NAME/storage``, ``POST storage/pull`` (read the hub's scan now);
-- ``pages``: the statement page and ``statement.csv``.
+- ``pages``: the statement page and ``statement.csv``;
+- ``admin_revenue``: ``GET api/admin/revenue`` (the console's money, admins);
+- ``metrics``: ``GET metrics`` (Prometheus, ``read:metrics`` or admins).
 
 ``routes`` mounts them under the service's prefix (``BillingService.make_app``).
 """
@@ -23,11 +25,13 @@ from jupyterhub.utils import url_path_join
 from tornado import web
 
 from gpulab.billing_service.api import (
+    admin_revenue,
     balances,
     compensations,
     courses,
     credits,
     events,
+    metrics,
     pages,
     reservations,
     statements,
@@ -50,6 +54,9 @@ def routes(prefix: str) -> list[tuple[Any, ...]]:
         (url_path_join(api, r"users/([^/]+)/storage"), storage.UserStorageHandler),
         (url_path_join(api, "storage/pull"), storage.PullHandler),
         (url_path_join(api, "admin/overview"), statements.OverviewHandler),
+        # The console's money (contract: api/admin/revenue, not under v1) and Prometheus'.
+        (url_path_join(prefix, "api/admin/revenue"), admin_revenue.RevenueHandler),
+        (url_path_join(prefix, "metrics"), metrics.MetricsHandler),
         (url_path_join(prefix, "oauth_callback"), HubOAuthCallbackHandler),
         (url_path_join(prefix, "statement.csv"), pages.CsvHandler),
         (prefix, pages.StatementPage),

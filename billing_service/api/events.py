@@ -27,6 +27,9 @@ class EventsHandler(BaseHandler):
             now_us(),
             None if admin else self.billing.limits,
         )
+        # Billing's metrics: what was taken, and how long from received to committed.
+        self.billing.metrics.ingested(result.kinds)
+        self.billing.metrics.ingest_latency.observe(self.request.request_time())
         if result.rejected and not result.accepted and not result.duplicates:
             # Nothing of the batch was taken: answer like any other refused input.
             first = result.rejected[0]
