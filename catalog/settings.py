@@ -172,6 +172,14 @@ TABLE: tuple[Setting, ...] = (
         secret=True,
     ),
     _S(
+        "GPULAB_PROMETHEUS_TOKEN",
+        "str",
+        "",
+        "a token for Prometheus to scrape the hub's /hub/metrics and billing's metrics with (service gpulab-prometheus, holding only read:metrics; monitoring/prometheus.yml)",
+        HUB,
+        secret=True,
+    ),
+    _S(
         "GPULAB_DB_URL",
         "str",
         "",

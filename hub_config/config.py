@@ -36,6 +36,8 @@ class Settings:
     catalog: str = ""
     admin_name: str = "admin"
     admin_token: str = ""
+    # Prometheus' scrape token (service gpulab-prometheus, read:metrics only); "": no service.
+    prometheus_token: str = ""
     open_signup: bool = False
     # Sign-up on a hub whose local servers all run as its one Unix user (not root).
     unsafe_signup_without_isolation: bool = False
@@ -78,6 +80,7 @@ class Settings:
                 catalog=table.get("GPULAB_CATALOG", env),
                 admin_name=table.get("GPULAB_ADMIN_USER", env),
                 admin_token=table.get("GPULAB_ADMIN_TOKEN", env),
+                prometheus_token=table.get("GPULAB_PROMETHEUS_TOKEN", env),
                 open_signup=table.get("GPULAB_OPEN_SIGNUP", env),
                 unsafe_signup_without_isolation=table.get(
                     "GPULAB_UNSAFE_SIGNUP_WITHOUT_ISOLATION", env
@@ -193,6 +196,7 @@ def configure(c, settings: Settings | None = None) -> None:
         catalog=s.catalog,
         admin_name=s.admin_name,
         admin_token=s.admin_token,
+        prometheus_token=s.prometheus_token,
         market_token=secret_file(data / "spot-market-token"),
         hub_api_url=f"http://{host}:{s.hub_port}/hub/api",
     )

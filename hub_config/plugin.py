@@ -35,12 +35,16 @@ from gpulab.hub_config.courses import groups as course_groups
 from gpulab.hub_config.courses import handlers as course_handlers
 from gpulab.hub_config.courses.assignments import configure_assignments
 from gpulab.hub_config.home import TEMPLATES as HOME_TEMPLATES
+from gpulab.hub_config.metrics.collector import install as install_metrics
+from gpulab.hub_config.metrics.sampler import CardSampler, cpu_by_card
 from gpulab.hub_config.origin import install_host_guard
 from gpulab.hub_config.scopes import (
     CUSTOM_SCOPES,
     MARKET_SERVICE,
+    PROMETHEUS_SERVICE,
     SERVER_TOKEN_SCOPES,
     base_roles,
+    prometheus_role,
 )
 from gpulab.hub_config.storage_keeper import StorageKeeper
 from gpulab.spawners.market.hub import SpotMarket
@@ -60,6 +64,7 @@ def configure_plugin(
     admin_token: str,
     market_token: str,
     hub_api_url: str,
+    prometheus_token: str = "",
 ) -> None:
     """Everything gpulab adds to a hub config ``c``, after the JupyterHub basics are set."""
     c.JupyterHub.authenticator_class = AUTHENTICATOR
@@ -71,6 +76,10 @@ def configure_plugin(
     if admin_token:
         services.append({"name": "gpulab-admin", "api_token": admin_token})
     services.append({"name": MARKET_SERVICE, "api_token": market_token})
+    if prometheus_token:
+        # Prometheus scrapes /hub/metrics (and billing's) with it: read:metrics only.
+        services.append({"name": PROMETHEUS_SERVICE, "api_token": prometheus_token})
+        roles.append(prometheus_role())
     c.JupyterHub.services = services
     configure_billing(c, data_dir, catalog, roles)
     configure_assignments(c)
@@ -120,6 +129,11 @@ def attach(app: Any) -> list[tuple[str, type]]:
             notices=notices_for(pool.data_dir),
         )
         observer.start(lambda: running_spawners(app), after=ready)
+        # The hub's metrics: every card read periodically (simulated ones follow their holder's
+        # CPU, as the observer measures it), and gpulab's families on /hub/metrics.
+        sampler = CardSampler.instance(config=app.config)
+        sampler.start(pool, lambda: cpu_by_card(pool, observer.trackers))
+        install_metrics(app)
         keeper = course_bookings.BookingKeeper.instance(config=app.config)
         keeper.start(app, HubClient(market.hub_api_url, market.api_token), after=ready)
         # Homes kept and released on a schedule; restored servers count once the hub answers.

@@ -97,6 +97,9 @@ SERVER_TOKEN_SCOPES = [
 ]
 
 MARKET_SERVICE = "gpulab-market"
+# Prometheus' scrape (GPULAB_PROMETHEUS_TOKEN): JupyterHub's /hub/metrics and billing's metrics,
+# nothing else (docs/metrics.md).
+PROMETHEUS_SERVICE = "gpulab-prometheus"
 ADMIN_SERVICE = "gpulab-admin"
 
 
@@ -157,6 +160,15 @@ def base_roles(admin_name: str, *, admin_service: bool) -> list[dict[str, Any]]:
         }
     )
     return roles
+
+
+def prometheus_role() -> dict[str, Any]:
+    """The scrape's role: ``read:metrics`` only (no user, server or pool data)."""
+    return {
+        "name": PROMETHEUS_SERVICE,
+        "scopes": ["read:metrics"],
+        "services": [PROMETHEUS_SERVICE],
+    }
 
 
 def grant(roles: list[dict[str, Any]], role_name: str, *scopes: str) -> None:

@@ -108,6 +108,9 @@ class ActivityTracker:
     spans: list[Span] = field(default_factory=list)
     last_active: float | None = None  # the last sample in which the server worked
     working: bool = False  # the verdict of the last sample
+    # CPU use between the last two samples, in % of one core (None until two samples); what a
+    # simulated card's utilisation follows (spawners/node/telemetry.py).
+    cpu_percent: float | None = None
     _prev: tuple[float, dict[str, float]] | None = None  # (t, CPU counters) of the last sample
     _first: float | None = None  # this tracker's first sample
 
@@ -126,6 +129,7 @@ class ActivityTracker:
         if prev is None or obs.t <= prev[0]:
             return False, None
         used = cpu_used(prev[1], counters)
+        self.cpu_percent = 100.0 * used / (obs.t - prev[0])
         return True, prev[0] if used >= self.cpu_threshold * (obs.t - prev[0]) else None
 
     def update(self, obs: Observation) -> Span | None:

@@ -32,6 +32,7 @@ from gpulab.spawners.courses import CourseRuleError, student_courses
 from gpulab.spawners.form import render_form
 from gpulab.spawners.market.admission import MarketAnswer
 from gpulab.spawners.market.hub import SpotMarket
+from gpulab.spawners.node import counters
 from gpulab.spawners.node.allocator import Allocation, NoCapacity, owner_key
 from gpulab.spawners.node.holds import accounts_for
 from gpulab.spawners.node.pool import GpuPool
@@ -220,10 +221,11 @@ class GpuSpawnerMixin(AppServersMixin, HasTraits):
     def _apply_gpulab_options(self, raw: dict[str, Any]) -> None:
         try:
             request = self._take_or_make_request(raw)
-        except SpawnError:
+        except SpawnError as e:
             # user.spawn saved the bad options as "future defaults" before calling us; put the
             # last good ones back so a failed request changes nothing.
             self.orm_spawner.user_options = self._last_good_options()
+            self._record_spawn("refused", e, where="options", started=time.time(), duration=0.0)
             raise
         self.gpulab_request = request
         self.user_options = request.options.to_json()
@@ -269,6 +271,7 @@ class GpuSpawnerMixin(AppServersMixin, HasTraits):
                 refusal = e
         if refusal is not None:
             raise SpawnError(refusal.status, refusal.message, refusal.human)
+        self._spawn_stage = "allocator"  # a refusal from here on: no free card (metrics)
         try:
             alloc = self.pool.allocator.allocate(
                 self.owner,
@@ -350,9 +353,11 @@ class GpuSpawnerMixin(AppServersMixin, HasTraits):
 
     def _progress_reset(self) -> None:
         self._progress_events: list[dict[str, Any]] = []
+        self._progress_steps: list[tuple[float, str]] = []  # (seconds, message): the spawn log
         self._progress_changed = asyncio.Event()
         self._progress_done = False
         self._spawn_t0 = time.perf_counter()
+        self._spawn_wall0 = time.time()
 
     def emit_progress(self, progress: int, message: str) -> None:
         if not hasattr(self, "_progress_events"):
@@ -361,6 +366,7 @@ class GpuSpawnerMixin(AppServersMixin, HasTraits):
         self._progress_events.append(
             {"progress": progress, "message": f"{message} ({elapsed:.2f}s)"}
         )
+        self._progress_steps.append((elapsed, message))
         self._progress_changed.set()
 
     def _progress_finish(self) -> None:
@@ -455,6 +461,7 @@ class GpuSpawnerMixin(AppServersMixin, HasTraits):
     async def gpulab_start(self) -> str | tuple[str, int]:
         """Allocate, then launch; on any failure end what was launched, then give the GPUs back."""
         self._progress_reset()
+        self._spawn_stage = "balance"  # who refuses, for the refusals' metric
         try:
             request = await self.check_affordable(self._start_request())
             self.gpulab_request = request
@@ -462,11 +469,14 @@ class GpuSpawnerMixin(AppServersMixin, HasTraits):
             if refusal is not None:
                 # The market refused at the hub's gate: billing is not told of a start that
                 # never was (it would open a session for it).
+                self._spawn_stage = "market"
                 raise SpawnError(refusal.status, refusal.message, refusal.human)
+            self._spawn_stage = "billing"
             if self.pre_allocate_hook is not None:
                 await self.pre_allocate_hook(self, request)
             request = request.seated(await self.gpulab_course_seats())
             self.gpulab_request = request
+            self._spawn_stage = "market"
             self.emit_progress(10, "Allocating GPUs")
             alloc = self._allocate(request)
             self.emit_progress(
@@ -477,6 +487,7 @@ class GpuSpawnerMixin(AppServersMixin, HasTraits):
             t_alloc = time.perf_counter() - self._spawn_t0
             request = request.launched(self.gpu_env(alloc))
             self.gpulab_request = request
+            self._spawn_stage = "launch"
             url = await self._launch(request)
             total = time.perf_counter() - self._spawn_t0
             opts = self.gpulab_options
@@ -492,12 +503,58 @@ class GpuSpawnerMixin(AppServersMixin, HasTraits):
                 total,
                 phases,
             )
+            self._record_spawn("success")
             return url
-        except BaseException:
+        except BaseException as e:
+            self._record_spawn("failure", e)
             await self._end_failed_start()
             raise
         finally:
             self._progress_finish()
+
+    @property
+    def gpulab_spawner_kind(self) -> str:
+        """``local``, ``docker``, ``swarm`` (the class name without Gpu...Spawner)."""
+        name = type(self).__name__
+        name = name[3:] if name.startswith("Gpu") else name
+        return (name[: -len("Spawner")] if name.endswith("Spawner") else name).lower()
+
+    def _record_spawn(
+        self,
+        outcome: str,
+        error: BaseException | None = None,
+        where: str | None = None,
+        started: float | None = None,
+        duration: float | None = None,
+    ) -> None:
+        """Count this spawn's end for the hub's metrics (:mod:`gpulab.spawners.node.counters`):
+        a refusal (an answer below 500 before the launch) by its reason, else success or
+        failure, with its duration and steps. Never raises."""
+        try:
+            status = getattr(error, "status_code", None)
+            where = where or getattr(self, "_spawn_stage", "")
+            message = str(getattr(error, "jupyterhub_message", "") or error or "")
+            if error is not None and status is not None and status < 500 and where != "launch":
+                outcome = "refused"
+            opts = self.gpulab_options
+            app = opts.app if opts is not None and opts.app != "jupyterlab" else ""
+            counters.record_spawn(
+                owner=self.owner,
+                spawner=self.gpulab_spawner_kind,
+                app=app,
+                gpu=opts.gpu if opts is not None else "",
+                outcome=outcome,
+                started=started if started is not None else self._spawn_wall0,
+                duration=(
+                    duration if duration is not None else time.perf_counter() - self._spawn_t0
+                ),
+                steps=list(getattr(self, "_progress_steps", [])) if duration is None else [],
+                reason=counters.refusal_reason(status, message, where) if error else "",
+                status=status,
+                message=message,
+            )
+        except Exception:
+            self.log.exception("Could not record the spawn of %s for the metrics", self.owner)
 
     async def _end_failed_start(self) -> None:
         """A start failed (or JupyterHub cancelled it at ``start_timeout``): end everything its

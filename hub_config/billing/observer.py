@@ -40,6 +40,7 @@ from gpulab.catalog import NO_GPU
 from gpulab.hub_config.billing.notices import Notices
 from gpulab.spawners.activity import ActivityTracker, Span
 from gpulab.spawners.market.hub_client import server_path
+from gpulab.spawners.node.counters import OBSERVER_CLOCK, OBSERVER_PASS, OBSERVER_SAMPLES
 
 # (method, path under the hub API, JSON body) -> (status, text)
 HubAPI = Callable[[str, str, Any], Awaitable[tuple[int, str]]]
@@ -153,6 +154,7 @@ class ActivityObserver(SingletonConfigurable):
         """One round over the running servers (also called directly by tests)."""
         gate = asyncio.Semaphore(self.max_concurrent)
         events: list[dict[str, Any]] = []
+        t0 = time.perf_counter()
 
         async def one(spawner: Any) -> None:
             async with gate:
@@ -163,6 +165,9 @@ class ActivityObserver(SingletonConfigurable):
         for owner in list(self.trackers):
             if owner not in seen:
                 events.extend(self._end(owner))
+        # The pass's own cost and lag, for the hub's metrics (billing's delivery not included).
+        OBSERVER_PASS.observe(time.perf_counter() - t0)
+        OBSERVER_CLOCK.last_pass = time.time()
         if events and self.report_hook is not None and self.bill_observed:
             await self.report_hook(events)
 
@@ -206,6 +211,7 @@ class ActivityObserver(SingletonConfigurable):
         obs = await spawner.observe_activity()
         if obs is None:
             return ended
+        OBSERVER_SAMPLES.inc()
         span: Span | None = tracker.update(obs)
         user, _, server = owner.partition("/")
         events = list(ended)

@@ -42,6 +42,7 @@ from gpulab.spawners.market.settings import SpotSettings
 from gpulab.spawners.market.store import load_state, save_state
 from gpulab.spawners.market.views import queue_entry_json
 from gpulab.spawners.node.allocator import RESERVED, NoCapacity
+from gpulab.spawners.node.counters import SPOT_QUEUE_WAIT
 from gpulab.spawners.node.holds import accounts_for
 from gpulab.spawners.options import ServerOptions
 
@@ -387,6 +388,8 @@ class SpotMarket(SpotMarketConfig):
             self._save_state()
             return
         self.log.info("Starting queued request %s of %s", entry["id"], order.owner)
+        if order.created:
+            SPOT_QUEUE_WAIT.observe(max(0.0, time.time() - order.created), order.gpu_type)
         asyncio.get_running_loop().create_task(self._spawn(order.owner, entry))
 
     async def _spawn(self, owner: str, entry: dict[str, Any]) -> None:

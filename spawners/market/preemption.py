@@ -51,6 +51,7 @@ from gpulab.spawners.inside.agent import catches as catches
 from gpulab.spawners.inside.agent import checkpoint_state as checkpoint_state
 from gpulab.spawners.market import outbound
 from gpulab.spawners.market.store import PREEMPTIONS_FILE, append_jsonl, read_jsonl
+from gpulab.spawners.node.counters import CHECKPOINTS, PREEMPTIONS
 
 if TYPE_CHECKING:
     from gpulab.spawners.market.core import Order
@@ -215,6 +216,7 @@ class Preemptions:
         )
         self.active[alloc.owner] = p.id
         self._save(p)
+        PREEMPTIONS.inc(p.gpu_type, reason)
         self.log.warning(
             "Preempting %s (%s): stops at %s unless cancelled",
             alloc.owner,
@@ -238,6 +240,8 @@ class Preemptions:
                 checkpoint = asyncio.get_running_loop().create_task(
                     self._checkpoint(p, settings["checkpoint_command"])
                 )
+            else:
+                CHECKPOINTS.inc("skipped")
             if settings.get("webhook_url"):
                 await self._webhook(p, "preemption-warning", settings)
         finally:
@@ -339,6 +343,9 @@ class Preemptions:
             self.log.exception("Checkpoint command of %s failed", p.owner)
             result = {"command": command, "error": f"{type(e).__name__}: {e}"}
         self._checkpoint_progress(p.id, result)
+        state = checkpoint_state(result)
+        timed_out = "timed out" in str(result.get("error") or "")
+        CHECKPOINTS.inc("saved" if state == "done" else "timeout" if timed_out else "failed")
 
     # ---- the end: deadline, stop, cancellation ---------------------------------------------------
 
