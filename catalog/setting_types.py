@@ -19,6 +19,7 @@ KINDS = {
     "str": "text",
     "path": "a path",
     "port": "a port 1-65535",
+    "port-or-off": "a port 1-65535, or 0 for off",
     "number": "a number >= 0",
     "bool": "1 or 0 (also true/false, yes/no, on/off)",
     "choice": "one of the choices",
@@ -113,6 +114,13 @@ def _port(s: Setting, v: str) -> int:
     return port
 
 
+def _port_or_off(s: Setting, v: str) -> int:
+    port = int(v)
+    if not 0 <= port < 65536:
+        raise ValueError
+    return port
+
+
 def _number(s: Setting, v: str) -> float:
     x = float(v)
     if not x >= 0 or x == float("inf"):
@@ -165,6 +173,7 @@ _PARSERS = {
     "str": lambda s, v: v,
     "path": lambda s, v: v,
     "port": _port,
+    "port-or-off": _port_or_off,
     "number": _number,
     "bool": _bool,
     "choice": _choice,

@@ -197,6 +197,15 @@ TABLE: tuple[Setting, ...] = (
         HUB,
         traitlets=("ConfigurableHTTPProxy.api_url",),
     ),
+    _S(
+        "GPULAB_SSH_PORT",
+        "port-or-off",
+        8022,
+        "SSH and SFTP into users' own servers and homes (the gpulab-ssh service, keys added on the home page or a hub token): the port it listens on, at GPULAB_IP; 0 turns SSH off",
+        HUB,
+        flag="--ssh-port",
+        traitlets=("SshGateway.port",),
+    ),
     # --- Docker and Swarm -------------------------------------------------------------------------
     _S(
         "GPULAB_DOCKER_NETWORK",

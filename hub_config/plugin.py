@@ -25,6 +25,7 @@ from tornado.httpclient import AsyncHTTPClient
 
 from gpulab.hub_config import api, overrides
 from gpulab.hub_config.api import reservations, uploads
+from gpulab.hub_config.api.ssh import configure_ssh
 from gpulab.hub_config.billing.hooks import configure_billing
 from gpulab.hub_config.billing.notices import notices_for
 from gpulab.hub_config.billing.observer import ActivityObserver
@@ -82,6 +83,8 @@ def configure_plugin(
         roles.append(prometheus_role())
     c.JupyterHub.services = services
     configure_billing(c, data_dir, catalog, roles)
+    # The SSH gateway (GPULAB_SSH_PORT; 0: none), its token and its role (hub_config/api/ssh.py).
+    configure_ssh(c, data_dir, roles)
     configure_assignments(c)
     c.JupyterHub.load_roles = roles
     c.SpotMarket.api_token = market_token

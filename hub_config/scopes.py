@@ -30,6 +30,12 @@ PREPAY_SCOPE = "custom:gpulab:prepay"
 # from it), and changing the quota, which costs money: never a server's own token.
 READ_STORAGE_SCOPE = "custom:gpulab:read-storage"
 SET_STORAGE_SCOPE = "custom:gpulab:set-storage"
+# SSH (hub_config/api/ssh.py): the gateway service alone asks who a key or token logs in as and
+# where that user's server runs; each user manages their own public keys (their log-in and
+# their own tokens, !user), never a server's own token (staff who reach a student's server
+# could read it and add a key of theirs).
+SSH_GATEWAY_SCOPE = "custom:gpulab:ssh-gateway"
+SSH_KEYS_SCOPE = "custom:gpulab:ssh-keys"
 # A user's own GPU at work (hub_config/api/gpu_usage.py): each user and their server's token for
 # themself (!user), admins through admin:users; course staff do not hold it.
 READ_GPU_USAGE_SCOPE = "custom:gpulab:read-gpu-usage"
@@ -67,6 +73,14 @@ CUSTOM_SCOPES: dict[str, dict[str, str]] = {
         "description": "Read the hub's measurement of a user's GPUs (utilisation, memory, "
         "processes, idle time, the idle nudge): users hold it for themselves (!user).",
     },
+    SSH_GATEWAY_SCOPE: {
+        "description": "The SSH gateway: check a user's SSH key or token and read where their "
+        "server runs (held by the gpulab-ssh service only).",
+    },
+    SSH_KEYS_SCOPE: {
+        "description": "List, add and remove SSH public keys (users hold it for themselves: "
+        "!user; a server's own token never holds it).",
+    },
     COURSE_MANAGE_SCOPE: {
         "description": "Manage a course: import its roster, set its limits and caps, book lab "
         "sessions (teachers hold it as !group=COURSE).",
@@ -97,6 +111,7 @@ SERVER_TOKEN_SCOPES = [
 ]
 
 MARKET_SERVICE = "gpulab-market"
+SSH_SERVICE = "gpulab-ssh"
 # Prometheus' scrape (GPULAB_PROMETHEUS_TOKEN): JupyterHub's /hub/metrics and billing's metrics,
 # nothing else (docs/metrics.md).
 PROMETHEUS_SERVICE = "gpulab-prometheus"
@@ -117,6 +132,7 @@ def base_roles(admin_name: str, *, admin_service: bool) -> list[dict[str, Any]]:
                 f"{PREPAY_SCOPE}!user",
                 f"{READ_STORAGE_SCOPE}!user",
                 f"{SET_STORAGE_SCOPE}!user",
+                f"{SSH_KEYS_SCOPE}!user",
                 f"{READ_GPU_USAGE_SCOPE}!user",
                 # JupyterHub gives a server's token only what its owner holds, so the owner must
                 # hold the report scope for SERVER_TOKEN_SCOPES' `!server` grant to survive.

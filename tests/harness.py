@@ -218,6 +218,7 @@ class Hub:
         env: dict[str, str] | None = None,
         cli: list[str] | None = None,
         catalog: Path | None = None,
+        ssh_port: bool | int = False,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.simulate = simulate
@@ -233,6 +234,10 @@ class Hub:
         # is a bind(0) port, free when chosen but bound seconds later, and under the parallel
         # suite another worker's connection had taken it by then (CI: "Service billing exited").
         self.billing_port = free_port()
+        # The SSH gateway (gpulab.ssh_service): off unless a test asks (ssh_port=True: a free
+        # port of this worker's; an int: that port), so that hubs running at once never race
+        # for `gpulab up`'s default 8022.
+        self.ssh_port = (free_port() if ssh_port is True else int(ssh_port)) if ssh_port else 0
         self.proc: subprocess.Popen | None = None
         self.log_path = self.data_dir.parent / f"{self.data_dir.name}-hub.log"
 
@@ -264,6 +269,7 @@ class Hub:
         }
         if "GPULAB_BILLING_EXTERNAL_URL" not in env:
             env.setdefault("GPULAB_BILLING_PORT", str(self.billing_port))
+        env.setdefault("GPULAB_SSH_PORT", str(self.ssh_port))
         args = [
             *self.cli,
             "--data-dir",
@@ -446,6 +452,7 @@ class ConfigFileHub(Hub):
             "GPULAB_HUB_PORT": str(self.hub_port),
             "GPULAB_PROXY_API_PORT": str(self.proxy_api_port),
             "GPULAB_BILLING_PORT": str(self.billing_port),
+            "GPULAB_SSH_PORT": str(self.ssh_port),
             "PATH": os.pathsep.join([str(VENV_BIN), os.environ.get("PATH", os.defpath)]),
             **self.extra_env,
         }

@@ -10,6 +10,7 @@ from gpulab.hub_config.api import (
     pool,
     reservations,
     spot,
+    ssh,
     storage,
     uploads,
 )
@@ -23,4 +24,5 @@ ROUTES = [
     *datasets.ROUTES,
     *storage.ROUTES,
     *uploads.ROUTES,
+    *ssh.ROUTES,
 ]

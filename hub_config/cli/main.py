@@ -148,6 +148,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         GPULAB_UNSAFE_SIGNUP_WITHOUT_ISOLATION="1" if args.unsafe_signup_without_isolation else "0",
         GPULAB_SPAWNER=args.spawner,
         GPULAB_SUBDOMAIN_HOST=args.subdomain_host,
+        GPULAB_SSH_PORT=str(args.ssh_port),
     )
     try:
         users_host = origin.users_host(args.subdomain_host, args.port)
