@@ -21,6 +21,7 @@ from gpulab.hub_config.courses.groups import CourseError
 from gpulab.hub_config.courses.staff import check_staff_start, mark_payer
 from gpulab.spawners.market.admission import Admission, MarketAnswer
 from gpulab.spawners.market.hub import SpotMarket
+from gpulab.spawners.node.counters import count_refusal
 from gpulab.spawners.request import drop, hand_over
 
 
@@ -35,6 +36,7 @@ async def gate_start(
             handler, user, raw_options if isinstance(raw_options, dict) else {}
         )
     except CourseError as e:
+        count_refusal("staff")
         raise web.HTTPError(e.status, str(e)) from None
     # A server course staff start is paid by the course's pool only (courses/staff.py).
     mark_payer(spawner, actor)
@@ -84,6 +86,13 @@ async def queue_instead_of_spawn(spawner: Any, raw_options: Any) -> dict[str, An
         return entry
     hand_over(request.admitted(Admission()))
     return None
+
+
+def count_rate_limited(error: Exception) -> None:
+    """Count JupyterHub's own 429 (``concurrent_spawn_limit``, ``active_server_limit``: refused
+    before any spawner runs) as a refusal, reason ``rate_limited``, for the hub's metrics."""
+    if getattr(error, "status_code", None) == 429:
+        count_refusal("rate_limited")
 
 
 def idle_spawner(user: Any, server_name: str) -> Any:

@@ -11,9 +11,10 @@ import json
 
 from jupyterhub.apihandlers.users import UserServerAPIHandler
 from jupyterhub.scopes import needs_scope
+from tornado import web
 
 from gpulab.hub_config.overrides.errors import PlainErrors
-from gpulab.hub_config.overrides.queue import gate_start, idle_spawner
+from gpulab.hub_config.overrides.queue import count_rate_limited, gate_start, idle_spawner
 
 
 class ServerAPIHandler(PlainErrors, UserServerAPIHandler):
@@ -31,7 +32,11 @@ class ServerAPIHandler(PlainErrors, UserServerAPIHandler):
                     answer["human"] = entry["human"]
                 self.finish(json.dumps(answer))
                 return
-        await super().post(user_name, server_name)
+        try:
+            await super().post(user_name, server_name)
+        except web.HTTPError as e:
+            count_rate_limited(e)
+            raise
 
 
 ROUTES = [

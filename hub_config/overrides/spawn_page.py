@@ -43,7 +43,7 @@ from tornado import web
 from gpulab.hub_config.courses.groups import CourseError
 from gpulab.hub_config.courses.staff import check_staff_view
 from gpulab.hub_config.overrides.errors import confirm_field, for_people
-from gpulab.hub_config.overrides.queue import gate_start, idle_spawner
+from gpulab.hub_config.overrides.queue import count_rate_limited, gate_start, idle_spawner
 
 # JupyterHub's own wait, for spawners that do not say.
 DEFAULT_WAIT = 1.0
@@ -75,6 +75,7 @@ class SpawnPageHandler(SpawnHandler):
             error = spawn.exception()
             if error is not None:
                 if isinstance(error, web.HTTPError):
+                    count_rate_limited(error)  # JupyterHub's 429, for the metrics
                     # A refusal (bad option, no free card, balance) is the user's answer, not a
                     # hub fault: JupyterHub's own line says it (one line at INFO, hub_log.py).
                     log = self.log.debug if error.status_code < 500 else self.log.error
