@@ -25,6 +25,7 @@ from asyncssh.forward import SSHForwarder
 from traitlets import Float, Int, Unicode, default
 from traitlets.config import Application
 
+from gpulab.catalog import settings as table
 from gpulab.ssh_service.forwarding import connect, may_connect
 from gpulab.ssh_service.hub import HubClient, HubUnavailable
 from gpulab.ssh_service.sessions import GatewaySession
@@ -33,18 +34,19 @@ log = logging.getLogger("gpulab.ssh")
 MAX_NAME = 255
 
 
-class SshGateway(Application):
+class SshService(Application):
     """The SSH endpoint into users' own servers."""
 
     name = "gpulab-ssh"
 
     port = Int(
         config=True,
-        help="TCP port the gateway listens on (GPULAB_SSH_PORT; 8022 by default).",
+        help="TCP port the gateway listens on (GPULAB_SSH_PORT; 8022 by default, 0: off).",
     )
     ip = Unicode(
         config=True,
-        help="Address the gateway listens on (GPULAB_SSH_IP; every address by default).",
+        help="Address the gateway listens on (GPULAB_IP, where browsers reach the hub; "
+        "0.0.0.0 or empty: every address).",
     )
     data_dir = Unicode(
         config=True,
@@ -73,15 +75,15 @@ class SshGateway(Application):
 
     @default("port")
     def _default_port(self) -> int:
-        return int(os.environ.get("GPULAB_SSH_PORT") or 8022)
+        return int(table.get("GPULAB_SSH_PORT") or 0)
 
     @default("ip")
     def _default_ip(self) -> str:
-        return os.environ.get("GPULAB_SSH_IP", "")
+        return "" if not table.is_set("GPULAB_IP") else str(table.get("GPULAB_IP"))
 
     @default("data_dir")
     def _default_data_dir(self) -> str:
-        return os.environ.get("GPULAB_DATA_DIR", "")
+        return str(table.get("GPULAB_DATA_DIR")) if table.is_set("GPULAB_DATA_DIR") else ""
 
     @default("host_key_path")
     def _default_host_key_path(self) -> str:
@@ -106,6 +108,8 @@ class SshGateway(Application):
         logging.getLogger("asyncssh").setLevel(logging.WARNING)
         if not self.api_token:
             raise SystemExit("gpulab-ssh: JUPYTERHUB_API_TOKEN is required (the service's token)")
+        if not self.port:
+            raise SystemExit("gpulab-ssh: GPULAB_SSH_PORT is 0 (SSH is off)")
         asyncio.run(self.serve())
 
     async def serve(self) -> None:
@@ -113,7 +117,7 @@ class SshGateway(Application):
         key = await asyncio.to_thread(host_key, Path(self.host_key_path))
         server = await asyncssh.create_server(
             lambda: GatewayServer(self),
-            self.ip or None,
+            None if self.ip in ("", "0.0.0.0", "::") else self.ip,
             self.port,
             server_host_keys=[key],
             encoding=None,
@@ -128,9 +132,24 @@ class SshGateway(Application):
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         log.info("SSH gateway listening on %s:%d", self.ip or "*", self.port)
+        watch = asyncio.ensure_future(watch_parent(stop))
         await stop.wait()
+        watch.cancel()
         server.close()
         await server.wait_closed()
+
+
+async def watch_parent(stop: asyncio.Event) -> None:
+    """Stop when the hub that started this service is gone (SIGKILLed: JupyterHub could not stop
+    its services): the restarted hub starts a fresh gateway on the same port. Only a gateway the
+    hub started (``GPULAB_HUB_PID``) watches."""
+    parent = table.get("GPULAB_HUB_PID")
+    if not parent:
+        return
+    while os.getppid() == parent:  # noqa: ASYNC110 (no event tells us the parent died)
+        await asyncio.sleep(1)
+    log.warning("the hub (pid %i) is gone; stopping", parent)
+    stop.set()
 
 
 def host_key(path: Path) -> asyncssh.SSHKey:
@@ -153,7 +172,7 @@ def host_key(path: Path) -> asyncssh.SSHKey:
 class GatewayServer(asyncssh.SSHServer):
     """One client connection: who it is (the hub says), and what it may open."""
 
-    def __init__(self, app: SshGateway) -> None:
+    def __init__(self, app: SshService) -> None:
         self.app = app
         self.hub: HubClient = app.hub
         self.username = ""
@@ -248,6 +267,6 @@ class GatewayServer(asyncssh.SSHServer):
 
 
 def main(argv: list[str] | None = None) -> None:
-    app = SshGateway.instance()
+    app = SshService.instance()
     app.initialize(argv)
     app.start()

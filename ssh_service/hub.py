@@ -43,7 +43,8 @@ class Session:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Session:
-        cgroup = data.get("cgroup") or ()
+        # Every cgroup.procs file (cgroup v1: one per controller), or the one (v2).
+        cgroup = data.get("cgroups") or data.get("cgroup") or ()
         if isinstance(cgroup, str):
             cgroup = tuple(p for p in cgroup.split(":") if p)
         env = {str(k): str(v) for k, v in (data.get("env") or {}).items()}
