@@ -202,7 +202,8 @@ class SshKeyStore:
             for fp, rec in keys.items()
             if rec["user"] == user and rec.get("user_created") == created
         ]
-        return sorted(mine, key=lambda k: (k["added"], k["fingerprint"]))
+        order = {fp: rec.get("added_ts", 0.0) for fp, rec in keys.items()}
+        return sorted(mine, key=lambda k: (order[k["fingerprint"]], k["fingerprint"]))
 
     def add(self, user: str, created: str, text: Any, title: Any = None) -> dict[str, Any]:
         """Add the key in ``text`` to ``user``; :class:`KeyRefused` for a bad, weak or duplicate
@@ -239,6 +240,7 @@ class SshKeyStore:
                 "key": parsed.line,
                 "title": title,
                 "added": _now(),
+                "added_ts": time.time(),
             }
             keys[parsed.fingerprint] = rec
             self._write(keys)

@@ -151,7 +151,9 @@ def test_a_real_prometheus_fires_pool_exhausted_and_billing_down(
 ) -> None:
     """Issue 24, alert rules evaluated by a real Prometheus scraping a real hub: with the
     scrape token (GPULAB_PROMETHEUS_TOKEN, read:metrics) both the hub's /hub/metrics and
-    billing's /services/billing/metrics are up; the pool's cards match the hub's pool API;
+    billing's /services/billing/metrics are up; the pool's cards match the hub's pool API and
+    the gauges the other rules read (disk, observer lag, billing lag, enforcer's last run, a held
+    card's DCGM utilisation and idle seconds with its holder) are there under the rules' names;
     taking the only card of a type fires GpulabPoolExhausted for that type (and stopping the
     server clears it); billing not answering its scrape fires GpulabBillingDown."""
     token = uuid.uuid4().hex
@@ -171,6 +173,14 @@ def test_a_real_prometheus_fires_pool_exhausted_and_billing_down(
     total = prom.query("sum by (type) (gpulab_pool_cards)")
     assert {k.removeprefix("type="): v for k, v in total.items() if v} == {card: 1.0}
     assert set(k.removeprefix("type=") for k in total) <= set(pool)
+    # The gauges the other rules read are there under the names the rules use.
+    for family in (
+        "gpulab_data_disk_bytes",
+        "gpulab_observer_lag_seconds",
+        "gpulab_billing_lag_seconds",
+        "gpulab_billing_enforcer_last_run_timestamp_seconds",
+    ):
+        wait_for(lambda f=family: prom.query(f), 30, 0.5, f"{family} in Prometheus")
     # Nothing fires once both are scraped (before the first scrape, billing was "absent").
     quiet = ("GpulabPoolExhausted", "GpulabBillingDown", "GpulabHubDown")
     wait_for(
@@ -188,6 +198,11 @@ def test_a_real_prometheus_fires_pool_exhausted_and_billing_down(
         lambda: prom.alerts("GpulabPoolExhausted"), 60, 0.5, "GpulabPoolExhausted to fire"
     )
     assert [(a["type"], a["severity"]) for a in fired] == [(card, "page")]
+    # The card's DCGM series and its idle time name the holder (the idle-card alert's labels).
+    util = f'DCGM_FI_DEV_GPU_UTIL{{user="{name}",type="{card}"}}'
+    wait_for(lambda: len(prom.query(util)) == 1, 60, 0.5, "the held card's utilisation")
+    idle = f'gpulab_card_idle_seconds{{user="{name}",type="{card}"}}'
+    wait_for(lambda: len(prom.query(idle)) == 1, 60, 0.5, "the held card's idle seconds")
     hub.stop_server(name)
     wait_for(
         lambda: (
