@@ -1,7 +1,11 @@
 """``GET api/admin/revenue?days=N`` (admins): the money of the hub's admin console: revenue per
 UTC day by GPU type, per user and the top 10 spenders, and every credit, refund, compensation
 and debit given by hand or rule, with who gave it and why (``revenue.report``: the same sums as
-the statements and billing's metrics). ``days``: 1 to 366, default 30 (today included)."""
+the statements and billing's metrics). ``days``: 1 to 366, default 30 (today included).
+
+A browser without billing's OAuth cookie is sent through the hub's log-in and back (the console
+fetches this with the admin's session: the fetch follows the redirects); a token that is not an
+admin's gets 403."""
 
 from __future__ import annotations
 
@@ -24,6 +28,11 @@ def parse_days(raw: str | None) -> int:
 
 class RevenueHandler(BaseHandler):
     async def get(self) -> None:
+        if self.current_user is None and not self.request.headers.get("Authorization"):
+            # A browser without billing's cookie yet (the console's first fetch): through the
+            # hub's OAuth (no confirmation for billing) and back here, as the statement page.
+            self.redirect(self.get_login_url())
+            return
         self.require_admin()
         days = parse_days(self.get_argument("days", None))
         currency = self.billing.catalog.currency
