@@ -115,6 +115,8 @@ def attach(app: Any) -> list[tuple[str, type]]:
         pool._attached = True
         # Hub pages answer only under the hub's own host name (hub_config/origin.py).
         install_host_guard(app)
+        # Published ports on users' host names (hub_config/api/ports.py).
+        api.ports.install_proxy(app)
         # JupyterHub dropped the course roles its config does not load: derive them again.
         course_groups.sync_all(app.db)
         spawner_class = app.spawner_class

@@ -39,6 +39,10 @@ SSH_KEYS_SCOPE = "custom:gpulab:ssh-keys"
 # A user's own GPU at work (hub_config/api/gpu_usage.py): each user and their server's token for
 # themself (!user), admins through admin:users; course staff do not hold it.
 READ_GPU_USAGE_SCOPE = "custom:gpulab:read-gpu-usage"
+# Published ports (hub_config/api/ports.py): each user publishes and revokes their own server's
+# ports (their log-in and their own tokens, !user), never a server's own token (staff who reach a
+# student's server could read it and make the student's app public).
+PUBLISH_PORTS_SCOPE = "custom:gpulab:publish-ports"
 
 CUSTOM_SCOPES: dict[str, dict[str, str]] = {
     READ_POOL_SCOPE: {
@@ -80,6 +84,10 @@ CUSTOM_SCOPES: dict[str, dict[str, str]] = {
     SSH_KEYS_SCOPE: {
         "description": "List, add and remove SSH public keys (users hold it for themselves: "
         "!user; a server's own token never holds it).",
+    },
+    PUBLISH_PORTS_SCOPE: {
+        "description": "List, publish and revoke published ports of a server (users hold it for "
+        "themselves: !user; a server's own token never holds it).",
     },
     COURSE_MANAGE_SCOPE: {
         "description": "Manage a course: import its roster, set its limits and caps, book lab "
@@ -134,6 +142,7 @@ def base_roles(admin_name: str, *, admin_service: bool) -> list[dict[str, Any]]:
                 f"{SET_STORAGE_SCOPE}!user",
                 f"{SSH_KEYS_SCOPE}!user",
                 f"{READ_GPU_USAGE_SCOPE}!user",
+                f"{PUBLISH_PORTS_SCOPE}!user",
                 # JupyterHub gives a server's token only what its owner holds, so the owner must
                 # hold the report scope for SERVER_TOKEN_SCOPES' `!server` grant to survive.
                 # Billing accepts only the `!server=USER/NAME` form, so the user's other tokens

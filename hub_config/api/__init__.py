@@ -8,6 +8,7 @@ from gpulab.hub_config.api import (
     datasets,
     notices,
     pool,
+    ports,
     reservations,
     spot,
     ssh,
@@ -24,5 +25,6 @@ ROUTES = [
     *datasets.ROUTES,
     *storage.ROUTES,
     *uploads.ROUTES,
+    *ports.ROUTES,
     *ssh.ROUTES,
 ]

@@ -217,8 +217,9 @@ def refusal_reason(status: int | None, message: str = "", where: str = "") -> st
     """The refusal reason (one of :data:`REFUSAL_REASONS`) of a start refused with ``status``.
 
     ``where`` says who refused when the status alone cannot: ``"allocator"`` (no free card: a
-    409 from the pool), ``"market"`` (the spot market's answer), ``"options"`` (a bad option or
-    a course rule), ``"staff"`` (the course staff rule)."""
+    409 from the pool), ``"market"`` (the spot market's answer), ``"options"`` (a bad option,
+    400, or a course's limits, 403: ``quota``), ``"staff"`` (the course staff rule). ``message``
+    is kept for the spawn log only."""
     if where == "staff":
         return "staff"
     if status == 429:
@@ -229,13 +230,10 @@ def refusal_reason(status: int | None, message: str = "", where: str = "") -> st
         return "pool_exhausted"
     if where == "market":
         return "market"
-    text = message.lower()
+    if where == "options" and status == 403:
+        return "quota"  # a course's limits (CourseRuleError): not what the course allows
     if where == "options" or status == 400:
-        if "quota" in text or "limit" in text or "at most" in text:
-            return "quota"
         return "invalid"
-    if status == 403:
-        return "staff" if "staff" in text or "course" in text else "other"
     return "other"
 
 
