@@ -88,7 +88,7 @@ def ssh(
 ) -> subprocess.CompletedProcess:
     """``ssh -p PORT [args] NAME@127.0.0.1`` with ``key``; stdout and stderr captured (bytes)."""
     cmd = ["ssh", "-p", str(hub.ssh_port), *key_options(key), *args[:-1], f"{name}@127.0.0.1"]
-    if args:
+    if args and args[-1]:
         cmd.append(args[-1])
     return subprocess.run(
         cmd,
