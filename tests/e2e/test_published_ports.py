@@ -1,0 +1,281 @@
+"""Published ports (issue 25: "a user may publish a port of their server under their own origin,
+with the login required or, if the user chooses, public with a link secret; listed and
+revocable"), against a real root hub, real local servers and a real web app in a user's server.
+
+Attacks encoded: publishing a port the hub or another user's server listens on (409); another
+user, an admin or a server's own token publishing or revoking NAME's ports (403); a public port
+without its secret (404); a revoked port still answering; the hub's cookies or token reaching the
+user's app; a publication that reaches another program once the owner's app has gone (checked at
+connect time); the hub's own origin serving a user's port."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+import requests
+from harness import PASSWORD, Hub, WebSession, approved_user, free_port, wait_for, write_in_home
+
+from gpulab.hub_config.origin import user_label
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="local servers as users need root")
+
+# A demo web app: answers every GET with what it was sent (path, cookies, who the hub says the
+# visitor is), so tests see exactly what reaches a user's app.
+ECHO_APP = """
+import http.server, json, sys
+
+class Echo(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps({
+            "app": sys.argv[2],
+            "path": self.path,
+            "cookie": self.headers.get("Cookie", ""),
+            "authorization": self.headers.get("Authorization", ""),
+            "user": self.headers.get("X-Gpulab-User", ""),
+        }).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Echo).serve_forever()
+"""
+
+
+def logged_in(hub: Hub, name: str) -> WebSession:
+    web = WebSession(hub)
+    assert web.login(name, PASSWORD)
+    return web
+
+
+def api(web: WebSession, method: str, path: str, **kw) -> requests.Response:
+    """The hub's API with a browser session (cookie + XSRF header), as the home page calls it."""
+    if not web.http.cookies.get("_xsrf"):
+        web.get("/hub/home")
+    headers = {"X-XSRFToken": web.http.cookies.get("_xsrf") or ""}
+    return web.http.request(
+        method, f"{web.hub.url}/hub/api/gpulab{path}", headers=headers, timeout=60, **kw
+    )
+
+
+def start_app(hub: Hub, name: str, port: int, tag: str) -> None:
+    """Start the echo app in ``name``'s server (its account, its cgroup), listening on ``port``."""
+    with hub.kernel(name) as k:
+        home = k.execute("import os; print(os.getcwd())").strip()
+        write_in_home(Path(home), "echo_app.py", ECHO_APP)
+        k.execute(
+            "import subprocess, sys\n"
+            f"subprocess.Popen([sys.executable, 'echo_app.py', '{port}', '{tag}'],"
+            " start_new_session=True)"
+        )
+    wait_for(lambda: _answers(port), 30, what=f"{name}'s app on port {port}")
+
+
+def _answers(port: int) -> bool:
+    try:
+        return requests.get(f"http://127.0.0.1:{port}/", timeout=2).ok
+    except requests.RequestException:
+        return False
+
+
+def port_url(hub: Hub, name: str, port: int) -> str:
+    return f"http://{user_label(name)}.localhost:{hub.port}/ports/{port}/"
+
+
+@pytest.fixture
+def owner(hub: Hub):
+    name = approved_user(hub, "pub")
+    logged_in(hub, name)  # the hub knows a signed-up person once they have logged in
+    hub.spawn_ready(name, {"gpu": "none"})
+    yield name
+    if hub.server(name) is not None:
+        hub.stop_server(name)
+
+
+@pytest.fixture
+def colleague(hub: Hub):
+    name = approved_user(hub, "col")
+    logged_in(hub, name)
+    yield name
+    if hub.server(name) is not None:
+        hub.stop_server(name)
+
+
+def test_a_login_port_is_seen_by_any_logged_in_user_and_an_anonymous_visitor_logs_in_first(
+    hub: Hub, owner: str, colleague: str
+) -> None:
+    """Issue 25, published ports with "the login required": the owner and another logged-in user
+    see the app (which is told who they are, and is sent none of the hub's cookies); a visitor
+    with no hub session is sent to the hub's login page; revoking ends it at once."""
+    port = free_port()
+    start_app(hub, owner, port, "demo")
+    web = logged_in(hub, owner)
+    r = api(web, "POST", f"/users/{owner}/ports", json={"port": port, "access": "login"})
+    assert r.status_code == 201, r.text
+    got = r.json()
+    assert got["url"] == port_url(hub, owner, port) and got["access"] == "login"
+    assert "secret" not in got
+    listed = api(web, "GET", f"/users/{owner}/ports").json()["ports"]
+    assert [(p["port"], p["access"]) for p in listed] == [(port, "login")]
+
+    # Anonymous: sent to the hub, which asks them to log in; the app is never reached.
+    anon = requests.get(got["url"], timeout=30)
+    assert urlparse(anon.url).path == "/hub/login" and urlparse(anon.url).hostname == "localhost"
+    assert "demo" not in anon.text
+
+    # The owner and a colleague, each through the hub's login, see the app.
+    for name in (owner, colleague):
+        visitor = logged_in(hub, name)
+        seen = visitor.http.get(got["url"] + "hello?x=1", timeout=30)
+        assert seen.status_code == 200, (seen.status_code, seen.text[:300])
+        echo = seen.json()
+        assert echo["app"] == "demo" and echo["path"] == f"/ports/{port}/hello?x=1"
+        assert echo["user"] == name
+        # None of the hub's credentials reach the user's app (its session id is sent to every
+        # NAME.localhost by the browser; the port's own cookie is the hub's, not the app's).
+        assert "jupyterhub" not in echo["cookie"] and "gpulab-port" not in echo["cookie"]
+        # The ticket and the hub's login cookie are not in the address the app saw.
+        assert "_gpulab" not in echo["path"]
+
+    # A visitor cannot pretend to be someone else to the app.
+    spoof = visitor.http.get(got["url"], headers={"X-Gpulab-User": "admin"}, timeout=30)
+    assert spoof.json()["user"] == colleague
+
+    # Revoked: gone at once, for a visitor who holds a valid cookie too.
+    assert api(web, "DELETE", f"/users/{owner}/ports/{port}").status_code == 204
+    after = visitor.http.get(got["url"], timeout=30, allow_redirects=False)
+    assert after.status_code == 404 and "demo" not in after.text
+    assert api(web, "GET", f"/users/{owner}/ports").json()["ports"] == []
+
+
+def test_a_public_port_needs_its_link_and_revoking_ends_it(hub: Hub, owner: str) -> None:
+    """Issue 25, published ports "public with a link secret": anyone with the link sees the app
+    (the secret becomes a cookie and leaves the address), without the secret nothing is there
+    (404), and revoking ends it at once; publishing again makes a new link."""
+    port = free_port()
+    start_app(hub, owner, port, "public-demo")
+    web = logged_in(hub, owner)
+    got = api(web, "POST", f"/users/{owner}/ports", json={"port": port, "access": "public"}).json()
+    secret = parse_qs(urlparse(got["url"]).query)["_gpulab_secret"][0]
+    assert got["access"] == "public" and got["secret"] == secret and len(secret) >= 24
+
+    bare = requests.get(port_url(hub, owner, port), timeout=30, allow_redirects=False)
+    assert bare.status_code == 404 and "public-demo" not in bare.text
+    wrong = requests.get(port_url(hub, owner, port) + "?_gpulab_secret=x" + secret[1:], timeout=30)
+    assert wrong.status_code == 404
+
+    stranger = requests.Session()
+    seen = stranger.get(got["url"], timeout=30)
+    assert seen.status_code == 200 and seen.json()["app"] == "public-demo"
+    assert seen.json()["path"] == f"/ports/{port}/" and seen.json()["user"] == ""
+    # The cookie carries them on, with no secret in the address.
+    again = stranger.get(port_url(hub, owner, port) + "page", timeout=30)
+    assert again.status_code == 200 and again.json()["path"] == f"/ports/{port}/page"
+
+    assert api(web, "DELETE", f"/users/{owner}/ports/{port}").status_code == 204
+    assert stranger.get(port_url(hub, owner, port), timeout=30).status_code == 404
+    assert requests.get(got["url"], timeout=30).status_code == 404
+
+    # Published again: a new secret; the old link and cookie stay dead.
+    new = api(web, "POST", f"/users/{owner}/ports", json={"port": port, "access": "public"})
+    assert new.status_code == 201 and new.json()["secret"] != secret
+    assert stranger.get(port_url(hub, owner, port), timeout=30).status_code == 404
+    assert requests.get(got["url"], timeout=30).status_code == 404
+    assert requests.get(new.json()["url"], timeout=30).json()["app"] == "public-demo"
+
+
+def test_a_port_that_is_not_the_users_own_is_refused(hub: Hub, owner: str, colleague: str) -> None:
+    """Issue 25 attacks: publishing the hub's port, or a port another user's server listens on,
+    is refused (409 naming port), as are ports below 1024, the server's own port and bad input
+    (400 naming the field); nothing is published by any of them."""
+    web = logged_in(hub, owner)
+    hub.spawn_ready(colleague, {"gpu": "none"})
+    theirs = free_port()
+    start_app(hub, colleague, theirs, "colleague-app")
+    for port in (hub.hub_port, hub.port, hub.proxy_api_port, theirs):
+        r = api(web, "POST", f"/users/{owner}/ports", json={"port": port, "access": "public"})
+        assert r.status_code == 409, (port, r.status_code, r.text)
+        assert r.json()["message"].startswith("port:"), r.text
+    nothing = free_port()
+    r = api(web, "POST", f"/users/{owner}/ports", json={"port": nothing, "access": "login"})
+    assert r.status_code == 409 and "nothing listens" in r.json()["message"]
+
+    own = server_port(hub, owner)
+    for body, field in [
+        ({"port": 22, "access": "login"}, "port"),
+        ({"port": own, "access": "login"}, "port"),
+        ({"port": "eighty", "access": "login"}, "port"),
+        ({"port": 70000, "access": "login"}, "port"),
+        ({"port": theirs, "access": "everyone"}, "access"),
+    ]:
+        r = api(web, "POST", f"/users/{owner}/ports", json=body)
+        assert r.status_code == 400 and r.json()["message"].startswith(field + ":"), (body, r.text)
+    assert api(web, "GET", f"/users/{owner}/ports").json()["ports"] == []
+    # And nothing answers there for anyone.
+    assert requests.get(port_url(hub, owner, theirs), timeout=30).status_code == 404
+
+
+def server_port(hub: Hub, name: str) -> int:
+    """The port ``name``'s single-user server itself listens on."""
+    with hub.kernel(name) as k:
+        code = "import os, urllib.parse as u; print(u.urlparse(os.environ['JUPYTERHUB_SERVICE_URL']).port)"
+        return int(k.execute(code).strip())
+
+
+def test_only_the_owner_publishes_or_revokes_their_ports(
+    hub: Hub, owner: str, colleague: str
+) -> None:
+    """Issue 25 attack: another user, the hub's admin (token), and the owner's server's own token
+    (which course staff reaching the server could read) cannot list, publish or revoke NAME's
+    ports: 403, and nothing changes."""
+    port = free_port()
+    start_app(hub, owner, port, "mine")
+    web = logged_in(hub, owner)
+    assert api(web, "POST", f"/users/{owner}/ports", json={"port": port}).status_code == 201
+    other = logged_in(hub, colleague)
+    assert api(other, "GET", f"/users/{owner}/ports").status_code == 403
+    assert api(other, "POST", f"/users/{owner}/ports", json={"port": port}).status_code == 403
+    assert api(other, "DELETE", f"/users/{owner}/ports/{port}").status_code == 403
+    admin = hub.api("DELETE", f"/gpulab/users/{owner}/ports/{port}")
+    assert admin.status_code == 403
+    with hub.kernel(owner) as k:
+        token = k.execute("import os; print(os.environ['JUPYTERHUB_API_TOKEN'])").strip()
+    server = hub.api("DELETE", f"/gpulab/users/{owner}/ports/{port}", token=token)
+    assert server.status_code == 403
+    published = hub.api("POST", f"/gpulab/users/{owner}/ports", token=token, json={"port": port})
+    assert published.status_code == 403
+    assert [p["port"] for p in api(web, "GET", f"/users/{owner}/ports").json()["ports"]] == [port]
+    assert api(web, "DELETE", f"/users/{owner}/ports/{port}").status_code == 204
+
+
+def test_a_publication_never_reaches_another_program_on_its_port(
+    hub: Hub, owner: str, colleague: str
+) -> None:
+    """Issue 25 attack, checked at connect time: the owner's app stops and another user's server
+    takes the same port; the owner's publication must not show the colleague's app (nor must the
+    hub's own origin ever serve a user's port)."""
+    port = free_port()
+    start_app(hub, owner, port, "owner-app")
+    web = logged_in(hub, owner)
+    got = api(web, "POST", f"/users/{owner}/ports", json={"port": port, "access": "public"}).json()
+    visitor = requests.Session()
+    assert visitor.get(got["url"], timeout=30).json()["app"] == "owner-app"
+    # The hub's own origin does not serve it.
+    on_hub = requests.get(f"{hub.url}/ports/{port}/", timeout=30, allow_redirects=False)
+    assert "owner-app" not in on_hub.text
+
+    with hub.kernel(owner) as k:
+        k.execute(f"import subprocess; subprocess.run(['pkill', '-f', 'echo_app.py {port}'])")
+    wait_for(lambda: not _answers(port), 30, what="the owner's app to stop")
+    hub.spawn_ready(colleague, {"gpu": "none"})
+    start_app(hub, colleague, port, "colleague-app")
+    assert requests.get(f"http://127.0.0.1:{port}/", timeout=5).json()["app"] == "colleague-app"
+    r = visitor.get(port_url(hub, owner, port), timeout=30)
+    assert r.status_code == 502 and "colleague-app" not in r.text
