@@ -7,7 +7,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 ARGS ?=
 
-.PHONY: install run test lint format bench bench-apps bench-swarm bench-class clean labext-test
+.PHONY: install run test lint format bench bench-apps bench-swarm bench-class bench-ssh clean labext-test
 
 # The install steps print one line each: on a fresh machine their own output (Yarn's alone was
 # 2,361 lines) buried how to log in, which `make run` prints last. A step's whole output goes to
@@ -104,6 +104,10 @@ bench-apps: install
 # "Class starts": 40 students' servers for a booked lab session vs 40 stock JupyterHub spawns.
 bench-class: install
 	$(BIN)/python benchmarks/class_start.py $(ARGS)
+
+# `ssh NAME@hub true` round trips and 1 GB SFTP through gpulab's gateway vs OpenSSH's sshd (root).
+bench-ssh: install
+	$(BIN)/python benchmarks/ssh.py $(ARGS)
 
 # gpulab-swarm vs gpulab-docker on a two-node test swarm on this machine (as root).
 bench-swarm: install
