@@ -273,7 +273,7 @@ class BillingService(Application):
     def metrics(self) -> BillingMetrics:
         """This service's Prometheus metrics (``metrics``), made on first use."""
         return BillingMetrics(
-            lambda thresholds: self.read(revenue.totals, thresholds),
+            lambda thresholds, settled: self.read(revenue.totals, thresholds, settled),
             thresholds_of(self.catalog.billing.low_balance_thresholds),
             self.metrics_cache_seconds,
         )

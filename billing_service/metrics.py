@@ -14,10 +14,9 @@ Two kinds of figures:
   else; ``storage``: homes metered from the hub's storage scan), the ingest latency (request
   received to committed), ``gpulab_billing_enforcer_actions_total{action}`` and the enforcer's
   last completed check;
-- **read from the database at scrape time** (``revenue.totals``, one transaction, kept
-  ``cache_seconds`` so a storm of scrapes reads it once): revenue and credits (the same sums
-  the statements give: a session's charges are its ``charged_micro``, which always equals its
-  ledger charges), accounts and those below each ``[billing] low_balance_thresholds`` of the
+- **read from the database at scrape time** (``revenue.totals``, kept ``cache_seconds`` so a
+  storm of scrapes reads it once): revenue and credits (the ledger's charges and credits, the
+  sums the statements give; each entry is read once, see ``revenue.Settled``), accounts and those below each ``[billing] low_balance_thresholds`` of the
   catalog, and the lag: now minus the newest sign of life committed for a running server (a
   heartbeat, a kernel's or the hub's observed sample, a start), 0 when no server runs. A
   reporter can make its server look fresher than billing is, never bill less by it.
@@ -102,7 +101,7 @@ class BillingMetrics:
 
     def __init__(
         self,
-        read: Callable[[list[tuple[str, int]]], Awaitable[revenue.Totals]],
+        read: Callable[[list[tuple[str, int]], revenue.Settled | None], Awaitable[revenue.Totals]],
         thresholds: list[tuple[str, int]],
         cache_seconds: float = 5.0,
         clock: Callable[[], float] = time.time,
@@ -165,7 +164,8 @@ class BillingMetrics:
         async with self._lock:
             if self.figures is not None and self.clock() - self.read_at < self.cache_seconds:
                 return
-            self.figures = await self.read(self.thresholds)
+            settled = self.figures.settled if self.figures is not None else None
+            self.figures = await self.read(self.thresholds, settled)
             self.read_at = self.clock()
 
     def lag_seconds(self) -> float:

@@ -71,7 +71,11 @@ class ServerSession(Base):
     # None; believed only as far as ``reservations.check`` finds it paid and matching.
     reservation: Mapped[str | None] = mapped_column(String(128), nullable=True, index=True)
 
-    __table_args__ = (Index("ix_sessions_user_server_started", "user", "server", "started_us"),)
+    __table_args__ = (
+        Index("ix_sessions_user_server_started", "user", "server", "started_us"),
+        # Open sessions (stopped_us NULL): the enforcer and the metrics' lag look for them.
+        Index("ix_sessions_stopped", "stopped_us"),
+    )
 
 
 class KernelSpan(Base):

@@ -7,8 +7,8 @@ scrape) and the admin revenue API the hub's console fetches (``report``, a windo
 
 What counts as revenue is what the statements charge:
 
-- a session's charges (``server_sessions.charged_micro``: the sum of its ``charge`` entries in
-  the user's and the course pool's books, the same figure the statement's ``amount`` shows),
+- a session's charges (its ``charge`` entries in the user's and the course pool's books,
+  which always add up to its ``server_sessions.charged_micro``, the statement's ``amount``),
   labelled with its GPU type (``none`` for no-GPU), pricing (``on_demand``, ``spot``) and course
   (``""`` for none);
 - prepaid reservations (``pricing="reservation"``, the course of a pool's reservation);
@@ -19,12 +19,17 @@ Credits, by the metrics' ``kind``: ``trial`` (the trial credit), ``credit`` (top
 platform reclaim lost). A negative adjustment takes money back; it is no credit (the report
 lists it as ``debit``, with who and why, like every other manual entry).
 
+The ledger only grows (entries are never changed), so the metrics read each entry once: the
+sums of entries older than ``SETTLE_US`` are kept (``Settled``) and each scrape adds what was
+posted since (``totals``), instead of summing a ledger of millions of charges every few seconds.
+
 Money is integer micro-units here; the metrics divide by a million, the report gives
 ``statements.money``.
 """
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -73,11 +78,39 @@ def threshold_label(value: Decimal) -> str:
     return "0" if text in ("-0", "") else text
 
 
+Key = tuple[str, str, str]  # (type, pricing, course) of the revenue family
+
+# Ledger entries older than this are settled: no transaction still to commit can hold one (an
+# entry is stamped when its request arrived; a commit minutes later would mean billing is far
+# behind, which the lag metric shows). Their sums are kept, and each read adds only what is newer.
+SETTLE_US = 15 * 60 * MICRO
+
+
+@dataclass(frozen=True)
+class Settled:
+    """The sums of the ledger's entries stamped before ``until_us``: append-only, they never
+    change, so the metrics read each entry once (``totals``), not the whole ledger per scrape."""
+
+    until_us: int = 0
+    revenue: dict[Key, int] = field(default_factory=dict)
+    credits: dict[str, int] = field(default_factory=dict)
+
+    def plus(self, until_us: int, revenue: dict[Key, int], credits: dict[str, int]) -> Settled:
+        return Settled(until_us, _add(self.revenue, revenue), _add(self.credits, credits))
+
+
+def _add(a: dict, b: dict) -> dict:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = out.get(k, 0) + v
+    return out
+
+
 @dataclass
 class Totals:
     """All-time sums for the metrics (micro-units, counts, microseconds)."""
 
-    revenue: dict[tuple[str, str, str], int] = field(default_factory=dict)
+    revenue: dict[Key, int] = field(default_factory=dict)
     credits: dict[str, int] = field(default_factory=dict)
     below: dict[str, int] = field(default_factory=dict)
     accounts: int = 0
@@ -85,53 +118,89 @@ class Totals:
     # The newest sign of life committed for a running server (a start, a heartbeat, a kernel,
     # app or observed span's latest sample), or None with no server running.
     newest_us: int | None = None
+    settled: Settled = field(default_factory=Settled)
 
 
-def totals(conn: Connection, thresholds: list[tuple[str, int]]) -> Totals:
-    """Everything the metrics need from the database, read in one transaction."""
-    out = Totals()
-    revenue: dict[tuple[str, str, str], int] = defaultdict(int)
-    for gpu_type, pricing, course, amount in conn.execute(
-        select(
-            ServerSession.gpu_type,
-            ServerSession.pricing,
-            ServerSession.course,
-            func.sum(ServerSession.charged_micro),
-        ).group_by(ServerSession.gpu_type, ServerSession.pricing, ServerSession.course)
-    ).all():
-        revenue[(gpu_type, pricing_label(pricing), course or "")] += int(amount or 0)
+def ledger_sums(
+    conn: Connection, from_us: int, to_us: int | None
+) -> tuple[dict[Key, int], dict[str, int]]:
+    """Revenue and credits posted in [from, to) (to None: no end), from both books: sessions'
+    charges labelled by their session, storage, and money given by kind."""
+    revenue: dict[Key, int] = defaultdict(int)
+    credits: dict[str, int] = defaultdict(int)
+    for model in (LedgerEntry, CourseLedgerEntry):
+        window = [model.created_us >= from_us]
+        if to_us is not None:
+            window.append(model.created_us < to_us)
+        for gpu_type, pricing, course, amount in conn.execute(
+            select(
+                ServerSession.gpu_type,
+                ServerSession.pricing,
+                ServerSession.course,
+                func.sum(model.amount_micro),
+            )
+            .join(ServerSession, ServerSession.id == model.session_id)
+            .where(model.kind == "charge", *window)
+            .group_by(ServerSession.gpu_type, ServerSession.pricing, ServerSession.course)
+        ).all():
+            revenue[(gpu_type, pricing_label(pricing), course or "")] -= int(amount or 0)
+        # Money given only: a negative adjustment is a debit, not a credit.
+        given = func.sum(case((model.amount_micro > 0, model.amount_micro), else_=0))
+        for kind, amount in conn.execute(
+            select(model.kind, given).where(model.kind.in_(_GIVEN), *window).group_by(model.kind)
+        ).all():
+            label = credit_kind(kind, 1)
+            if label is not None:
+                credits[label] += int(amount or 0)
+    window = [LedgerEntry.created_us >= from_us]
+    if to_us is not None:
+        window.append(LedgerEntry.created_us < to_us)
+    stored = conn.execute(
+        select(func.coalesce(func.sum(LedgerEntry.amount_micro), 0)).where(
+            LedgerEntry.kind == storage.KIND, *window
+        )
+    ).scalar()
+    if stored:
+        revenue[(STORAGE, STORAGE, "")] -= int(stored)
+    return dict(revenue), dict(credits)
+
+
+def totals(
+    conn: Connection,
+    thresholds: list[tuple[str, int]],
+    settled: Settled | None = None,
+    now_us: int | None = None,
+) -> Totals:
+    """Everything the metrics need from the database. The ledger's sums are ``settled`` (the
+    previous read's, or none) plus what was posted since: only entries newer than
+    ``SETTLE_US`` are read again at each call, the rest once."""
+    now_us = time.time_ns() // 1000 if now_us is None else now_us
+    settled = settled or Settled()
+    horizon = now_us - SETTLE_US
+    if horizon > settled.until_us:
+        settled = settled.plus(horizon, *ledger_sums(conn, settled.until_us, horizon))
+    live_revenue, live_credits = ledger_sums(conn, settled.until_us, None)
+    revenue = _add(settled.revenue, live_revenue)
+    # Prepaid reservations: few rows, read whole.
     for gpu_type, account, amount in conn.execute(
         select(Reservation.gpu_type, Reservation.account, func.sum(Reservation.amount_micro))
         .where(Reservation.account.like("course:%"))
         .group_by(Reservation.gpu_type, Reservation.account)
     ).all():
-        revenue[(gpu_type, RESERVATION, account.removeprefix("course:"))] += int(amount or 0)
+        key = (gpu_type, RESERVATION, account.removeprefix("course:"))
+        revenue[key] = revenue.get(key, 0) + int(amount or 0)
     for gpu_type, amount in conn.execute(
         select(Reservation.gpu_type, func.sum(Reservation.amount_micro))
         .where(Reservation.account.not_like("course:%"))
         .group_by(Reservation.gpu_type)
     ).all():
-        revenue[(gpu_type, RESERVATION, "")] += int(amount or 0)
-    stored = conn.execute(
-        select(func.coalesce(func.sum(LedgerEntry.amount_micro), 0)).where(
-            LedgerEntry.kind == storage.KIND
-        )
-    ).scalar()
-    if stored:
-        revenue[(STORAGE, STORAGE, "")] += -int(stored)
-    out.revenue = dict(revenue)
-
-    credits = dict.fromkeys(CREDIT_KINDS, 0)
-    for model in (LedgerEntry, CourseLedgerEntry):
-        # Money given only: a negative adjustment is a debit, not a credit.
-        given = func.sum(case((model.amount_micro > 0, model.amount_micro), else_=0))
-        for kind, amount in conn.execute(
-            select(model.kind, given).where(model.kind.in_(_GIVEN)).group_by(model.kind)
-        ).all():
-            label = credit_kind(kind, 1)
-            if label is not None:
-                credits[label] += int(amount or 0)
-    out.credits = credits
+        key = (gpu_type, RESERVATION, "")
+        revenue[key] = revenue.get(key, 0) + int(amount or 0)
+    out = Totals(
+        revenue=revenue,
+        credits={k: 0 for k in CREDIT_KINDS} | _add(settled.credits, live_credits),
+        settled=settled,
+    )
 
     columns = [func.count()] + [
         func.coalesce(func.sum(case((Account.balance_micro < micro, 1), else_=0)), 0)

@@ -158,3 +158,32 @@ def test_the_report_is_the_statements(engine) -> None:
         # Newest first.
         whens = [c["when"] for c in report["credits"]]
         assert whens == sorted(whens, reverse=True)
+
+
+def test_each_ledger_entry_is_summed_once_as_time_goes_by(engine) -> None:
+    """The metrics keep the sums of settled entries and add only newer ones at each read
+    (``revenue.Settled``): read after read, as charges and credits keep arriving over an
+    hour, the kept-and-added sums equal the ledger summed afresh."""
+    start_us = time.time_ns() // 1000
+    settled = None
+    for i in range(7):
+        now_us = start_us + i * 10 * 60 * MICRO
+        user = f"s{i}-{eid()[:8]}"
+        t = time.time()
+        feed(engine, session_events(user, t - 600, [(1, 300)], stop_at=400), now_us=now_us)
+        with engine.begin() as conn:
+            ledger.credit(conn, user, "topup", (i + 1) * MICRO, eid(), now_us, actor="ops")
+        with engine.connect() as conn:
+            kept = revenue.totals(conn, THRESHOLDS, settled, now_us + 1)
+            fresh = revenue.totals(conn, THRESHOLDS, None, now_us + 1)
+        assert kept.revenue == fresh.revenue and kept.credits == fresh.credits, i
+        assert kept.settled.until_us == fresh.settled.until_us == now_us + 1 - revenue.SETTLE_US
+        assert sum(kept.revenue.values()) == with_ledger(engine)
+        settled = kept.settled
+    # An hour on, most of it is settled: the sums kept cover every entry but the last quarter.
+    assert settled is not None and settled.revenue and settled.credits["credit"] > 0
+
+
+def with_ledger(engine) -> int:
+    with engine.connect() as conn:
+        return ledger_charged(conn)

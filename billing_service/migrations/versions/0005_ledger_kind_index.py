@@ -1,6 +1,7 @@
-"""Ledger entries by kind and time: billing's metrics and the admin revenue report sum the
-credits and charges of each kind (over all time, or per day of a window) at every scrape, which
-without these indexes scans both books whole.
+"""Ledger entries by kind and time, sessions by their stop: billing's metrics and the admin
+revenue report sum the credits and charges of each kind posted in a window (the last minutes at
+every scrape, or the days of the report), and the metrics' lag and the enforcer look for the
+sessions still open; without these indexes each scans its table whole.
 
 Revision ID: 0005
 Revises: 0004
@@ -17,8 +18,10 @@ depends_on = None
 def upgrade() -> None:
     op.create_index("ix_ledger_kind_created", "ledger", ["kind", "created_us"])
     op.create_index("ix_course_ledger_kind_created", "course_ledger", ["kind", "created_us"])
+    op.create_index("ix_sessions_stopped", "server_sessions", ["stopped_us"])
 
 
 def downgrade() -> None:
+    op.drop_index("ix_sessions_stopped", "server_sessions")
     op.drop_index("ix_course_ledger_kind_created", "course_ledger")
     op.drop_index("ix_ledger_kind_created", "ledger")
