@@ -7,7 +7,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 ARGS ?=
 
-.PHONY: install run test lint format bench bench-apps bench-swarm bench-class bench-ssh clean labext-test
+.PHONY: install run test lint format bench bench-apps bench-swarm bench-class bench-ssh bench-metrics clean labext-test
 
 # The install steps print one line each: on a fresh machine their own output (Yarn's alone was
 # 2,361 lines) buried how to log in, which `make run` prints last. A step's whole output goes to
@@ -112,6 +112,11 @@ bench-ssh: install
 # gpulab-swarm vs gpulab-docker on a two-node test swarm on this machine (as root).
 bench-swarm: install
 	$(BIN)/python benchmarks/swarm_spawn.py $(ARGS)
+
+# What operators' metrics cost: a /hub/metrics scrape with 1,000 users and 200 allocations (against
+# JupyterHub's own scrape), the observer and card sampler per 100 servers (root: cgroups).
+bench-metrics: install
+	$(BIN)/python benchmarks/metrics.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) node_modules .gpulab .pytest_cache .ruff_cache
