@@ -17,7 +17,9 @@ interpreter, without site-packages, so it costs little). In this order:
    then ``execve`` of ``argv`` with the hub's environment (``env``).
 
 Without ``uid`` (a ``docker exec`` client run for a container server) steps 1, 2 and 4 are
-skipped: the client runs as the gateway and the container decides who the user is.
+skipped: the client runs as the gateway and the container decides who the user is. A gateway not
+run as root (a hub on a laptop) skips them too, for a server of its own account only. On a node
+without cgroups the server's process is recognised by its account instead.
 """
 
 import ctypes
@@ -51,18 +53,33 @@ def check_cgroup_path(path: str) -> str:
     return norm
 
 
+def is_servers(pid: int, procs: list[str], uid: int) -> bool:
+    """``pid`` is the server's: in its cgroup, or (a node without cgroups) its account's."""
+    if procs:
+        return pid in cgroup_pids(procs[0])
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("Uid:"):
+                    return int(line.split()[1]) == uid
+    except OSError:
+        pass
+    return False
+
+
 def enter_server(spec: dict) -> None:
     procs = [check_cgroup_path(p) for p in spec.get("cgroup") or []]
-    ns_pid = spec.get("ns_pid")
+    ns_pid = int(spec.get("ns_pid") or 0)
+    uid = int(spec["uid"])
     ns_fds = []
     if ns_pid:
-        if not procs or ns_pid not in cgroup_pids(procs[0]):
+        if not is_servers(ns_pid, procs, uid):
             fail("the server's process is gone")
         for ns in ("mnt", "ipc"):
-            ns_fds.append(os.open(f"/proc/{int(ns_pid)}/ns/{ns}", os.O_RDONLY | os.O_CLOEXEC))
-        # Still in the group after the opening: the namespaces are the server's, not those of a
+            ns_fds.append(os.open(f"/proc/{ns_pid}/ns/{ns}", os.O_RDONLY | os.O_CLOEXEC))
+        # Still the server's after the opening: the namespaces are the server's, not those of a
         # process that took a reused pid.
-        if ns_pid not in cgroup_pids(procs[0]):
+        if not is_servers(ns_pid, procs, uid):
             fail("the server's process is gone")
     for path in procs:
         fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -81,6 +98,11 @@ def enter_server(spec: dict) -> None:
 def main() -> None:
     spec = json.loads(sys.argv[1])
     uid = spec.get("uid")
+    if uid is not None and os.geteuid() != 0:
+        # A hub not run as root: its servers run as the hub's own account, as does this.
+        if int(uid) != os.geteuid():
+            fail("the gateway cannot become the server's account (it does not run as root)")
+        uid = None
     if uid is not None:
         enter_server(spec)
     os.setsid()

@@ -14,7 +14,7 @@ import tomllib
 
 from harness import REPO
 
-FOLDERS = ("catalog", "hub_config", "spawners", "billing_service")
+FOLDERS = ("catalog", "hub_config", "spawners", "billing_service", "ssh_service")
 MAX_LINES = 800
 
 
