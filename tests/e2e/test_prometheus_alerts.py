@@ -11,6 +11,7 @@ a free loopback port and is stopped (its whole process group) at the end.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -27,6 +28,7 @@ from harness import REPO, Hub, free_port, wait_for
 
 RULES = REPO / "monitoring" / "rules" / "gpulab.rules.yml"
 CONFIG = REPO / "monitoring" / "prometheus.yml"
+DASHBOARD = REPO / "monitoring" / "grafana" / "dashboards" / "gpulab.json"
 # The only card: taking it exhausts the pool of its type.
 CARD = "A100-80G"
 
@@ -130,6 +132,25 @@ class Prometheus:
         ]
 
 
+def dashboard_queries(prom: Prometheus) -> set[str]:
+    """Run every panel's queries of monitoring/grafana/dashboards/gpulab.json (variables set to
+    "all", rate windows to 1m); a query Prometheus refuses fails. Returns the titles of panels
+    with no data."""
+    dash = json.loads(DASHBOARD.read_text())
+    empty = set()
+    for panel in dash["panels"]:
+        results = []
+        for target in panel.get("targets", []):
+            expr = target["expr"].replace("$__rate_interval", "1m")
+            expr = expr.replace("$type", ".*").replace("$node", ".*")
+            r = requests.get(f"{prom.url}/api/v1/query", params={"query": expr}, timeout=10)
+            assert r.status_code == 200, (panel["title"], expr, r.text)
+            results += r.json()["data"]["result"]
+        if panel["type"] != "row" and not results:
+            empty.add(panel["title"])
+    return empty
+
+
 @pytest.fixture
 def prometheus_for(tmp_path):
     started: list[Prometheus] = []
@@ -155,7 +176,8 @@ def test_a_real_prometheus_fires_pool_exhausted_and_billing_down(
     the gauges the other rules read (disk, observer lag, billing lag, enforcer's last run, a held
     card's DCGM utilisation and idle seconds with its holder) are there under the rules' names;
     taking the only card of a type fires GpulabPoolExhausted for that type (and stopping the
-    server clears it); billing not answering its scrape fires GpulabBillingDown."""
+    server clears it); every query of the Grafana dashboard is valid here, its pool and card
+    panels with data; billing not answering its scrape fires GpulabBillingDown."""
     token = uuid.uuid4().hex
     hub = hub_factory("prom", simulate=f"{CARD}:1", env={"GPULAB_PROMETHEUS_TOKEN": token})
     prom = prometheus_for(hub, token)
@@ -203,6 +225,10 @@ def test_a_real_prometheus_fires_pool_exhausted_and_billing_down(
     wait_for(lambda: len(prom.query(util)) == 1, 60, 0.5, "the held card's utilisation")
     idle = f'gpulab_card_idle_seconds{{user="{name}",type="{card}"}}'
     wait_for(lambda: len(prom.query(idle)) == 1, 60, 0.5, "the held card's idle seconds")
+    # Every query of the shipped Grafana dashboard is valid PromQL to this Prometheus, and the
+    # pool's and cards' panels show this hub (Grafana cannot be installed here to draw them).
+    empty = dashboard_queries(prom)
+    assert not {"Cards by state", "GPU utilisation", "Held but idle cards"} & empty, empty
     hub.stop_server(name)
     wait_for(
         lambda: (
