@@ -33,6 +33,7 @@ from gpulab.hub_config.overrides.errors import http_error
 from gpulab.hub_config.scopes import READ_POOL_SCOPE
 from gpulab.spawners.courses import student_courses
 from gpulab.spawners.node.allocator import RESERVED, NoCapacity, owner_key
+from gpulab.spawners.node.counters import count_refusal
 from gpulab.spawners.request import SpawnRequest, hand_over
 
 
@@ -155,11 +156,16 @@ class SwitchAPIHandler(GpulabAPIHandler):
                 "server (the market then answers with the current price or a queue place)",
             )
         # Money first: nothing is reserved or stopped for a mode the user cannot pay (402).
-        request = await spawner.check_affordable(request)
+        try:
+            request = await spawner.check_affordable(request)
+        except web.HTTPError as e:
+            count_refusal("balance" if e.status_code == 402 else "other")  # the hub's metrics
+            raise
         owner = owner_key(user.name, "")
         try:
             self.pool.allocator.reserve(owner, card_type(options.gpu), options.gpus)
         except NoCapacity as e:
+            count_refusal("pool_exhausted")
             raise http_error(409, str(e), e) from None
         self.log.info("Switching %s to %s", owner, options.label(self.pool.catalog))
         asyncio.get_running_loop().create_task(self._restart(user, request))

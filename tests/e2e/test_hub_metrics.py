@@ -194,16 +194,20 @@ def test_cards_and_servers_are_the_pools_and_cards_follow_their_holders_work(hub
 def test_refusals_are_counted_by_reason(hub: Hub) -> None:
     """Issue 24, "refusals by reason" and "429s that never showed in metrics": a bad option
     (invalid), no free card (pool_exhausted), a bid below the spot price (market), a balance
-    that cannot pay (balance), JupyterHub's own 429 at its active-server limit (rate_limited):
+    that cannot pay (balance), a switch of a running server to a full type (pool_exhausted),
+    JupyterHub's own 429 at its active-server limit (rate_limited):
     each is counted once under its reason, with the refused spawns' outcome. Fails before: no
     gpulab_spawn_refusals_total."""
     billing = Billing(hub)
     holder, other, poor, third, late = (hub.create_user() for _ in range(5))
     hub.spawn_ready(holder, {"gpu": "a100-80g"})
 
-    def refused(user: str, options: dict, status: int, reason: str) -> None:
+    def refused(user: str, options: dict, status: int, reason: str, switch: bool = False) -> None:
         before = Scrape(hub)
-        r = hub.spawn(user, options)
+        if switch:  # a running server moved to other options (the JupyterLab toggle)
+            r = hub.api("POST", f"/gpulab/users/{user}/switch", json=options)
+        else:
+            r = hub.spawn(user, options)
         assert r.status_code == status, r.text
         after = Scrape(hub)
         for why in ("invalid", "pool_exhausted", "market", "balance", "rate_limited"):
@@ -211,7 +215,7 @@ def test_refusals_are_counted_by_reason(hub: Hub) -> None:
                 "gpulab_spawn_refusals_total", reason=why
             )
             assert delta == (1 if why == reason else 0), (why, reason, r.text)
-        assert hub.server(user) is None
+        assert switch or hub.server(user) is None
 
     refused(other, {"gpu": "no-such-card"}, 400, "invalid")
     refused(other, {"gpu": "a100-80g"}, 409, "pool_exhausted")
@@ -224,6 +228,8 @@ def test_refusals_are_counted_by_reason(hub: Hub) -> None:
     assert refused_spawns >= 3
 
     hub.spawn_ready(other, {"gpu": "rtx-4090"})
+    refused(other, {"gpu": "a100-80g"}, 409, "pool_exhausted", switch=True)
+    assert hub.server(other)["ready"]
     hub.spawn_ready(third, {"gpu": "none"})
     refused(late, {"gpu": "none"}, 429, "rate_limited")
 
