@@ -6,6 +6,7 @@ Scopes are checked with JupyterHub's RBAC (:mod:`gpulab.hub_config.scopes`).
 from gpulab.hub_config.api import (
     apps,
     datasets,
+    gpu_usage,
     notices,
     pool,
     ports,
@@ -25,6 +26,7 @@ ROUTES = [
     *datasets.ROUTES,
     *storage.ROUTES,
     *uploads.ROUTES,
+    *gpu_usage.ROUTES,
     *ports.ROUTES,
     *ssh.ROUTES,
 ]

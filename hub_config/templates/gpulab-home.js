@@ -118,6 +118,44 @@
     }
   }
 
+  // The server's cards as the hub measures them (GET .../gpu): one line on the server's card,
+  // the idle nudge (the Switch button above moves it to no-GPU mode) or how busy they are. The
+  // last line is put back at once (renderServer rebuilt the card) and replaced once read.
+  let gpuLine = null;
+  async function renderGpu() {
+    const s = home.server;
+    const body = $("gpulab-server-body");
+    if (!s || !s.ready || s.gpu === "none") {
+      gpuLine = null;
+      return;
+    }
+    if (gpuLine) body.append(gpuLine);
+    let r;
+    try {
+      r = await request("GET", api("/gpu"));
+    } catch (e) {
+      return; // the hub did not answer: keep the last line
+    }
+    const cards = r.ok ? r.data.cards.filter((c) => c.util_pct !== null) : [];
+    const nudge = r.ok ? r.data.nudge : null;
+    const line = cards.length
+      ? el(
+          "p",
+          {
+            id: "gpulab-gpu-line",
+            class: "mb-0 small " + (nudge ? "text-warning-emphasis fw-semibold" : "text-body-secondary"),
+          },
+          nudge
+            ? nudge.text
+            : "GPU " + Math.round(cards.reduce((sum, c) => sum + c.util_pct, 0) / cards.length) +
+                " % busy (measured by the hub)",
+        )
+      : null;
+    if (gpuLine && gpuLine.isConnected) gpuLine.remove();
+    gpuLine = line;
+    if (line && home.server && home.server.ready) $("gpulab-server-body").append(line);
+  }
+
   function renderPool() {
     // Types with no card on this node are the catalog's, not this pool's: not shown.
     const rows = home.pool.filter((t) => t.total > 0).map((t) =>
@@ -294,6 +332,7 @@
     home = r.data;
     renderBalance();
     renderServer();
+    renderGpu();
     renderPool();
     if (!launching) renderApps();
     renderLastLaunch();

@@ -8,6 +8,8 @@
 - ``GET  gpus``    live utilization and memory of this server's GPUs (NVML), or why there is none;
 - ``GET  spot``    spot servers: the spot price, the bid and a preemption warning with its deadline;
 - ``GET  storage`` this user's home against its quota, as the hub measured it (the status bar).
+- ``GET  gpu-usage`` this server's cards as the hub measures them (utilisation, memory, processes,
+  idle time) and the hub's idle nudge with its prices (the GPU status item and panel).
 
 The browser never talks to the hub or billing itself: these handlers call them with this
 server's own token (``JUPYTERHUB_API_TOKEN``), so no hub credential ever reaches the page.
@@ -330,6 +332,30 @@ class StorageHandler(_Handler):
             self.finish_json({"available": False, "message": message})
 
 
+class GpuUsageHandler(_Handler):
+    """This server's cards as the hub measures them (``GET /hub/api/gpulab/users/NAME/gpu``),
+    fetched with this server's token (which may read its own user's figures only): the hub's
+    reading, never this server's own. Never an error status for the page: a hub that cannot say
+    answers ``{"available": false, message}``."""
+
+    @web.authenticated
+    async def get(self) -> None:
+        info = self.info
+        if not info.user:
+            self.finish_json({"available": False, "message": "not started by JupyterHub"})
+            return
+        path = (
+            f"gpulab/users/{quote(info.user, safe='')}/gpu"
+            f"?server={quote(info.server_name, safe='')}"
+        )
+        status, data, error = await self.upstream.call(self.upstream.hub(path))
+        if status == 200 and isinstance(data, dict):
+            self.finish_json(data)
+        else:
+            message = self.hub_message(status, data, error, "GPU usage")
+            self.finish_json({"available": False, "message": message})
+
+
 class SwitchHandler(_Handler):
     @property
     def guard(self) -> SwitchGuard:
@@ -465,5 +491,6 @@ def setup_handlers(server_app: Any) -> None:
             (url_path_join(base, "spot"), SpotHandler),
             (url_path_join(base, "notices"), NoticesHandler),
             (url_path_join(base, "storage"), StorageHandler),
+            (url_path_join(base, "gpu-usage"), GpuUsageHandler),
         ],
     )

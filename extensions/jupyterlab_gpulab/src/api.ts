@@ -3,6 +3,7 @@ import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
 import { IBalance, ICatalog, IPool, IServerId, IStatus } from './logic';
+import { IGpuUnavailable, IGpuUsage } from './gpuusage';
 import { ISpotStatus } from './spot';
 import { IStorage } from './storage';
 
@@ -49,7 +50,8 @@ export const getStatus = () => request<IStatus>('status');
 export const getBalance = () => request<IBalance>('balance');
 export const getCatalog = () => request<ICatalog>('catalog');
 export const getPool = () => request<IPool>('pool');
-export const getGpus = () => request<any>('gpus');
+/** This server's cards as the hub measures them, or {available: false} when the hub cannot say. */
+export const getGpuUsage = () => request<IGpuUsage | IGpuUnavailable>('gpu-usage');
 export const getSpot = () => request<ISpotStatus>('spot');
 /** The hub's figure of this user's home, or {available: false} when the hub cannot say. */
 export const getStorage = () =>

@@ -4,7 +4,7 @@
 import { JupyterFrontEndPlugin } from '@jupyterlab/application';
 
 import { datasetsPlugin } from './datasets';
-import { gpuPanelPlugin } from './gpus';
+import { gpuUsagePlugin } from './gpuitem';
 import { earlyLauncherPlugin } from './launcher';
 import { modeSwitchPlugin } from './modeswitch';
 import { sessionPlugin } from './session';
@@ -18,7 +18,7 @@ const plugins: JupyterFrontEndPlugin<any>[] = [
   storagePlugin,
   modeSwitchPlugin,
   datasetsPlugin,
-  gpuPanelPlugin,
+  gpuUsagePlugin,
   spotPlugin,
   earlyLauncherPlugin
 ];

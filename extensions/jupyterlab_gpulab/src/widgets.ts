@@ -1,7 +1,6 @@
-// The visible parts: the status-bar item, the Datasets panel, the GPU panel and the body of the
-// "Switch to GPU..." dialog.
+// The visible parts: the status-bar item, the Datasets panel and the body of the "Switch to
+// GPU..." dialog (the GPU panel is gpupanel.ts).
 import { LabIcon } from '@jupyterlab/ui-components';
-import { Message } from '@lumino/messaging';
 import { Widget } from '@lumino/widgets';
 
 import { IBalance, ICatalog, IGpuChoice, IStatus, isNoGpu, statusParts } from './logic';
@@ -182,91 +181,6 @@ export class DatasetsPanel extends Widget {
       )
     );
   }
-}
-
-/** Left sidebar: this server's GPUs, live from NVML, or why there are none. */
-export class GpuPanel extends Widget {
-  private body = el('div', 'jp-gpulab-gpus');
-
-  constructor(private refresh: () => void) {
-    super();
-    this.id = 'gpulab-gpus';
-    this.addClass('jp-gpulab-panel');
-    this.title.icon = gpuIcon;
-    this.title.caption = 'GPUs of this server';
-    this.node.append(el('h2', 'jp-gpulab-panel-title', 'GPUs'), this.body);
-  }
-
-  protected onAfterShow(msg: Message): void {
-    super.onAfterShow(msg);
-    this.refresh(); // fresh numbers as soon as the panel opens, then every few seconds
-  }
-
-  render(data: any, error = ''): void {
-    this.body.replaceChildren();
-    if (error) {
-      this.body.appendChild(el('p', 'jp-gpulab-note', `GPU status unavailable: ${error}`));
-      return;
-    }
-    if (!data) {
-      this.body.appendChild(el('p', 'jp-gpulab-note', 'Loading…'));
-      return;
-    }
-    this.body.dataset.state = data.state;
-    if (data.state === 'none') {
-      this.body.appendChild(
-        el('p', 'jp-gpulab-state', 'No GPU in this mode. Switch to a GPU to train on one.')
-      );
-      return;
-    }
-    if (data.state === 'simulated') {
-      this.body.appendChild(
-        el(
-          'p',
-          'jp-gpulab-state',
-          `${data.mode}: these GPUs are simulated (this machine has none), so there is no ` +
-            'utilization or memory to show.'
-        )
-      );
-      for (const d of data.devices) {
-        this.body.appendChild(el('div', 'jp-gpulab-gpu-id', d.id));
-      }
-      return;
-    }
-    if (data.state === 'error') {
-      this.body.appendChild(el('p', 'jp-gpulab-state', data.error || 'NVML unavailable'));
-      return;
-    }
-    for (const d of data.devices) {
-      const card = el('div', 'jp-gpulab-gpu');
-      card.appendChild(el('div', 'jp-gpulab-gpu-name', d.name || d.id));
-      if (d.error) {
-        card.appendChild(el('div', 'jp-gpulab-note', d.error));
-      } else {
-        card.append(
-          bar('Utilization', d.utilization_percent, `${d.utilization_percent}%`),
-          bar(
-            'Memory',
-            (100 * d.memory_used_mib) / Math.max(1, d.memory_total_mib),
-            `${(d.memory_used_mib / 1024).toFixed(1)} / ${(d.memory_total_mib / 1024).toFixed(
-              1
-            )} GiB`
-          )
-        );
-      }
-      this.body.appendChild(card);
-    }
-  }
-}
-
-function bar(label: string, percent: number, text: string): HTMLElement {
-  const row = el('div', 'jp-gpulab-bar-row');
-  const track = el('div', 'jp-gpulab-bar');
-  const fill = el('div', 'jp-gpulab-bar-fill');
-  fill.style.width = `${Math.max(0, Math.min(100, percent))}%`;
-  track.appendChild(fill);
-  row.append(el('span', 'jp-gpulab-bar-label', label), track, el('span', 'jp-gpulab-bar-text', text));
-  return row;
 }
 
 /** The body of the "Switch to GPU..." dialog: GPU type (with free cards and price) and count. */
