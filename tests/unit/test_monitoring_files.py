@@ -300,6 +300,8 @@ def test_the_compose_overlay_adds_prometheus_and_grafana_away_from_user_containe
     for s in ("prometheus", "grafana"):
         for port in svc[s]["ports"]:
             assert str(port).startswith("127.0.0.1:"), (s, port)
+    genv = svc["grafana"]["environment"]
+    assert genv["GF_USERS_ALLOW_SIGN_UP"] == genv["GF_AUTH_ANONYMOUS_ENABLED"] == "false"
     # Each setting the overlay needs is asked for by name.
     for missing in ("GPULAB_PROMETHEUS_TOKEN", "GPULAB_PROMETHEUS_TOKEN_FILE"):
         env = {k: v for k, v in COMPOSE_ENV.items() if k != missing}
@@ -368,6 +370,10 @@ def test_the_stack_overlay_keeps_the_hub_and_adds_monitoring_on_the_hub_node() -
     assert networks(svc["grafana"]) == {"monitoring"}
     assert networks(svc["prometheus"]) == {"internal", "monitoring"}
     assert {s["source"] for s in svc["prometheus"]["secrets"]} == {"gpulab_prometheus_token"}
+    # Only Grafana is published (servers on GPU nodes reach the hub node): log-in only.
+    assert not svc["prometheus"].get("ports")
+    genv = svc["grafana"]["environment"]
+    assert genv["GF_USERS_ALLOW_SIGN_UP"] == genv["GF_AUTH_ANONYMOUS_ENABLED"] == "false"
     prom_files = {
         c["target"]: merged["configs"][c["source"]]["file"] for c in svc["prometheus"]["configs"]
     }
