@@ -236,12 +236,17 @@ def test_authorize_and_session_answer_only_the_gateway(hub: Hub) -> None:
 
 def test_a_token_logs_in_only_as_its_own_user_with_server_access(hub: Hub) -> None:
     """A token authorizes only as its very owner, and only if it may reach the owner's servers:
-    not as another user, not a read-only token, not a server's own token (filtered to one
+    not as another user (not even the admin's token, which reaches every server), not a
+    read-only token, not a server's own token (filtered to one
     server, readable by staff inside it), not a service's token, not an expired one."""
     alice, bob = hub.create_user(), hub.create_user()
     full = token_for(hub, alice)
     assert authorize(hub, {"user": alice, "token": full, "peer": "t1"}).json() == {"user": alice}
     assert authorize(hub, {"user": bob, "token": full, "peer": "t1"}).status_code == 403
+    # The admin's own token reaches every server, yet logs in over SSH as the admin only.
+    admin_token = hub.api("POST", "/users/admin/tokens", json={"expires_in": 600}).json()["token"]
+    assert authorize(hub, {"user": alice, "token": admin_token, "peer": "t1"}).status_code == 403
+    assert authorize(hub, {"user": "admin", "token": admin_token, "peer": "t1"}).ok
     r = hub.api(
         "POST", f"/users/{alice}/tokens", json={"scopes": ["read:users:name!user"], "note": "ro"}
     )
@@ -334,3 +339,27 @@ def test_session_of_a_running_server_names_its_process_cgroup_and_environment(hu
         hub.stop_server(alice)
     r = hub.api("POST", "/gpulab/ssh/session", token=gateway_token(hub), json={"user": alice})
     assert r.json()["running"] is False and r.json()["pid"] is None, r.text
+
+
+def test_a_key_does_not_outlive_its_account(hub: Hub, tmp_path: Path) -> None:
+    """A user deleted and a new account made later under the same name (someone else, e.g. a
+    new sign-up) does not inherit the old keys: the old owner's key logs in as nobody, and the
+    new account starts with no keys (attack: "log in as another user with your key")."""
+    name = f"gone{uuid.uuid4().hex[:6]}"
+    hub.create_user(name)
+    line, fp = keygen(tmp_path)
+    r = hub.api(
+        "POST", f"/gpulab/users/{name}/ssh-keys", token=token_for(hub, name), json={"key": line}
+    )
+    assert r.status_code == 201, r.text
+    assert authorize(hub, {"user": name, "fingerprint": fp, "peer": "g1"}).status_code == 200
+    assert hub.api("DELETE", f"/users/{name}").status_code == 204
+    assert authorize(hub, {"user": name, "fingerprint": fp, "peer": "g1"}).status_code == 403
+    hub.create_user(name)
+    assert authorize(hub, {"user": name, "fingerprint": fp, "peer": "g1"}).status_code == 403
+    assert keys_of(hub, name, token_for(hub, name)) == []
+    # The newcomer can register that very key as theirs (the old record went with the account).
+    r = hub.api(
+        "POST", f"/gpulab/users/{name}/ssh-keys", token=token_for(hub, name), json={"key": line}
+    )
+    assert r.status_code == 201, r.text
