@@ -124,7 +124,7 @@ def nudge(
 
     ``opts`` are the running server's options (its price now: on-demand, spot in force, course
     education price); ``auto_after`` the observer's ``gpu_idle_timeout`` (0: off), said in
-    the text when it is set, since the server will move by itself then."""
+    the text when it is set: a server doing no work at all (CPU included) moves by itself then."""
     if idle_minutes <= 0 or idle_seconds is None or idle_seconds < idle_minutes * 60:
         return None
     if opts is None or opts.gpu == NO_GPU:
@@ -134,7 +134,8 @@ def nudge(
     text = nudge_text(idle_seconds, catalog.currency, now, no_gpu) + "."
     if auto_after > 0:
         text += (
-            f" After {auto_after / 60:g} min idle it moves to no-GPU mode by itself (same home)."
+            f" A server that does no work for {auto_after / 60:g} min moves to no-GPU mode by "
+            "itself (same home)."
         )
     return {
         "idle_seconds": round(idle_seconds, 1),

@@ -30,7 +30,7 @@ def test_a_course_student_is_nudged_with_the_education_prices(catalog) -> None:
     renter = parse_options({"gpu": "a100-80g", "gpus": 2}, catalog)
     got = nudge(8 * 60, 8, renter, catalog, auto_after=600)
     assert (got["price_now"], got["price_no_gpu"]) == ("4.20", "0.09")
-    assert "After 10 min idle it moves to no-GPU mode by itself" in got["text"]
+    assert "A server that does no work for 10 min moves to no-GPU mode by itself" in got["text"]
 
 
 def test_no_nudge_before_idle_minutes_without_a_figure_or_a_gpu(catalog) -> None:
