@@ -22,7 +22,7 @@ else
 quietly = $(3)
 endif
 
-install: $(VENV)/.installed node_modules/.installed $(VENV)/.labext-installed
+install: $(VENV)/.installed node_modules/.installed $(VENV)/.labext-installed $(VENV)/.code-server-installed
 
 $(VENV)/.installed: pyproject.toml extensions/gpulab_spot/pyproject.toml extensions/gpulab_reporter/pyproject.toml \
 		extensions/gpulab_sd_webui/pyproject.toml
@@ -39,6 +39,16 @@ $(VENV)/.installed: pyproject.toml extensions/gpulab_spot/pyproject.toml extensi
 node_modules/.installed: package.json
 	@command -v npm >/dev/null || { echo "npm (Node.js >= 18) is needed for configurable-http-proxy"; exit 1; }
 	$(call quietly,installing configurable-http-proxy (npm),npm,npm install --no-audit --no-fund --loglevel=error)
+	@touch $@
+
+# VS Code in the browser (the catalog's vscode app): code-server from npm, built here with
+# Debian's ripgrep (images/code-server/install.sh). Optional: where it cannot be built the app is
+# not offered (the step says why; remove $(VENV)/.code-server-installed to try again).
+$(VENV)/.code-server-installed: images/code-server/install.sh $(VENV)/.installed
+	@mkdir -p $(LOGS) && echo "make: installing code-server (the VS Code app) into $(VENV)"
+	@sh images/code-server/install.sh $(VENV) >$(LOGS)/code-server.log 2>&1 || { \
+		tail -n 20 $(LOGS)/code-server.log; \
+		echo "make: code-server did not install: the VS Code app is not offered (all output: $(LOGS)/code-server.log)"; }
 	@touch $@
 
 # ---- the JupyterLab extension (extensions/jupyterlab_gpulab) ----------------------------------

@@ -112,6 +112,12 @@ class App(_Model):
         300, gt=0, description="Seconds jupyter-server-proxy waits for its port to open."
     )
     uses_models: bool = Field(False, description="Whether it reads the model store (~/models).")
+    absolute_url: bool = Field(
+        True,
+        description="True: the app is handed the whole path (/user/NAME/APP/...), as its own "
+        "base-path option expects; False: only what follows /user/NAME/APP/, for apps that use "
+        "relative links alone and have no base-path option (code-server).",
+    )
 
     _cmd = field_validator("command", "local_command")(_check_command)
     _checkout = field_validator("local_checkout")(_check_checkout)

@@ -44,8 +44,9 @@ def server_proxy_entry(app: App, command: list[str], home: str) -> dict[str, Any
     entry: dict[str, Any] = {
         "command": fill_placeholders(command, home, app.local_checkout),
         "timeout": app.timeout,
-        # The app gets the whole path (/user/NAME/APP/...), as its --subpath expects.
-        "absolute_url": True,
+        # The app gets the whole path (/user/NAME/APP/...), as its --subpath expects, unless it
+        # links relatively and has no such option (code-server).
+        "absolute_url": app.absolute_url,
         "launcher_entry": {"title": app.display_name, "enabled": True},
         "new_browser_tab": True,
     }

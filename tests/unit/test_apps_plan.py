@@ -22,7 +22,7 @@ def counts(**free: int) -> dict[str, dict[str, int]]:
 
 
 def test_shipped_apps_and_model_store() -> None:
-    assert list(CATALOG.apps) == ["jupyterlab", "sd-webui", "comfyui", "tensorboard"]
+    assert list(CATALOG.apps) == ["jupyterlab", "sd-webui", "comfyui", "tensorboard", "vscode"]
     assert SD.ready_path == "/sdapi/v1/options" and SD.image == "sd-webui" and SD.uses_models
     assert CATALOG.apps["jupyterlab"].is_server and not SD.is_server
     assert SD.url_path("/user/ann/") == "/user/ann/sd-webui/"
