@@ -157,7 +157,15 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=30, help="ssh true round trips per side")
     ap.add_argument("--sftp-rounds", type=int, default=3, help="1 GB puts and gets per side")
     ap.add_argument("--size-mb", type=int, default=1024, help="the SFTP file's size in MiB")
+    ap.add_argument(
+        "--cipher",
+        default="",
+        help="the client's cipher for both sides (ssh -c), e.g. aes128-gcm@openssh.com; "
+        "default: the client's own choice (chacha20-poly1305@openssh.com with OpenSSH 9)",
+    )
     args = ap.parse_args()
+    if args.cipher:
+        CLIENT.extend(["-c", args.cipher])
     if os.geteuid() != 0:
         print("benchmarks/ssh.py needs root (sshd, the user's account)", file=sys.stderr)
         return 2
@@ -219,7 +227,8 @@ def main() -> int:
         print(
             f"# {platform.machine()}, {os.cpu_count()} CPUs, Linux {platform.release()}, "
             f"load {os.getloadavg()[0]:.1f}; {args.rounds} round trips, "
-            f"{args.sftp_rounds} x {size_mb:.0f} MiB each way"
+            f"{args.sftp_rounds} x {size_mb:.0f} MiB each way; cipher "
+            f"{args.cipher or 'the client default'}"
         )
         print(f"{'':10} {'ssh true p50':>13} {'p95':>8} {'sftp put MB/s':>14} {'get MB/s':>9}")
         for side in sides:
