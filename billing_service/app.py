@@ -278,6 +278,11 @@ class BillingService(Application):
             self.metrics_cache_seconds,
         )
 
+    @cached_property
+    def revenue_days(self) -> dict[int, revenue.Day]:
+        """The admin revenue report's figures of days over (``revenue.report``)."""
+        return {}
+
     pid_file = Unicode(config=True, help="Where the service writes its process id.")
 
     @default("pid_file")

@@ -36,7 +36,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import Connection, case, func, literal_column, select
+from sqlalchemy import Connection, case, func, select
 
 from gpulab.billing_service import storage
 from gpulab.billing_service.models import (
@@ -227,22 +227,84 @@ def totals(
 # ---- the admin report ------------------------------------------------------------------------
 
 
-def day_start(t_us: int) -> int:
-    """Midnight UTC of the day of ``t_us``."""
-    return t_us - t_us % US_PER_DAY
-
-
-def _day_of(column):
-    """The UTC day (days since 1970) of a time column, as SQL: the divisor is written into the
-    statement, so that the same expression groups and selects (PostgreSQL compares them)."""
-    return column.op("/")(literal_column(str(US_PER_DAY)))
-
-
 def _day_name(day_index: int) -> str:
     return (datetime(1970, 1, 1, tzinfo=UTC) + timedelta(days=day_index)).date().isoformat()
 
 
-def report(conn: Connection, currency: str, now_us: int, days: int) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Day:
+    """What one UTC day earned (micro-units): by type (a session's GPU type, ``storage``, a
+    reservation's type), by user (their usage whoever paid, storage, own reservations), what
+    pools paid of each user's, and by course (what each pool paid, its reservations)."""
+
+    by_type: dict[str, int]
+    by_user: dict[str, int]
+    paid_by_course: dict[str, int]
+    by_course: dict[str, int]
+
+
+def day_figures(conn: Connection, day_index: int) -> Day:
+    """The ledger's charges, storage and reservations posted on one UTC day."""
+    d0 = day_index * US_PER_DAY
+    d1 = d0 + US_PER_DAY
+    by_type: dict[str, int] = defaultdict(int)
+    by_user: dict[str, int] = defaultdict(int)
+    paid_by_course: dict[str, int] = defaultdict(int)
+    by_course: dict[str, int] = defaultdict(int)
+    # Charges of sessions, in the users' books and the pools' (the student's usage either way).
+    for model in (LedgerEntry, CourseLedgerEntry):
+        for user, gpu_type, amount in conn.execute(
+            select(model.user, ServerSession.gpu_type, func.sum(-model.amount_micro))
+            .join(ServerSession, ServerSession.id == model.session_id)
+            .where(model.kind == "charge", model.created_us >= d0, model.created_us < d1)
+            .group_by(model.user, ServerSession.gpu_type)
+        ).all():
+            amount = int(amount or 0)
+            by_type[gpu_type] += amount
+            by_user[user] += amount
+            if model is CourseLedgerEntry:
+                paid_by_course[user] += amount
+    for course, amount in conn.execute(
+        select(CourseLedgerEntry.course, func.sum(-CourseLedgerEntry.amount_micro))
+        .where(
+            CourseLedgerEntry.kind == "charge",
+            CourseLedgerEntry.created_us >= d0,
+            CourseLedgerEntry.created_us < d1,
+        )
+        .group_by(CourseLedgerEntry.course)
+    ).all():
+        by_course[course] += int(amount or 0)
+    # Storage above the free size.
+    for user, amount in conn.execute(
+        select(LedgerEntry.user, func.sum(-LedgerEntry.amount_micro))
+        .where(
+            LedgerEntry.kind == storage.KIND,
+            LedgerEntry.created_us >= d0,
+            LedgerEntry.created_us < d1,
+        )
+        .group_by(LedgerEntry.user)
+    ).all():
+        by_type[STORAGE] += int(amount or 0)
+        by_user[user] += int(amount or 0)
+    # Prepaid reservations, the day they were paid.
+    for account, gpu_type, amount in conn.execute(
+        select(Reservation.account, Reservation.gpu_type, Reservation.amount_micro).where(
+            Reservation.created_us >= d0, Reservation.created_us < d1
+        )
+    ).all():
+        by_type[gpu_type] += amount
+        kind, _, name = account.partition(":")
+        (by_course if kind == "course" else by_user)[name] += amount
+    return Day(dict(by_type), dict(by_user), dict(paid_by_course), dict(by_course))
+
+
+def report(
+    conn: Connection,
+    currency: str,
+    now_us: int,
+    days: int,
+    cache: dict[int, Day] | None = None,
+) -> dict[str, Any]:
     """Revenue per UTC day of the last ``days`` days (today included) by type, per user, the
     top 10 spenders, and every credit, refund, compensation and debit posted by hand or rule in
     that window, newest first, with who posted it and why.
@@ -250,85 +312,45 @@ def report(conn: Connection, currency: str, now_us: int, days: int) -> dict[str,
     A day's revenue is what was charged that day (the charges the ledger posted, re-ratings
     included), so the days add up to the metrics' revenue over the same time. A user's total
     is what their usage was charged, whoever paid (``paid_by_course`` of it came from course
-    pools), their storage and their own prepaid reservations."""
-    from_us = day_start(now_us) - (days - 1) * US_PER_DAY
-    first_day = from_us // US_PER_DAY
-    per_day: dict[int, dict[str, int]] = {first_day + i: defaultdict(int) for i in range(days)}
+    pools), their storage and their own prepaid reservations.
+
+    ``cache``: the figures of days over (and settled, ``SETTLE_US``) are kept there, so a
+    console opened again reads only today's entries (and each past day once)."""
+    today = now_us // US_PER_DAY
+    first_day = today - (days - 1)
+    figures: dict[int, Day] = {}
+    for d in range(first_day, today + 1):
+        found = cache.get(d) if cache is not None else None
+        if found is None:
+            found = day_figures(conn, d)
+            if cache is not None and (d + 1) * US_PER_DAY + SETTLE_US <= now_us:
+                cache[d] = found
+        figures[d] = found
+    if cache is not None:  # a year back at most
+        for d in [d for d in cache if d < today - 400]:
+            cache.pop(d, None)
+
     per_user: dict[str, int] = defaultdict(int)
-    by_course_for_user: dict[str, int] = defaultdict(int)
+    paid_by_course: dict[str, int] = defaultdict(int)
     per_course: dict[str, int] = defaultdict(int)
-
-    def add(day_index: int, what: str, amount: int) -> None:
-        if day_index in per_day:
-            per_day[day_index][what] += amount
-
-    # Charges of sessions, in the users' books and the pools' (the student's usage either way).
-    for model, owner in (
-        (LedgerEntry, LedgerEntry.user),
-        (CourseLedgerEntry, CourseLedgerEntry.user),
-    ):
-        day = _day_of(model.created_us)
-        rows = conn.execute(
-            select(day, owner, ServerSession.gpu_type, func.sum(-model.amount_micro))
-            .join(ServerSession, ServerSession.id == model.session_id)
-            .where(model.kind == "charge", model.created_us >= from_us, model.created_us <= now_us)
-            .group_by(day, owner, ServerSession.gpu_type)
-        ).all()
-        for d, user, gpu_type, amount in rows:
-            amount = int(amount or 0)
-            add(int(d), gpu_type, amount)
-            per_user[user] += amount
-            if model is CourseLedgerEntry:
-                by_course_for_user[user] += amount
-    # Storage above the free size.
-    day = _day_of(LedgerEntry.created_us)
-    for d, user, amount in conn.execute(
-        select(day, LedgerEntry.user, func.sum(-LedgerEntry.amount_micro))
-        .where(
-            LedgerEntry.kind == storage.KIND,
-            LedgerEntry.created_us >= from_us,
-            LedgerEntry.created_us <= now_us,
-        )
-        .group_by(day, LedgerEntry.user)
-    ).all():
-        amount = int(amount or 0)
-        add(int(d), STORAGE, amount)
-        per_user[user] += amount
-    # Prepaid reservations, the day they were paid.
-    for created, account, gpu_type, amount in conn.execute(
-        select(
-            Reservation.created_us,
-            Reservation.account,
-            Reservation.gpu_type,
-            Reservation.amount_micro,
-        ).where(Reservation.created_us >= from_us, Reservation.created_us <= now_us)
-    ).all():
-        add(created // US_PER_DAY, gpu_type, amount)
-        kind, _, name = account.partition(":")
-        if kind == "course":
-            per_course[name] += amount
-        else:
-            per_user[name] += amount
-    for course, amount in conn.execute(
-        select(CourseLedgerEntry.course, func.sum(-CourseLedgerEntry.amount_micro))
-        .where(
-            CourseLedgerEntry.kind == "charge",
-            CourseLedgerEntry.created_us >= from_us,
-            CourseLedgerEntry.created_us <= now_us,
-        )
-        .group_by(CourseLedgerEntry.course)
-    ).all():
-        per_course[course] += int(amount or 0)
-
+    for day in figures.values():
+        for target, source in (
+            (per_user, day.by_user),
+            (paid_by_course, day.paid_by_course),
+            (per_course, day.by_course),
+        ):
+            for k, v in source.items():
+                target[k] += v
     by_user = [
         {
             "user": user,
             "total": money(amount),
-            "paid_by_course": money(by_course_for_user.get(user, 0)),
+            "paid_by_course": money(paid_by_course.get(user, 0)),
         }
         for user, amount in sorted(per_user.items())
     ]
     top = sorted(by_user, key=lambda u: (-u["total"]["micro"], u["user"]))[:10]
+    from_us = first_day * US_PER_DAY
     credits, credit_count = _credits(conn, from_us, now_us)
     return {
         "currency": currency,
@@ -337,12 +359,12 @@ def report(conn: Connection, currency: str, now_us: int, days: int) -> dict[str,
         "days": [
             {
                 "date": _day_name(d),
-                "total": money(sum(by_type.values())),
-                "by_type": {t: money(a) for t, a in sorted(by_type.items())},
+                "total": money(sum(day.by_type.values())),
+                "by_type": {t: money(a) for t, a in sorted(day.by_type.items())},
             }
-            for d, by_type in sorted(per_day.items())
+            for d, day in sorted(figures.items())
         ],
-        "total": money(sum(sum(v.values()) for v in per_day.values())),
+        "total": money(sum(sum(day.by_type.values()) for day in figures.values())),
         "by_user": by_user,
         "top": top,
         "by_course": [{"course": c, "total": money(a)} for c, a in sorted(per_course.items())],

@@ -36,4 +36,7 @@ class RevenueHandler(BaseHandler):
         self.require_admin()
         days = parse_days(self.get_argument("days", None))
         currency = self.billing.catalog.currency
-        self.write_json(await self.billing.read(revenue.report, currency, now_us(), days))
+        figures = await self.billing.read(
+            revenue.report, currency, now_us(), days, self.billing.revenue_days
+        )
+        self.write_json(figures)

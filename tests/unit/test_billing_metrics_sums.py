@@ -187,3 +187,27 @@ def test_each_ledger_entry_is_summed_once_as_time_goes_by(engine) -> None:
 def with_ledger(engine) -> int:
     with engine.connect() as conn:
         return ledger_charged(conn)
+
+
+def test_the_report_reads_each_past_day_once(engine) -> None:
+    """The console's report keeps the figures of days that are over (``revenue.Day``): opened
+    again, it gives the same money as read afresh, and today is always read afresh."""
+    now_us = time.time_ns() // 1000
+    day = revenue.US_PER_DAY
+    for back in (3, 1, 0):
+        user = f"d{back}-{eid()[:8]}"
+        t = time.time()
+        feed(
+            engine,
+            session_events(user, t - 600, [(1, 300)], stop_at=400),
+            now_us=now_us - back * day,
+        )
+    cache: dict[int, revenue.Day] = {}
+    with engine.connect() as conn:
+        fresh = revenue.report(conn, "CNY", now_us, 5)
+        first = revenue.report(conn, "CNY", now_us, 5, cache)
+        again = revenue.report(conn, "CNY", now_us, 5, cache)
+    assert fresh == first == again
+    today = now_us // day
+    assert set(cache) <= set(range(today - 4, today)) and today - 3 in cache
+    assert [d["total"]["micro"] > 0 for d in fresh["days"]] == [False, True, False, True, True]
