@@ -57,9 +57,11 @@ def test_the_status_bar_shows_the_gpu_working_then_the_idle_nudge(lhub: Hub, bro
             # A kernel burning CPU: the simulated card reads busy, as the hub observes it.
             k.send(BUSY_LOOP.format(seconds=45))
             page.goto(hub.user_url(name, "lab"), timeout=SLOW)
+            # (At least 15 %: a loaded CI machine gives the loop only part of a core.)
             page.wait_for_function(
-                "() => /^GPU ([3-9]\\d|100)% · simulated$/.test("
-                "document.querySelector('#gpulab-gpu-status')?.textContent || '')",
+                "() => { const m = /^GPU (\\d+)% · simulated$/.exec("
+                "document.querySelector('#gpulab-gpu-status')?.textContent || '');"
+                " return m !== null && Number(m[1]) >= 15; }",
                 timeout=SLOW,
             )
             assert "Measured by the hub" in (item.get_attribute("title") or "")

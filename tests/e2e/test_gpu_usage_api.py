@@ -159,7 +159,8 @@ def test_simulated_utilisation_follows_the_kernel_and_falls_to_idle(ghub: Hub, p
 
         def busy() -> dict | None:
             body = usage(ghub, ada, token).json()
-            return body if body["cards"][0]["util_pct"] >= 30 else None
+            # At least 15 %: a loaded CI machine gives the loop only part of a core.
+            return body if body["cards"][0]["util_pct"] >= 15 else None
 
         working = wait_for(busy, 30, 0.25, "the card to read busy")
         assert working["idle_seconds"] == 0 and working["nudge"] is None
