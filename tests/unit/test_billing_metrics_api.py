@@ -8,13 +8,18 @@ refunds with who gave them and why", the same numbers as the statements."""
 
 from __future__ import annotations
 
+import json
 import time
 from decimal import Decimal
 
+import pytest
 from billing.scenario import eid, heartbeat, kernel, server_start, server_stop
 from billing.service import make_service, serve
 from prometheus_client.parser import text_string_to_metric_families
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest
+
+from gpulab.billing_service.metrics import thresholds_of
+from gpulab.catalog.models import CatalogError, load_catalog, parse_catalog
 
 ADMIN = {"kind": "user", "name": "admin", "scopes": ["admin:users"]}
 PROMETHEUS = {"kind": "service", "name": "gpulab-prometheus", "scopes": ["read:metrics"]}
@@ -187,8 +192,6 @@ def test_metrics_and_revenue_are_the_statements_sums_and_only_for_the_operator(
         # The console's money: the same sums.
         code, text = await fetch(c, "api/admin/revenue?days=2", "admin")
         assert code == 200, text
-        import json
-
         report = json.loads(text)
         assert len(report["days"]) == 2
         total = sum(Decimal(d["total"]["exact"]) for d in report["days"])
@@ -248,5 +251,46 @@ def test_bad_days_answer_400_naming_days(tmp_path, monkeypatch) -> None:
             assert code == 200 and text.count('"date"') == n, text[:200]
         code, text = await fetch(c, "api/admin/revenue", "admin")
         assert code == 200 and text.count('"date"') == 30
+
+    serve(service, scenario)
+
+
+def test_low_balance_thresholds_come_from_the_catalog(tmp_path, monkeypatch) -> None:
+    """Issue 24 ("balances below a threshold"): the thresholds are the catalog's
+    ``[billing] low_balance_thresholds``; a bad one stops the catalog with its key named."""
+    base = load_catalog()
+    data = base.model_dump(mode="json")
+    for section in ("gpu_types", "images", "datasets", "apps", "models"):
+        for entry in data[section].values():
+            entry.pop("slug", None)
+    data["billing"] = {"low_balance_thresholds": ["-2", "1.5"]}
+    catalog = parse_catalog(data)
+    assert thresholds_of(catalog.billing.low_balance_thresholds) == [
+        ("-2", -2_000_000),
+        ("1.5", 1_500_000),
+    ]
+    for bad in (["1.1234567"], ["ten"], "10"):
+        data["billing"] = {"low_balance_thresholds": bad}
+        with pytest.raises(CatalogError, match=r"billing\.low_balance_thresholds"):
+            parse_catalog(data)
+
+    service = make_service(tmp_path, monkeypatch, TOKENS)
+    service.catalog = catalog
+    service.metrics_cache_seconds = 0
+
+    async def scenario(c):
+        for user, amount in (("alice", "-11"), ("bob", "-8")):  # balances -1 and 2 of 10
+            code, body = await c.call(
+                "POST",
+                f"users/{user}/credits",
+                "admin",
+                {"amount": amount, "kind": "adjustment", "idempotency_key": user},
+            )
+            assert code == 201, body
+        code, text = await fetch(c, "metrics", "prom")
+        assert family(samples(text), "gpulab_billing_balances_below") == {
+            (("threshold", "-2"),): 0.0,
+            (("threshold", "1.5"),): 1.0,
+        }
 
     serve(service, scenario)
