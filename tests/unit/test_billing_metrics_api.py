@@ -18,6 +18,7 @@ from billing.service import make_service, serve
 from prometheus_client.parser import text_string_to_metric_families
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 
+from gpulab.billing_service import storage
 from gpulab.billing_service.metrics import thresholds_of
 from gpulab.catalog.models import CatalogError, load_catalog, parse_catalog
 
@@ -291,6 +292,46 @@ def test_low_balance_thresholds_come_from_the_catalog(tmp_path, monkeypatch) -> 
         assert family(samples(text), "gpulab_billing_balances_below") == {
             (("threshold", "-2"),): 0.0,
             (("threshold", "1.5"),): 1.0,
+        }
+
+    serve(service, scenario)
+
+
+def test_storage_metered_from_the_hubs_scan_counts_as_ingested(tmp_path, monkeypatch) -> None:
+    """Issue 24 ("billing ingest rate"): each home billing meters from the hub's storage scan
+    is counted under ``source="storage"``; a pull the hub gives no scan for counts nothing."""
+    service = make_service(tmp_path, monkeypatch, TOKENS)
+    service.storage_metering = storage.StorageMetering(service)
+    answers = []
+
+    class Hub:
+        async def request(self, method: str, path: str):
+            assert (method, path) == ("GET", "/storage")
+            return answers.pop(0)
+
+    service.hub = Hub()
+    free = service.catalog.storage.free_bytes
+    t = time.time()
+    scan = {
+        "measured_at": t,
+        "homes": [
+            {"user": u, "measured_at": t, "used_bytes": 1, "quota_bytes": free + 2**30}
+            for u in ("alice", "bob", "carol")
+        ],
+    }
+    answers += [(200, scan), (503, None)]
+
+    async def scenario(c):
+        code, body = await c.call("POST", "storage/pull", "admin")
+        assert code == 200 and body["homes"] == 3, body
+        code, _ = await c.call("POST", "storage/pull", "admin")
+        assert code == 502
+        code, text = await fetch(c, "metrics", "prom")
+        ingest = family(samples(text), "gpulab_billing_ingest_total")
+        assert ingest == {
+            (("source", "storage"),): 3.0,
+            (("source", "event"),): 0.0,
+            (("source", "observed"),): 0.0,
         }
 
     serve(service, scenario)
