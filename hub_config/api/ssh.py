@@ -14,7 +14,8 @@ server runs. Routes (under ``/hub/api``):
 - ``POST /gpulab/ssh/authorize`` ``{user, fingerprint | token, peer}`` (gateway only): 200
   ``{user}`` when the key is ``user``'s, or the token is a live token OF that very user (never a
   service's, never another user's) holding ``access:servers!user=NAME`` (a server's own token,
-  filtered to one server, does not); else 403. Failures are counted per (user, peer) and per
+  filtered to one server, does not), and never for a sign-up the admin has not approved (or
+  approved and then withdrew); else 403. Failures are counted per (user, peer) and per
   peer: 429 after :attr:`SshGateway.max_failures` in :attr:`SshGateway.failure_window` seconds.
 - ``POST /gpulab/ssh/session`` ``{user, server}`` (gateway only): where the user's server runs
   (local: the launcher's pid, its cgroup.procs, the account; docker: the container) with the
@@ -273,7 +274,7 @@ class SshAuthorizeAPIHandler(_SshBase):
         blocked = getattr(self.authenticator, "blocked_users", None) or set()
         ok = False
         how = "key" if fingerprint is not None else "token"
-        if user is not None and name not in blocked:
+        if user is not None and name not in blocked and self._approved(name):
             if fingerprint is not None:
                 owner = await asyncio.to_thread(key_store(self).owner, fingerprint)
                 ok = owner == (user.name, user_created(user))
@@ -287,6 +288,14 @@ class SshAuthorizeAPIHandler(_SshBase):
             await asyncio.to_thread(key_store(self).touch, fingerprint)
         self.log.info("SSH log-in: %s by %s from %s", name, how, peer or "?")
         self.finish(json.dumps({"user": user.name}))
+
+    def _approved(self, name: str) -> bool:
+        """False for a sign-up whose approval the admin withdrew (or never gave): the log-in
+        form refuses them, and so does SSH. Users made by the admin or an LMS have no sign-up
+        record and are approved."""
+        get_user = getattr(self.authenticator, "get_user", None)
+        info = get_user(name) if get_user is not None else None
+        return info is None or bool(getattr(info, "is_authorized", True))
 
     def _token_of(self, user: Any, token: str) -> bool:
         """Whether ``token`` is a live token of ``user`` itself that may act on their servers."""

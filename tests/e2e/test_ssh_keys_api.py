@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import requests
 from course_helpers import make_course, roster, token_for
-from harness import PASSWORD, Hub, WebSession, approved_user
+from harness import PASSWORD, Hub, WebSession, admin_web, approved_user
 
 REFUSED = (403, 404)
 
@@ -363,3 +363,21 @@ def test_a_key_does_not_outlive_its_account(hub: Hub, tmp_path: Path) -> None:
         "POST", f"/gpulab/users/{name}/ssh-keys", token=token_for(hub, name), json={"key": line}
     )
     assert r.status_code == 201, r.text
+
+
+def test_a_sign_up_whose_approval_is_withdrawn_logs_in_no_more(hub: Hub, tmp_path: Path) -> None:
+    """The admin withdraws a person's approval (the Authorize page's toggle): the log-in form
+    refuses them, and so does SSH, with their key and with their token."""
+    name = approved_user(hub, "sshappr")
+    assert WebSession(hub).login(name, PASSWORD)  # the hub's user is made at the first log-in
+    token = token_for(hub, name)
+    line, fp = keygen(tmp_path)
+    r = hub.api("POST", f"/gpulab/users/{name}/ssh-keys", token=token, json={"key": line})
+    assert r.status_code == 201, r.text
+    assert authorize(hub, {"user": name, "fingerprint": fp, "peer": "w1"}).ok
+    assert authorize(hub, {"user": name, "token": token, "peer": "w1"}).ok
+    r = admin_web(hub).post(f"/hub/authorize/{name}", {"authorized": "0"})
+    assert r.ok, r.status_code
+    assert not WebSession(hub).login(name, PASSWORD)
+    assert authorize(hub, {"user": name, "fingerprint": fp, "peer": "w1"}).status_code == 403
+    assert authorize(hub, {"user": name, "token": token, "peer": "w1"}).status_code == 403
