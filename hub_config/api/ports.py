@@ -70,6 +70,7 @@ _HOP = {
     "upgrade",
     "content-length",
     "x-gpulab-user",
+    "x-forwarded-prefix",
 }
 
 
@@ -430,12 +431,19 @@ class PortProxy(web.RequestHandler):
             headers[name] = value if name not in headers else headers[name] + ", " + value
         if visitor:
             headers["X-Gpulab-User"] = visitor
+        # The app is served at its own root (as `python -m http.server` expects), and told where
+        # it is mounted.
+        prefix = f"{self.settings['base_url'].rstrip('/')}/ports/{port}"
+        headers["X-Forwarded-Prefix"] = prefix
+        uri = self.request.uri[len(prefix) :] if self.request.uri.startswith(prefix) else "/"
+        if not uri.startswith("/"):
+            uri = "/" + uri
         host = f"[{address}]" if ":" in address else address
         limit = PublishedPorts.instance(config=self.settings["config"]).max_body_mb * 1024 * 1024
         with_body = ("POST", "PUT", "PATCH", "DELETE")
         body = self.request.body if self.request.method in with_body else None
         request = HTTPRequest(
-            f"http://{host}:{port}{self.request.uri}",
+            f"http://{host}:{port}{uri}",
             method=self.request.method,
             headers=headers,
             body=body,

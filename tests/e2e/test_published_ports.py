@@ -35,6 +35,7 @@ class Echo(http.server.BaseHTTPRequestHandler):
             "cookie": self.headers.get("Cookie", ""),
             "authorization": self.headers.get("Authorization", ""),
             "user": self.headers.get("X-Gpulab-User", ""),
+            "prefix": self.headers.get("X-Forwarded-Prefix", ""),
         }).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -136,8 +137,8 @@ def test_a_login_port_is_seen_by_any_logged_in_user_and_an_anonymous_visitor_log
         seen = visitor.http.get(got["url"] + "hello?x=1", timeout=30)
         assert seen.status_code == 200, (seen.status_code, seen.text[:300])
         echo = seen.json()
-        assert echo["app"] == "demo" and echo["path"] == f"/ports/{port}/hello?x=1"
-        assert echo["user"] == name
+        assert echo["app"] == "demo" and echo["path"] == "/hello?x=1"
+        assert echo["user"] == name and echo["prefix"] == f"/ports/{port}"
         # None of the hub's credentials reach the user's app (its session id is sent to every
         # NAME.localhost by the browser; the port's own cookie is the hub's, not the app's).
         assert "jupyterhub" not in echo["cookie"] and "gpulab-port" not in echo["cookie"]
@@ -174,10 +175,10 @@ def test_a_public_port_needs_its_link_and_revoking_ends_it(hub: Hub, owner: str)
     stranger = requests.Session()
     seen = stranger.get(got["url"], timeout=30)
     assert seen.status_code == 200 and seen.json()["app"] == "public-demo"
-    assert seen.json()["path"] == f"/ports/{port}/" and seen.json()["user"] == ""
+    assert seen.json()["path"] == "/" and seen.json()["user"] == ""
     # The cookie carries them on, with no secret in the address.
     again = stranger.get(port_url(hub, owner, port) + "page", timeout=30)
-    assert again.status_code == 200 and again.json()["path"] == f"/ports/{port}/page"
+    assert again.status_code == 200 and again.json()["path"] == "/page"
 
     assert api(web, "DELETE", f"/users/{owner}/ports/{port}").status_code == 204
     assert stranger.get(port_url(hub, owner, port), timeout=30).status_code == 404
