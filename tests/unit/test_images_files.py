@@ -170,6 +170,15 @@ def pip_installs(slug: str) -> set[str]:
     return names
 
 
+def deb_installs(slug: str) -> set[str]:
+    """Debian packages images/SLUG/Dockerfile installs from a downloaded .deb (a release)."""
+    names: set[str] = set()
+    for word, rest in instructions(IMAGES / slug / "Dockerfile"):
+        if word == "RUN":
+            names |= set(re.findall(r"apt-get install[^&;|]*?/tmp/([a-z0-9-]+)\.deb", rest))
+    return names
+
+
 @pytest.mark.parametrize("app_slug", APPS)
 def test_app_command_is_provided_by_its_image(app_slug: str) -> None:
     app = APPS[app_slug]
@@ -184,7 +193,7 @@ def test_app_command_is_provided_by_its_image(app_slug: str) -> None:
         )
         assert src.is_file() and os.access(src, os.X_OK), f"{src} is missing or not executable"
     else:
-        installed = set().union(*(pip_installs(s) for s in chain(app.image)))
+        installed = set().union(*(pip_installs(s) | deb_installs(s) for s in chain(app.image)))
         assert exe in installed, (
             f"{exe}: not pip-installed in {chain(app.image)} ({sorted(installed)})"
         )
