@@ -5,6 +5,7 @@ Scopes are checked with JupyterHub's RBAC (:mod:`gpulab.hub_config.scopes`).
 
 from gpulab.hub_config.api import (
     apps,
+    console,
     datasets,
     gpu_usage,
     notices,
@@ -28,5 +29,6 @@ ROUTES = [
     *uploads.ROUTES,
     *gpu_usage.ROUTES,
     *ports.ROUTES,
+    *console.ROUTES,
     *ssh.ROUTES,
 ]

@@ -411,6 +411,10 @@ class SshSessionAPIHandler(_SshBase):
         # No server: the home as uploads make it (account, old-name adoption, mounted image).
         owner = home_owner(spawner, home)
         self.pool.homes.ensure(home.name, *(owner or (None, None)))
+        if owner is not None:
+            # The account passes through the homes folder to its home, as a server's start makes
+            # it (GpuLocalSpawner._make_sandbox): SFTP with no server ever started needs it too.
+            home.parent.chmod(0o711)
         uid, gid = owner or (os.getuid(), os.getgid())
         account = spawner.account_name if getattr(spawner, "user_accounts", False) else None
         return {

@@ -52,10 +52,19 @@
     return Math.round(s / 86400) + " days";
   }
 
+  // Hub prices are decimal strings; billing's money is {micro, exact, display} (display: the
+  // statements' rounding), shown as the statements show it.
   function money(currency, amount) {
     if (amount === null || amount === undefined || amount === "") return "—";
+    if (typeof amount === "object") {
+      // A sum below a cent that is not zero: its exact value (the statements' exact figure),
+      // not a rounded 0.00 that hides who spent something.
+      const tiny = Number(amount.micro) !== 0 && Number(amount.display) === 0;
+      return currency + " " + (tiny ? amount.exact : amount.display);
+    }
     return currency + " " + amount;
   }
+  const exact = (amount) => Number(typeof amount === "object" && amount ? amount.exact : amount);
 
   function empty(table, text) {
     const cols = table.tHead.rows[0].cells.length;
@@ -98,8 +107,12 @@
       if (!byNode.has(c.node)) byNode.set(c.node, []);
       byNode.get(c.node).push(c);
     }
+    for (const o of data.offline) {
+      if (!byNode.has(o.node)) byNode.set(o.node, []);
+    }
     const blocks = [];
     for (const [node, cards] of byNode) {
+      const off = data.offline.filter((o) => o.node === node);
       const rows = cards.map((c) =>
         el(
           "tr",
@@ -115,7 +128,7 @@
           el("td", {}, c.since ? when(c.since) : "—",
             c.since ? el("div", { class: "small text-body-secondary" }, duration(data.time - c.since)) : null),
           el("td", {}, c.pricing ? c.pricing.replace("_", "-") : "—"),
-          el("td", { class: "text-end" }, c.price_per_hour ? money(data.currency, c.price_per_hour) + "/h" : "—"),
+          el("td", { class: "text-end" }, c.price_per_hour ? money(data.currency, c.price_per_hour) : "—"),
           el("td", {}, cardState(c, data.currency)),
         ),
       );
@@ -132,17 +145,25 @@
             el("th", { scope: "col" }, "Held by"),
             el("th", { scope: "col" }, "Since"),
             el("th", { scope: "col" }, "Pricing"),
-            el("th", { scope: "col", class: "text-end" }, "Price"),
+            el("th", { scope: "col", class: "text-end" }, "Price per card-hour"),
             el("th", { scope: "col" }, "Activity"),
           ),
         ),
         el("tbody", {}, ...rows),
       );
       const held = cards.filter((c) => c.state === "held").length;
-      blocks.push(
-        el("h3", { class: "h6 mt-2" }, "Node " + node + " · " + held + " of " + cards.length + " held"),
-        table,
-      );
+      blocks.push(el("h3", { class: "h6 mt-2" }, "Node " + node + " · " + held + " of " + cards.length + " held"));
+      for (const o of off) {
+        blocks.push(
+          el(
+            "p",
+            { class: "small text-danger mb-1", "data-offline": o.type },
+            o.cards + " " + o.type + " card" + (o.cards === 1 ? "" : "s") + " offline (the node takes no servers now)" +
+              (o.simulated ? ", simulated" : ""),
+          ),
+        );
+      }
+      if (cards.length) blocks.push(table);
     }
     if (!blocks.length) blocks.push(el("p", { class: "text-body-secondary" }, "No cards in the pool."));
     $("gpulab-console-nodes").replaceChildren(...blocks);
@@ -150,6 +171,7 @@
 
   function renderSummary(data) {
     const n = (state) => data.cards.filter((c) => c.state === state).length;
+    const offline = data.offline.reduce((sum, o) => sum + o.cards, 0);
     const held = data.cards.filter((c) => c.state === "held");
     const busy = held.filter((c) => c.busy).length;
     const simulated = data.cards.some((c) => c.simulated);
@@ -157,9 +179,9 @@
       el(
         "span",
         {},
-        data.cards.length + " cards: " + n("free") + " free, " + held.length + " held (" + busy +
+        data.cards.length + offline + " cards: " + n("free") + " free, " + held.length + " held (" + busy +
           " busy, " + (held.length - busy) + " idle), " + n("reserved") + " reserved, " +
-          n("offline") + " offline. " + data.queues.length + " waiting in queues.",
+          offline + " offline. " + data.queues.length + " waiting in queues.",
       ),
       simulated ? el("span", { class: "badge text-bg-secondary ms-2" }, "simulated pool") : null,
     );
@@ -226,21 +248,28 @@
   }
 
   function renderUtilisation(data) {
-    const to = data.time, from = to - 24 * 3600;
     const types = Object.keys(data.utilisation);
     const series = types.map((t, i) => ({
       label: t,
       colour: COLOURS[i % COLOURS.length],
       points: data.utilisation[t],
     }));
+    // The window fits the history the sampler has (it keeps 24 hours): a hub that started an
+    // hour ago shows that hour, not a day of nothing.
+    const first = Math.min(data.time, ...series.flatMap((s) => s.points.map((p) => p[0])));
+    const hours = [1, 3, 6, 12, 24].find((h) => data.time - first <= h * 3600) || 24;
+    const to = data.time, from = to - hours * 3600;
+    $("gpulab-console-util-title").textContent =
+      "Utilisation over the last " + (hours === 1 ? "hour" : hours + " hours");
     const xticks = [];
-    for (let h = 24; h >= 0; h -= 6) {
-      xticks.push([to - h * 3600, h ? "-" + h + " h" : "now"]);
+    for (let i = 4; i >= 0; i--) {
+      const ago = (hours * 60 * i) / 4; // minutes
+      xticks.push([to - ago * 60, ago ? "-" + (ago >= 60 ? ago / 60 + " h" : ago + " min") : "now"]);
     }
     const body = [
       chart(series, {
         from, to, max: 100, ticks: [0, 50, 100], tick: (v) => Math.round(v) + " %", xticks,
-        label: "Mean GPU utilisation per type over 24 hours", cls: "gpulab-console-util-chart",
+        label: "Mean GPU utilisation per type over " + hours + " h", cls: "gpulab-console-util-chart",
       }),
       legend(series),
     ];
@@ -342,49 +371,92 @@
 
   // ---- billing's part ----------------------------------------------------------------------
 
-  let billingSession = false;
+  // Billing knows the admin by its own OAuth session, and (as every JupyterHub service) accepts
+  // a script's request on that session only with its XSRF token. Both come from one visit of
+  // billing's page in a hidden frame: a navigation, so the hub's OAuth authorization runs (no
+  // confirmation for billing) and billing sets its cookies (the XSRF one under its own path,
+  // read here through the same-origin frame). Billing then checks admin:users itself.
+  let billingXsrf = null;
+  // A billing that does not answer (stopped, overloaded) is said so after this long.
+  const BILLING_TIMEOUT_MS = 10000;
+
+  function billingLogIn() {
+    return new Promise((resolve) => {
+      const frame = el("iframe", { src: billingBase, title: "billing session", "aria-hidden": "true" });
+      frame.hidden = true;
+      const done = (token) => {
+        clearTimeout(timer);
+        frame.remove();
+        resolve(token);
+      };
+      const timer = setTimeout(() => done(null), BILLING_TIMEOUT_MS);
+      frame.addEventListener("load", () => {
+        let token = null;
+        try {
+          const found = frame.contentDocument.cookie.split("; ").find((c) => c.startsWith("_xsrf="));
+          token = found ? decodeURIComponent(found.slice(6)) : null;
+        } catch (e) {
+          token = null;
+        }
+        done(token);
+      });
+      document.body.append(frame);
+    });
+  }
 
   async function askBilling(path) {
-    // Billing knows the admin by its own OAuth cookie: the first request of the page passes
-    // through the hub's authorization (no confirmation for billing) by opening billing's page.
-    if (!billingSession) {
-      await fetch(billingBase, { credentials: "same-origin" });
-      billingSession = true;
-    }
+    if (!billingXsrf) billingXsrf = await billingLogIn();
+    if (!billingXsrf) return null;
     const resp = await fetch(billingBase.replace(/\/$/, "") + path, {
       credentials: "same-origin",
-      headers: { Accept: "application/json" },
+      headers: { Accept: "application/json", "X-XSRFToken": billingXsrf },
+      signal: AbortSignal.timeout(BILLING_TIMEOUT_MS),
     });
-    if (resp.status === 403) billingSession = false;
+    if (resp.status === 403) billingXsrf = null; // a session ended: log in again next time
     return resp;
   }
 
   function byType(value, currency) {
     if (!value) return "";
-    const entries = Array.isArray(value) ? value.map((v) => [v.type, v.total]) : Object.entries(value);
-    return entries.map(([t, v]) => t + " " + currency + " " + v).join(", ");
+    return Object.entries(value)
+      .filter(([, v]) => exact(v) !== 0)
+      .map(([t, v]) => t + " " + money(currency, v))
+      .join(", ");
   }
 
   function spendRows(list, currency) {
     return list.map((u) =>
-      el("tr", { "data-user": u.user }, el("td", {}, u.user), el("td", { class: "text-end" }, money(currency, u.total))),
+      el(
+        "tr",
+        { "data-user": u.user },
+        el("td", {}, u.user),
+        el(
+          "td",
+          { class: "text-end", title: u.total && u.total.exact ? "exactly " + u.total.exact : "" },
+          money(currency, u.total),
+          u.paid_by_course && exact(u.paid_by_course)
+            ? el("div", { class: "small text-body-secondary" }, money(currency, u.paid_by_course) + " by course pools")
+            : null,
+        ),
+      ),
     );
   }
 
   function renderMoney(rev, currency) {
     const days = rev.days || [];
     const DAY = 86400;
-    const points = days.map((d) => [Date.parse(d.date + "T12:00:00Z") / 1000, Number(d.total)]);
-    const max = Math.max(1, ...points.map((p) => p[1]));
-    const step = max > 10 ? Math.pow(10, Math.floor(Math.log10(max))) : 1;
+    const points = days.map((d) => [Date.parse(d.date + "T12:00:00Z") / 1000, exact(d.total)]);
+    const max = Math.max(0.01, ...points.map((p) => p[1]));
+    const step = Math.pow(10, Math.floor(Math.log10(max)));
     const top = Math.ceil(max / step) * step;
+    const decimals = Math.max(0, -Math.floor(Math.log10(top / 2)));
     const to = points.length ? points[points.length - 1][0] + DAY / 2 : Date.now() / 1000;
     const from = to - Math.max(days.length, 1) * DAY;
     const xticks = days.length
       ? [[points[0][0], days[0].date.slice(5)], [points[points.length - 1][0], days[days.length - 1].date.slice(5)]]
       : [];
     const g = chart([], {
-      from, to, max: top, ticks: [0, top / 2, top], tick: (v) => String(Math.round(v * 100) / 100), xticks,
+      from, to, max: top, ticks: [0, top / 2, top], tick: (v) => v.toFixed(decimals), xticks,
       label: "Revenue per day", cls: "gpulab-console-revenue-svg",
     });
     const W = 760, L = 44, R = 10, T = 10, B = 26, H = 200;
@@ -394,12 +466,12 @@
       const x = L + ((t - from) / (to - from)) * (W - L - R) - bw / 2;
       const h = (v / top) * (H - T - B);
       g.append(svg("rect", { x, y: H - B - h, width: bw, height: Math.max(h, 0), fill: "#0d6efd", "data-date": d.date },
-        svg("title", {}, d.date + ": " + currency + " " + d.total)));
+        svg("title", {}, d.date + ": " + money(currency, d.total))));
     });
     $("gpulab-console-revenue-chart").replaceChildren(g);
     fill(
       "gpulab-console-days",
-      days.slice().reverse().map((d) =>
+      days.slice().reverse().filter((d) => exact(d.total) !== 0).map((d) =>
         el("tr", { "data-date": d.date }, el("td", {}, d.date), el("td", { class: "text-end" }, money(currency, d.total)),
           el("td", { class: "small" }, byType(d.by_type, currency))),
       ),
@@ -413,8 +485,8 @@
         el(
           "tr",
           { "data-account": c.account },
-          el("td", {}, typeof c.when === "number" ? when(c.when) : String(c.when).replace("T", " ").slice(0, 16)),
-          el("td", {}, c.account),
+          el("td", {}, when(Date.parse(c.when) / 1000)),
+          el("td", {}, c.account + (c.user && c.account !== "user:" + c.user ? " (" + c.user + ")" : "")),
           el("td", { class: "text-end" }, money(currency, c.amount)),
           el("td", {}, c.kind),
           el("td", {}, c.by || "—"),
@@ -434,22 +506,27 @@
     let resp = null, rev = null;
     try {
       resp = await askBilling("/api/admin/revenue?days=30");
-      rev = resp.ok ? await resp.json() : null;
+      rev = resp && resp.ok ? await resp.json() : null;
     } catch (e) {
       rev = null;
+      billingXsrf = null;
     }
     if (!rev) {
-      status.textContent = "Billing is not answering (" + (resp ? resp.status : "no connection") +
-        "): revenue, spenders and credits cannot be shown now. The rest of the page is the hub's own.";
+      const refused = resp && resp.status < 500;
+      status.textContent =
+        (refused ? "Billing refused the request (" + resp.status + ")" : "Billing is not answering (" +
+          (resp ? resp.status : "no answer within " + BILLING_TIMEOUT_MS / 1000 + " s") + ")") +
+        ": revenue, spenders and credits cannot be shown now. The rest of the page is the hub's own.";
       status.className = "small text-danger mb-1";
       $("gpulab-console-money").hidden = true;
       return;
     }
-    const total = (rev.days || []).reduce((sum, d) => sum + Number(d.total), 0);
-    status.textContent = "Billing's ledger: " + currency + " " + total.toFixed(2) +
-      " charged in 30 days (the same sums as the statements).";
+    const cur = rev.currency || currency;
+    status.textContent = "Billing's ledger: " + money(cur, rev.total) +
+      " charged in the last 30 days (the statements' sums)" +
+      (rev.credits_truncated ? "; the newest " + rev.credits.length + " of " + rev.credits_count + " credits listed." : ".");
     status.className = "small text-body-secondary mb-1";
-    renderMoney(rev, rev.currency || currency);
+    renderMoney(rev, cur);
     $("gpulab-console-money").hidden = false;
   }
 
