@@ -32,6 +32,7 @@ class Session:
     running: bool = False
     kind: str = "local"
     home: str = "/"
+    host_home: str = ""
     uid: int | None = None
     gid: int | None = None
     account: str = ""
@@ -40,6 +41,14 @@ class Session:
     container: str = ""
     env: dict[str, str] = field(default_factory=dict)
     message: str = ""
+
+    @property
+    def files_home(self) -> str:
+        """The home as a folder of this node, where files move with no server ("" when a
+        container's home is a Docker volume)."""
+        if self.kind == "local":
+            return self.host_home or self.home
+        return self.host_home
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Session:
@@ -54,6 +63,7 @@ class Session:
             running=bool(data.get("running")),
             kind=str(data.get("kind") or "local"),
             home=str(data.get("home") or "/"),
+            host_home=str(data.get("host_home") or ""),
             uid=_int(data.get("uid")),
             gid=_int(data.get("gid")),
             account=str(data.get("account") or ""),

@@ -23,6 +23,7 @@ import logging
 import os
 import pty
 import shlex
+import shutil
 import signal
 import struct
 import sys
@@ -214,18 +215,26 @@ class GatewaySession(asyncssh.SSHServerSession):
         return await self._relay(spawn, env)
 
     def _argv(self, session: Session) -> tuple[list[str] | None, bool]:
-        """What to run and whether it runs as a plain process (no server); (None, _) when the
-        request needs a server and none runs."""
+        """What to run and whether it runs as a plain process on the node (no server, or a
+        container's files through their host folder); (None, _) when the request needs a server
+        and none runs."""
+        files = session.files_home  # the home on this node ("" for a container's volume)
+        container = session.kind != "local"
         if self.subsystem == "sftp":
-            return [SFTP_SERVER, "-d", session.home], not session.running
+            if files and (container or not session.running):
+                return [SFTP_SERVER, "-d", files], True
+            if session.running:
+                return [SFTP_SERVER, "-d", session.home], False
+            return None, False
+        transfer = None
+        if self.command is not None and not self.want_tty:
+            transfer = transfer_command(self.command)
+        if transfer is not None and files and (container or not session.running):
+            return transfer, True
         if session.running:
             if self.command is not None:
                 return [SHELL, "-c", self.command], False
             return [SHELL, "-i"] if self.want_tty else [SHELL], False
-        if self.command is not None and not self.want_tty:
-            argv = transfer_command(self.command)
-            if argv is not None:
-                return argv, True
         return None, False
 
     def _env(self, session: Session, plain: bool) -> dict[str, str]:
@@ -233,7 +242,7 @@ class GatewaySession(asyncssh.SSHServerSession):
         env.setdefault("PATH", PLAIN_PATH)
         env.update(
             {
-                "HOME": session.home,
+                "HOME": session.files_home if plain else session.home,
                 "USER": session.account or self.user,
                 "LOGNAME": session.account or self.user,
                 "SHELL": SHELL,
@@ -251,7 +260,7 @@ class GatewaySession(asyncssh.SSHServerSession):
         spec = {
             "uid": session.uid,
             "gid": session.gid,
-            "cwd": session.home,
+            "cwd": session.files_home if plain else session.home,
             "env": self._env(session, plain),
             "argv": argv,
             "tty": self.want_tty,
@@ -264,7 +273,8 @@ class GatewaySession(asyncssh.SSHServerSession):
 
     def _docker(self, session: Session, argv: list[str]):
         env = self._env(session, False)
-        cmd = ["docker", "exec", "-i"]
+        docker = shutil.which("docker", path=os.environ.get("PATH", PLAIN_PATH)) or "docker"
+        cmd = [docker, "exec", "-i"]
         if self.want_tty:
             cmd.append("-t")
         if session.uid is not None:
