@@ -43,6 +43,12 @@ from urllib.parse import parse_qsl, urlencode, urlparse
 from jupyterhub.handlers import BaseHandler
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest
+from tornado.websocket import (
+    WebSocketClientConnection,
+    WebSocketClosedError,
+    WebSocketHandler,
+    websocket_connect,
+)
 from traitlets import Float, Int
 from traitlets.config import SingletonConfigurable
 
@@ -331,10 +337,12 @@ class PortsLoginPage(BaseHandler):
 # ---- serving a published port, on its owner's origin ---------------------------------------------
 
 
-class PortProxy(web.RequestHandler):
-    """``http://LABEL.HOST/ports/PORT/...``: the publication as it is now, then the owner's port."""
+class PortProxy(WebSocketHandler):
+    """``http://LABEL.HOST/ports/PORT/...``: the publication as it is now, then the owner's port
+    (HTTP, and WebSockets from the user's own origin)."""
 
     SUPPORTED_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+    upstream: WebSocketClientConnection | None = None
 
     def check_xsrf_cookie(self) -> None:
         """The app's own business; the port cookies are SameSite=Lax."""
@@ -414,10 +422,13 @@ class PortProxy(web.RequestHandler):
         address = await asyncio.to_thread(sockets.loopback_address, port)
         if problem or address is None:
             return self._plain(502, f"Port {port} of {owner}'s server is not serving.")
+        if self.request.headers.get("Upgrade", "").lower() == "websocket":
+            return await self._websocket(address, port, visitor or "", port_text, _rest)
         await self._forward(address, port, visitor or "")
 
-    async def _forward(self, address: str, port: int, visitor: str) -> None:
-        headers = {}
+    def _app_headers(self, port: int, visitor: str) -> dict[str, str]:
+        """The visitor's request headers as the app gets them: none of the hub's credentials."""
+        headers: dict[str, str] = {}
         for name, value in self.request.headers.get_all():
             lower = name.lower()
             if lower in _HOP:
@@ -431,13 +442,22 @@ class PortProxy(web.RequestHandler):
             headers[name] = value if name not in headers else headers[name] + ", " + value
         if visitor:
             headers["X-Gpulab-User"] = visitor
-        # The app is served at its own root (as `python -m http.server` expects), and told where
-        # it is mounted.
-        prefix = f"{self.settings['base_url'].rstrip('/')}/ports/{port}"
-        headers["X-Forwarded-Prefix"] = prefix
+        headers["X-Forwarded-Prefix"] = self._prefix(port)
+        return headers
+
+    def _prefix(self, port: int) -> str:
+        return f"{self.settings['base_url'].rstrip('/')}/ports/{port}"
+
+    def _app_uri(self, port: int) -> str:
+        """The request's path and query below the port's prefix: the app is served at its own
+        root (as `python -m http.server` expects) and told where it is mounted."""
+        prefix = self._prefix(port)
         uri = self.request.uri[len(prefix) :] if self.request.uri.startswith(prefix) else "/"
-        if not uri.startswith("/"):
-            uri = "/" + uri
+        return uri if uri.startswith("/") else "/" + uri
+
+    async def _forward(self, address: str, port: int, visitor: str) -> None:
+        headers = self._app_headers(port, visitor)
+        uri = self._app_uri(port)
         host = f"[{address}]" if ":" in address else address
         limit = PublishedPorts.instance(config=self.settings["config"]).max_body_mb * 1024 * 1024
         with_body = ("POST", "PUT", "PATCH", "DELETE")
@@ -472,7 +492,74 @@ class PortProxy(web.RequestHandler):
             self.write(response.body)
         self.finish()
 
-    get = head = post = put = patch = delete = options = _handle  # type: ignore[assignment]
+    # ---- WebSockets: the handshake is checked like any request, then both ways are relayed ----
+
+    def check_origin(self, origin: str) -> bool:
+        """Only pages of the owner's own origin (another site's page would ride the visitor's
+        port cookie; SameSite=Lax already keeps it from being sent cross-site)."""
+        parsed = urlparse(origin)
+        return (
+            f"{parsed.scheme}://{parsed.netloc}" == f"{self.request.protocol}://{self.request.host}"
+        )
+
+    async def _websocket(
+        self, address: str, port: int, visitor: str, port_text: str, rest: str | None
+    ) -> None:
+        origin = self.request.headers.get("Origin")
+        if origin is not None and not self.check_origin(origin):
+            return self._plain(403, "A WebSocket of this port opens from its own pages only.")
+        headers = self._app_headers(port, visitor)
+        for name in [h for h in headers if h.lower().startswith("sec-websocket-")]:
+            del headers[name]
+        protocols = self.request.headers.get("Sec-WebSocket-Protocol", "")
+        host = f"[{address}]" if ":" in address else address
+        try:
+            self.upstream = await websocket_connect(
+                HTTPRequest(f"ws://{host}:{port}{self._app_uri(port)}", headers=headers),
+                on_message_callback=self._from_app,
+                subprotocols=[p.strip() for p in protocols.split(",") if p.strip()] or None,
+            )
+        except Exception as e:
+            return self._plain(502, f"Port {port} did not take the WebSocket: {e}")
+        await WebSocketHandler.get(self, port_text, rest)
+
+    def select_subprotocol(self, subprotocols: list[str]) -> str | None:
+        return self.upstream.selected_subprotocol if self.upstream is not None else None
+
+    async def on_message(self, message: str | bytes) -> None:
+        if self.upstream is not None:
+            try:
+                await self.upstream.write_message(message, binary=isinstance(message, bytes))
+            except WebSocketClosedError:
+                self.close()
+
+    def _from_app(self, message: str | bytes | None) -> None:
+        if self.ws_connection is None or not getattr(self, "_opened", False):
+            # the app spoke before the visitor's handshake finished: kept for open()
+            self.__dict__.setdefault("_early", []).append(message)
+            return
+        if message is None:
+            self.close()
+            return
+        try:
+            self.write_message(message, binary=isinstance(message, bytes))
+        except WebSocketClosedError:
+            self.on_close()
+
+    def open(self, *args: str) -> None:
+        self._opened = True
+        for message in self.__dict__.pop("_early", []):
+            self._from_app(message)
+
+    def on_close(self) -> None:
+        if self.upstream is not None:
+            self.upstream.close()
+            self.upstream = None
+
+    async def get(self, *args: str) -> None:
+        await self._handle(*args)
+
+    head = post = put = patch = delete = options = _handle  # type: ignore[assignment]
 
 
 def _app_cookies(header: str) -> str:

@@ -16,6 +16,7 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 import requests
+import websocket
 from harness import PASSWORD, Hub, WebSession, approved_user, free_port, wait_for, write_in_home
 
 from gpulab.hub_config.origin import user_label
@@ -280,3 +281,71 @@ def test_a_publication_never_reaches_another_program_on_its_port(
     assert requests.get(f"http://127.0.0.1:{port}/", timeout=5).json()["app"] == "colleague-app"
     r = visitor.get(port_url(hub, owner, port), timeout=30)
     assert r.status_code == 502 and "colleague-app" not in r.text
+
+
+# A WebSocket app: says what cookies it was sent, then echoes.
+WS_APP = """
+import asyncio, sys
+from tornado import web, websocket
+
+class Echo(websocket.WebSocketHandler):
+    def open(self):
+        self.write_message("cookies:" + self.request.headers.get("Cookie", ""))
+
+    def on_message(self, message):
+        self.write_message("echo:" + message)
+
+async def main():
+    web.Application([(r"/ws", Echo)]).listen(int(sys.argv[1]), address="127.0.0.1")
+    await asyncio.Event().wait()
+
+asyncio.run(main())
+"""
+
+
+def test_websockets_pass_from_the_owners_origin_only(hub: Hub, owner: str) -> None:
+    """Issue 25, published ports serving a live demo (WebSockets): a visitor with the link talks
+    to the app both ways (and the app gets none of the hub's cookies); a WebSocket opened from
+    another site's page, or without the link's cookie, is refused."""
+    port = free_port()
+    with hub.kernel(owner) as k:
+        home = k.execute("import os; print(os.getcwd())").strip()
+        write_in_home(Path(home), "ws_app.py", WS_APP)
+        k.execute(
+            "import subprocess, sys\n"
+            f"subprocess.Popen([sys.executable, 'ws_app.py', '{port}'], start_new_session=True)"
+        )
+
+    def listening() -> bool:
+        try:
+            websocket.create_connection(f"ws://127.0.0.1:{port}/ws", timeout=2).close()
+            return True
+        except (OSError, websocket.WebSocketException):
+            return False
+
+    wait_for(listening, 30, what="the WebSocket app")
+    web = logged_in(hub, owner)
+    got = api(web, "POST", f"/users/{owner}/ports", json={"port": port, "access": "public"}).json()
+    visitor = requests.Session()
+    assert visitor.get(got["url"], timeout=30).status_code == 404  # no page at /, but let in
+    cookie = visitor.cookies.get(f"gpulab-port-{port}")
+    assert cookie
+    origin = f"http://{user_label(owner)}.localhost:{hub.port}"
+    ws_url = origin.replace("http://", "ws://") + f"/ports/{port}/ws"
+    ws = websocket.create_connection(
+        ws_url, header=[f"Cookie: gpulab-port-{port}={cookie}"], origin=origin, timeout=30
+    )
+    try:
+        first = ws.recv()
+        assert first.startswith("cookies:") and "gpulab-port" not in first
+        ws.send("ping")
+        assert ws.recv() == "echo:ping"
+    finally:
+        ws.close()
+    for header, origin_of in [
+        ([f"Cookie: gpulab-port-{port}={cookie}"], f"http://evil.localhost:{hub.port}"),
+        ([], origin),
+    ]:
+        with pytest.raises(websocket.WebSocketBadStatusException) as refused:
+            websocket.create_connection(ws_url, header=header, origin=origin_of, timeout=30)
+        assert refused.value.status_code in (403, 404)
