@@ -39,7 +39,11 @@ def chub(module_hub_factory) -> Hub:
     return module_hub_factory(
         "console-api",
         simulate="RTX-4090:2,A100-80G:1",
-        extra_args=["--CardSampler.interval=1", "--SpotMarket.tick_interval=0.5"],
+        extra_args=[
+            "--CardSampler.interval=1",
+            "--SpotMarket.tick_interval=0.5",
+            "--SpotMarket.warning_seconds=2",
+        ],
     )
 
 
@@ -168,6 +172,44 @@ def test_the_console_shows_the_pools_and_the_metrics_numbers(chub: Hub) -> None:
         hub.api("PUT", f"/gpulab/spot/prices/{RTX}", json={"price": None})
         for name in (alice, bob):
             hub.stop_server(name)
+
+
+def test_the_console_lists_preemptions_as_the_spot_api_and_the_metrics_do(chub: Hub) -> None:
+    """ "queues and preemptions": a spot server reclaimed when the price rose above its bid is
+    listed, newest first, as the spot API records it, and counted in gpulab_preemptions_total."""
+    hub = chub
+    dave = hub.create_user(f"d{uuid.uuid4().hex[:5]}")
+    before = sum(
+        s.value for s in scrape(hub).get("gpulab_preemptions", []) if s.name.endswith("_total")
+    )
+    assert hub.api("PUT", f"/gpulab/spot/prices/{A100}", json={"price": "0.95"}).ok
+    try:
+        hub.spawn_ready(dave, {"gpu": A100, "pricing": "spot", "max_price": "1.00"}, timeout=120)
+        assert hub.api("PUT", f"/gpulab/spot/prices/{A100}", json={"price": "1.50"}).ok
+        wait_for(lambda: hub.server(dave) is None, 60, 0.5, "dave's server to be reclaimed")
+        records = [
+            p
+            for p in hub.api("GET", "/gpulab/spot/preemptions").json()["preemptions"]
+            if p["user"] == dave
+        ]
+        assert len(records) == 1 and records[0]["status"] == "stopped", records
+        shown = [p for p in console(hub).json()["preemptions"] if p["user"] == dave]
+        assert [(p["id"], p["gpu_type"], p["reason"], p["status"], p["price"]) for p in shown] == [
+            (records[0]["id"], A100, records[0]["reason"], "stopped", "1.50")
+        ]
+        assert shown[0]["max_price"] == "1.00" and shown[0]["warned_at"] <= shown[0]["stopped_at"]
+        after = scrape(hub)["gpulab_preemptions"]
+        counted = {
+            (s.labels["type"], s.labels["reason"]): s.value
+            for s in after
+            if s.name.endswith("_total")
+        }
+        assert counted.get((A100, records[0]["reason"]), 0) >= 1
+        assert sum(counted.values()) == before + 1
+    finally:
+        hub.api("PUT", f"/gpulab/spot/prices/{A100}", json={"price": None})
+        if hub.server(dave):
+            hub.stop_server(dave)
 
 
 def test_users_their_servers_and_teachers_are_refused_the_console(chub: Hub) -> None:
