@@ -44,11 +44,13 @@ class Session:
 
     @property
     def files_home(self) -> str:
-        """The home as a folder of this node, where files move with no server ("" when a
-        container's home is a Docker volume)."""
+        """The home as a folder of this node where files move as the account with no server;
+        "" for a container server: every container runs as the same uid on the node (1000), so
+        a process of that uid on the node could reach every user's host folder. A container's
+        files move only through the container itself (``docker exec``), while it runs."""
         if self.kind == "local":
             return self.host_home or self.home
-        return self.host_home
+        return ""
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Session:

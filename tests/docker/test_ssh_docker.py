@@ -1,0 +1,90 @@
+"""SSH into a Docker server (issue 25): the gateway runs the session in the user's container, as
+its user, with the server's environment; `ssh -L` reaches the container's own ports only; the
+server's stop ends the session. Debian's OpenSSH client against a real hub's gateway and a real
+Docker Engine.
+
+Issue 25 points covered: "SSH into your own server ... lands in a shell inside the user's running
+server, as their account, with the server's environment"; "exit codes passed back", PTYs;
+"Port forwarding to the user's own server only"; "the server's stop ends its SSH sessions".
+Fails on the code before issue 25 (no SSH endpoint).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+from course_helpers import token_for
+from docker_helpers import cleanup, container_of, docker_hub_settings
+from harness import Hub, free_port, wait_for
+from ssh_helpers import add_key, keygen, session_of, ssh, ssh_cmd, wait_gateway
+
+HTTP_GET = b"GET / HTTP/1.0\r\nHost: x\r\n\r\n"
+
+
+@pytest.fixture(scope="module")
+def shub(module_hub_factory, docker, catalog: Path) -> Hub:
+    h = module_hub_factory(
+        "ssh-docker",
+        on_stop=lambda hub: cleanup(docker, hub),
+        ssh_port=True,
+        **docker_hub_settings(catalog),
+    )
+    wait_gateway(h)
+    return h
+
+
+def test_ssh_into_a_container_server(shub: Hub, docker, tmp_path: Path) -> None:
+    name = shub.create_user(f"ssd{uuid.uuid4().hex[:6]}")
+    key = keygen(tmp_path)
+    add_key(shub, name, token_for(shub, name), key)
+    shub.spawn_ready(name, {"gpu": "rtx-4090"}, timeout=120)
+    facts = session_of(shub, name)
+    assert facts["kind"] == "docker" and facts["container"], facts
+    container = container_of(docker, shub, name)
+    cuda = facts["env"]["CUDA_VISIBLE_DEVICES"]
+
+    r = ssh(shub, name, key, 'echo "$CUDA_VISIBLE_DEVICES|$(id -u)|$PWD|$(hostname)"')
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.decode().strip() == (
+        f"{cuda}|{facts['uid']}|{facts['home']}|{container.attrs['Config']['Hostname']}"
+    )
+    assert ssh(shub, name, key, "exit 5").returncode == 5
+    r = ssh(shub, name, key, "-tt", "tty; stty size")
+    assert r.returncode == 0 and b"/dev/pts/" in r.stdout, (r.stdout, r.stderr)
+
+    # A port inside the container is the user's; the hub's ports are not in its namespace.
+    port = free_port()
+    r = ssh(
+        shub,
+        name,
+        key,
+        f"nohup python3 -m http.server {port} --bind 127.0.0.1 >/dev/null 2>&1 & echo ok",
+    )
+    assert r.returncode == 0, r.stderr
+
+    def served() -> bool:
+        r = ssh(shub, name, key, "-W", f"localhost:{port}", "", input=HTTP_GET)
+        return r.returncode == 0 and r.stdout.startswith(b"HTTP/1.0 200")
+
+    wait_for(served, 30, 0.5, "the container's HTTP server through ssh -W")
+    for target in (shub.port, shub.hub_port, shub.billing_port):
+        r = ssh(shub, name, key, "-W", f"127.0.0.1:{target}", "", input=HTTP_GET)
+        assert r.returncode == 255 and b"HTTP" not in r.stdout, (target, r.stderr)
+
+    client = subprocess.Popen(
+        [*ssh_cmd(shub, name, key), "echo started; exec sleep 600"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        assert client.stdout.readline() == b"started\n"
+        shub.stop_server(name, timeout=120)
+        assert client.wait(60) != 0
+    finally:
+        if client.poll() is None:
+            client.kill()
+            client.wait(10)
