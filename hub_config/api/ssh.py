@@ -122,8 +122,9 @@ class FailureCounter:
         now = time.monotonic()
         for key in ((user, peer), ("", peer)):
             self._recent(key, gw.failure_window, now).append(now)
-        if len(self._fails) > 10_000:  # forget idle entries
-            for key in [k for k, q in self._fails.items() if not q]:
+        if len(self._fails) > 10_000:  # forget entries with no failure left in the window
+            stale = [k for k, q in self._fails.items() if not q or q[-1] <= now - gw.failure_window]
+            for key in stale:
                 del self._fails[key]
 
 
@@ -408,8 +409,13 @@ class SshSessionAPIHandler(_SshBase):
                 "cgroup": procs[0] if procs else None,
                 "cgroups": procs,
             }
-        # No server: the home as uploads make it (account, old-name adoption, mounted image).
+        # No server: the home as uploads make it (account, old-name adoption, mounted image),
+        # and the homes folder passable for the account, as a server's start makes it (0711:
+        # the account may pass through to its own home, list nobody's).
         owner = home_owner(spawner, home)
+        if getattr(spawner, "user_accounts", False):
+            home.parent.mkdir(parents=True, exist_ok=True)
+            home.parent.chmod(0o711)
         self.pool.homes.ensure(home.name, *(owner or (None, None)))
         if owner is not None:
             # The account passes through the homes folder to its home, as a server's start makes
