@@ -43,6 +43,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from harness import Hub, free_port, wait_for
 
+from gpulab.spawners.storage.loopfs import unmount_below
+
 CLIENT = [
     "-o",
     "StrictHostKeyChecking=no",
@@ -256,6 +258,7 @@ def main() -> int:
         # The Unix account gpulab made for this throwaway user: gpulab never removes one.
         if account.startswith("jupyter-"):
             subprocess.run(["userdel", account], capture_output=True, timeout=60)
+        unmount_below(tmp)  # the user's home is a loop-mounted image (it stays mounted at a stop)
         shutil.rmtree(tmp, ignore_errors=True)
 
 
