@@ -122,18 +122,25 @@ class PortStore:
         except FileNotFoundError:
             self.data = {}
 
-    def of(self, user: str) -> dict[str, dict[str, Any]]:
-        return self.data.get(user, {})
+    def of(self, user: str, account: str | None = None) -> dict[str, dict[str, Any]]:
+        """``user``'s publications; with ``account`` (:func:`account_key`), only those made by
+        that very account (a name deleted and signed up again does not inherit the old
+        account's publications)."""
+        found = self.data.get(user, {})
+        if account is None:
+            return found
+        return {p: e for p, e in found.items() if e.get("account") == account}
 
-    def get(self, user: str, port: int) -> dict[str, Any] | None:
-        return self.of(user).get(str(port))
+    def get(self, user: str, port: int, account: str | None = None) -> dict[str, Any] | None:
+        return self.of(user, account).get(str(port))
 
     def owner_of_label(self, label: str) -> str | None:
         """The user whose origin label is ``label`` and who publishes something."""
         return next((u for u in self.data if self.data[u] and user_label(u) == label), None)
 
-    def put(self, user: str, port: int, access: str) -> dict[str, Any]:
+    def put(self, user: str, port: int, access: str, account: str) -> dict[str, Any]:
         entry = {
+            "account": account,
             "access": access,
             "id": secrets.token_hex(8),
             "created": time.time(),
@@ -172,6 +179,13 @@ class PortStore:
 _STORES: dict[str, PortStore] = {}
 # One-time tickets: ticket -> (visitor, owner, port, publication id, expiry).
 _TICKETS: dict[str, tuple[str, str, int, str, float]] = {}
+
+
+def account_key(user: Any) -> str:
+    """One account for good: its id and when it was created (SQLite hands a deleted user's id
+    to the next one)."""
+    created = getattr(user, "created", None)
+    return f"{user.id}:{created.isoformat() if created else ''}"
 
 
 def store_of(config: Any) -> PortStore:
@@ -241,7 +255,7 @@ class PortsHandler(GpulabAPIHandler):
     def get(self, user_name: str) -> None:
         user = owner_or_403(self, user_name)
         store = store_of(self.settings["config"])
-        ports = sorted(store.of(user_name).items(), key=lambda kv: int(kv[0]))
+        ports = sorted(store.of(user_name, account_key(user)).items(), key=lambda kv: int(kv[0]))
         self.finish(
             {
                 "ports": [self._entry(user, int(p), e) for p, e in ports],
@@ -275,12 +289,13 @@ class PortsHandler(GpulabAPIHandler):
             raise web.HTTPError(400, f"port: {port} is your server's own (Jupyter) port")
         store = store_of(self.settings["config"])
         limit = PublishedPorts.instance(config=self.settings["config"]).max_ports
-        if store.get(user_name, port) is None and len(store.of(user_name)) >= limit:
+        mine = store.of(user_name, account_key(user))
+        if str(port) not in mine and len(mine) >= limit:
             raise web.HTTPError(409, f"port: at most {limit} published ports; revoke one first")
         problem = await asyncio.to_thread(ownership_problem, spawner, port)
         if problem:
             raise web.HTTPError(409, f"port: {problem}")
-        entry = store.put(user_name, port, access)
+        entry = store.put(user_name, port, access, account_key(user))
         await store.save()
         self.log.info("%s published port %s (%s)", user_name, port, access)
         self.set_status(201)
@@ -291,8 +306,10 @@ class PortHandler(GpulabAPIHandler):
     """Revoke one of NAME's published ports: from the next request on, it is gone."""
 
     async def delete(self, user_name: str, port: str) -> None:
-        owner_or_403(self, user_name)
+        user = owner_or_403(self, user_name)
         store = store_of(self.settings["config"])
+        if store.get(user_name, int(port), account_key(user)) is None:
+            raise web.HTTPError(404, f"port: {port} is not published")
         if not store.remove(user_name, int(port)):
             raise web.HTTPError(404, f"port: {port} is not published")
         await store.save()
@@ -313,6 +330,8 @@ class PortsLoginPage(BaseHandler):
         store = store_of(self.settings["config"])
         entry = store.get(owner, int(port)) if port.isdigit() else None
         user = self.find_user(owner) if entry else None
+        if user is not None and entry.get("account") != account_key(user):
+            user = None  # a name signed up again: the old account's publication is not its
         if entry is None or user is None or entry["access"] != "login":
             raise web.HTTPError(404, "that port is not published")
         # Back to that port's own address on the owner's origin, nowhere else.
@@ -415,7 +434,10 @@ class PortProxy(WebSocketHandler):
         users = self.settings["users"]
         if entry["access"] == "login" and users.get(visitor) is None:
             return self._plain(403, "Your hub account is gone.")
-        spawner = running_spawner(users.get(owner))
+        owner_user = users.get(owner)
+        if owner_user is None or entry.get("account") != account_key(owner_user):
+            return self._plain(404, "Nothing is published here.")
+        spawner = running_spawner(owner_user)
         if spawner is None:
             return self._plain(502, f"{owner}'s server is not running.")
         problem = await asyncio.to_thread(ownership_problem, spawner, port)

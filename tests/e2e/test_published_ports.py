@@ -349,3 +349,26 @@ def test_websockets_pass_from_the_owners_origin_only(hub: Hub, owner: str) -> No
         with pytest.raises(websocket.WebSocketBadStatusException) as refused:
             websocket.create_connection(ws_url, header=header, origin=origin_of, timeout=30)
         assert refused.value.status_code in (403, 404)
+
+
+def test_a_name_signed_up_again_does_not_inherit_the_old_accounts_publications(
+    hub: Hub, owner: str
+) -> None:
+    """Issue 25 attack: a user publishes a port publicly, their account is deleted, and the name
+    comes back as a new account whose app listens on the same port; the old link must not show
+    the new person's app, and their list starts empty."""
+    port = free_port()
+    start_app(hub, owner, port, "old-account")
+    web = logged_in(hub, owner)
+    got = api(web, "POST", f"/users/{owner}/ports", json={"port": port, "access": "public"}).json()
+    assert requests.get(got["url"], timeout=30).json()["app"] == "old-account"
+    hub.stop_server(owner)
+    assert hub.api("DELETE", f"/users/{owner}").status_code == 204
+    hub.create_user(owner)
+    hub.spawn_ready(owner, {"gpu": "none"})
+    start_app(hub, owner, port, "new-account")
+    r = requests.get(got["url"], timeout=30)
+    assert r.status_code == 404 and "new-account" not in r.text
+    token = hub.api("POST", f"/users/{owner}/tokens", json={"note": "t"}).json()["token"]
+    listed = hub.api("GET", f"/gpulab/users/{owner}/ports", token=token)
+    assert listed.status_code == 200 and listed.json()["ports"] == []
