@@ -42,7 +42,7 @@ def code_server_installed() -> None:
     )
 
 
-SHOTS = Path(os.environ.get("GPULAB_SHOTS", "/tmp/gpulab-shots"))
+SHOTS = Path(os.environ.get("GPULAB_SCREENSHOTS") or "/tmp/gpulab-shots")
 
 
 def code_server_pids(hub: Hub, user: str) -> list[int]:

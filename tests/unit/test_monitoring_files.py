@@ -32,7 +32,7 @@ TOKEN_PATH = "/run/secrets/gpulab_prometheus_token"
 
 # The families the hub (hub_config/metrics) and billing (billing_service/metrics.py) export (issue 24),
 # JupyterHub's own that the rules and dashboard use, and Prometheus' `up`.
-GPULAB_FAMILIES = {
+CONTRACT_FAMILIES = {
     "gpulab_pool_cards",
     "gpulab_pool_allocations",
     "gpulab_allocation_age_seconds",
@@ -147,7 +147,7 @@ def test_each_alert_waits_names_its_severity_and_reads_only_known_families() -> 
         assert rule["labels"]["severity"] in {"page", "ticket"}, name
         assert rule["annotations"]["summary"].strip(), name
         read = families(rule["expr"])
-        assert read <= GPULAB_FAMILIES | JUPYTERHUB_FAMILIES, (name, read)
+        assert read <= CONTRACT_FAMILIES | JUPYTERHUB_FAMILIES, (name, read)
     # The two the issue says must be checked by a real Prometheus: on the contract's names.
     assert families(alerts["GpulabPoolExhausted"]["expr"]) == {"gpulab_pool_cards"}
     assert 'up{job="gpulab-billing"}' in alerts["GpulabBillingDown"]["expr"]
@@ -200,12 +200,12 @@ def test_the_dashboard_has_the_rows_of_jupyterhubs_dashboards_and_dcgm_panels() 
         assert p["targets"], p["title"]
         for t in p["targets"]:
             read |= families(t["expr"])
-    assert read <= GPULAB_FAMILIES | JUPYTERHUB_FAMILIES, read - GPULAB_FAMILIES
-    dcgm = {n for n in GPULAB_FAMILIES if n.startswith("DCGM_")} - {"DCGM_FI_DEV_FB_FREE"}
+    assert read <= CONTRACT_FAMILIES | JUPYTERHUB_FAMILIES, read - CONTRACT_FAMILIES
+    dcgm = {n for n in CONTRACT_FAMILIES if n.startswith("DCGM_")} - {"DCGM_FI_DEV_FB_FREE"}
     assert dcgm <= read
     # Most of the contract's families are on it (those left off: the FB_FREE twin of FB_USED,
     # the spot queue's wait histogram, ingest's source-less twins).
-    assert len(read & GPULAB_FAMILIES) >= len(GPULAB_FAMILIES) - 3, GPULAB_FAMILIES - read
+    assert len(read & CONTRACT_FAMILIES) >= len(CONTRACT_FAMILIES) - 3, CONTRACT_FAMILIES - read
     # The provisioning files point at the dashboard's folder and at Prometheus.
     prov = MONITORING / "grafana" / "provisioning"
     ds = yaml.safe_load((prov / "datasources" / "prometheus.yml").read_text())["datasources"]
