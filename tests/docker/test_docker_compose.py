@@ -58,6 +58,18 @@ def test_compose_file_validates_and_wires_the_platform() -> None:
         assert ("docker.sock" in mounts) == (name == "hub"), name
 
 
+def test_ssh_is_off_in_the_containerised_hub() -> None:
+    """Issue 25 (SSH): the gateway is off in docker-compose, said so, not half on. Under
+    `gpulab up`'s default (8022) it started inside the hub's container, its port unpublished and
+    its `docker exec` with no docker CLI: `ssh -p 8022 NAME@host` was refused with no word why."""
+    out = compose("config", env=SECRETS)
+    assert out.returncode == 0, out.stderr
+    cfg = yaml.safe_load(out.stdout)
+    assert cfg["services"]["hub"]["environment"]["GPULAB_SSH_PORT"] == "0"
+    published = [p for svc in cfg["services"].values() for p in svc.get("ports", [])]
+    assert all(str(p.get("target")) != "8022" for p in published), published
+
+
 def mounts(svc: dict) -> dict[str, tuple[str, bool]]:
     """Container path -> (source, read-only) of a service's volumes (short syntax, as written)."""
     found = {}

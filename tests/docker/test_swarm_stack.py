@@ -137,6 +137,15 @@ def test_the_same_services_as_the_single_node_stack_all_on_the_hub_node(stack) -
     assert stack["services"]["billing"]["user"] == "gpulab-billing"
 
 
+def test_ssh_is_off_on_a_swarm(stack) -> None:
+    """Issue 25 (SSH): the gateway is off on a swarm, said so: servers run on other nodes'
+    engines, out of reach of `docker exec` through the manager's socket, and no port of it is
+    published."""
+    assert stack["services"]["hub"]["environment"]["GPULAB_SSH_PORT"] == "0"
+    published = [p for spec in stack["services"].values() for p in spec.get("ports", [])]
+    assert all(str(p.get("target")) != "8022" for p in published), published
+
+
 def test_servers_can_reach_only_the_hubs_api_and_the_proxys_public_port(stack) -> None:
     compose = compose_config()
     services = stack["services"]
