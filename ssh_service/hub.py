@@ -23,6 +23,10 @@ class HubUnavailable(RuntimeError):
     """The hub did not answer, or answered something the gateway cannot use."""
 
 
+class NoSuchServer(RuntimeError):
+    """The hub knows no such server of the user (``ssh NAME/SERVER@hub``); its message says so."""
+
+
 @dataclass(frozen=True)
 class Session:
     """The hub's answer to ``POST /hub/api/gpulab/ssh/session``: where NAME's server runs."""
@@ -130,6 +134,13 @@ class HubClient:
 
     async def session(self, user: str, server: str = "") -> Session:
         code, data = await self.post("/gpulab/ssh/session", {"user": user, "server": server})
+        if (
+            code in (400, 404)
+            and server
+            and isinstance(data, dict)
+            and data.get("field") == "server"
+        ):
+            raise NoSuchServer(str(data.get("message") or f"no server named {server!r}"))
         if code != 200 or not isinstance(data, dict) or data.get("user") != user:
             raise HubUnavailable(f"the hub answered {code} for {user}'s session")
         return Session.from_json(data)

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import asyncssh
 
-from gpulab.ssh_service.hub import HubClient, HubUnavailable, Session
+from gpulab.ssh_service.hub import HubClient, HubUnavailable, NoSuchServer, Session
 
 log = logging.getLogger("gpulab.ssh")
 
@@ -71,9 +71,12 @@ def transfer_command(command: str) -> list[str] | None:
 class GatewaySession(asyncssh.SSHServerSession):
     """One ``session`` channel of an authenticated user."""
 
-    def __init__(self, hub: HubClient, user: str, conn_info: dict[str, str]) -> None:
+    def __init__(
+        self, hub: HubClient, user: str, conn_info: dict[str, str], server: str = ""
+    ) -> None:
         self.hub = hub
         self.user = user
+        self.server = server
         self.conn_info = conn_info
         self.chan: asyncssh.SSHServerChannel | None = None
         self.term_type = ""
@@ -176,6 +179,9 @@ class GatewaySession(asyncssh.SSHServerSession):
         chan = self.chan
         try:
             status = await self._serve()
+        except NoSuchServer as e:
+            self._write_err(f"gpulab: {e}\n")
+            status = 1
         except HubUnavailable as e:
             log.warning("%s", e)
             self._write_err("gpulab: the hub is not answering; try again in a moment.\n")
@@ -192,7 +198,7 @@ class GatewaySession(asyncssh.SSHServerSession):
             chan.exit(status)
 
     async def _serve(self) -> int | str:
-        session = await self.hub.session(self.user)
+        session = await self.hub.session(self.user, self.server)
         argv, plain = self._argv(session)
         if argv is None:
             text = session.message or (

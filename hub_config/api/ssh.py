@@ -317,17 +317,32 @@ def _public_origin(settings_: dict) -> str:
     return settings_.get("subdomain_host", "") or ""
 
 
-def start_message(user_name: str, origin: str, base_url: str) -> str:
-    """What ``ssh NAME@hub`` prints when NAME has no server running."""
+def start_message(user_name: str, origin: str, base_url: str, kind: str, server: str = "") -> str:
+    """What ``ssh NAME@hub`` prints when NAME's server (``server``: "" for the default one) is
+    not running. Files move with no server only where the gateway reaches the home on the node as
+    the user's own account (local servers); a container server's files move only through the
+    running container, as every container runs as the same uid on the node."""
     hub = f"{origin}{base_url}" if origin else base_url
+    which = f"Your server {server!r} is" if server else "Your server is"
+    api = (
+        f"{hub}api/users/{user_name}/servers/{server}"
+        if server
+        else f"{hub}api/users/{user_name}/server"
+    )
+    files = (
+        "Your files are reachable without a server (nothing is billed for it): "
+        "sftp, scp and rsync work now.\n"
+        if kind == "local"
+        else "Your files move over SSH (sftp, scp, rsync) only while your server runs; "
+        f"with none running, upload them on the upload page: {hub}upload\n"
+    )
     return (
-        f"Your server is not running, so there is no shell to open here.\n"
+        f"{which} not running, so there is no shell to open here.\n"
         f"Start it on your home page: {hub}home\n"
         f"or from a terminal with a token of yours (Token page: {hub}token):\n"
         f"  curl -X POST -H 'Authorization: token YOUR_TOKEN' -d '{{\"gpu\": \"none\"}}' "
-        f"{hub}api/users/{user_name}/server\n"
-        f"Your files are reachable without a server (nothing is billed for it): "
-        f"sftp, scp and rsync work now.\n"
+        f"{api}\n"
+        f"{files}"
     )
 
 
@@ -382,7 +397,7 @@ class SshSessionAPIHandler(_SshBase):
             out["env"] = env
         else:
             out["message"] = start_message(
-                user.name, _public_origin(self.settings), self.hub.base_url
+                user.name, _public_origin(self.settings), self.hub.base_url, kind, spawner.name
             )
         if kind == "local":
             out.update(await asyncio.to_thread(self._local, user, spawner, running))
