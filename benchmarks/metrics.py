@@ -15,9 +15,11 @@ default registry beside JupyterHub's own metrics (``jupyterhub.metrics``), as in
   are the same for both and not included. Here JupyterHub's request histograms are empty (no
   requests served), so the stock figure is a floor and gpulab's share looks larger than live.
 - **observer**: ``ActivityObserver.tick`` over ``--servers`` running stand-ins whose
-  ``observe_activity`` is the local spawner's own (``LocalIsolationMixin``: the processes of the
-  server's cgroup, its CPU counter), each stand-in a shell with sleeping children in its own
-  cgroup (benchmarks/observer.py's); root and a writable cgroup tree needed for cgroups.
+  ``sandbox`` and ``observe_activity`` are the local spawner's own (``LocalIsolationMixin``: the
+  account looked up as the hub does, once per session; the processes of the server's cgroup,
+  each one's /proc stat read once; the CPU counter), each stand-in a shell with sleeping
+  children in its own cgroup (benchmarks/observer.py's); root and a writable cgroup tree
+  needed for cgroups.
 - **sampler**: ``CardSampler.sample`` over every card, CPU figures from the observer's trackers.
 
 CPU is this process's (``time.process_time``: all threads, the observer's reads run in
@@ -59,21 +61,32 @@ def make_pool(tmp: Path, cards: int):
     return GpuPool.instance(config=config, data_dir=str(tmp))
 
 
-class StandIn:
-    """A running server as the observer sees it: owner, allocation, pid, sandbox, and the local
-    spawner's own ``observe_activity``."""
+def stand_in_class(tree):
+    """The local spawner's isolation (its ``sandbox``, its ``observe_activity``), over the
+    benchmark's cgroup tree (``tree``; None: no cgroups) with the allocation id as group name."""
+    from gpulab.spawners.local.isolation import LocalIsolationMixin
 
-    def __init__(self, pool, owner: str, alloc, pid: int, sandbox, options) -> None:
-        self.pool, self.owner, self.allocation, self.pid = pool, owner, alloc, pid
-        self.sandbox, self.gpulab_options, self.orm_spawner = sandbox, options, None
+    class StandIn(LocalIsolationMixin):
+        """A running server as the observer sees it: owner, allocation, pid, and the local
+        spawner's own sandbox (its account looked up as the hub does) and observation."""
 
-    async def observe_activity(self):
-        from gpulab.spawners.local.isolation import LocalIsolationMixin
+        def __init__(self, pool, owner: str, alloc, pid: int, options) -> None:
+            super().__init__()
+            self.pool, self.owner, self.allocation, self.pid = pool, owner, alloc, pid
+            self.gpulab_options, self.orm_spawner = options, None
+            self.user = types.SimpleNamespace(name=owner.partition("/")[0])
 
-        return await LocalIsolationMixin.observe_activity(self)
+        @classmethod
+        def node_cgroups(cls):
+            return tree
+
+        def _cgroup_name(self, alloc_id: str) -> str:
+            return alloc_id
+
+    return StandIn
 
 
-def users(n: int, holders: dict[str, StandIn]) -> dict[str, object]:
+def users(n: int, holders: dict[str, object]) -> dict[str, object]:
     """``n`` hub users as the snapshot walks them (``app.users``): name and spawners."""
     out: dict[str, object] = {}
     for i in range(n):
@@ -115,7 +128,7 @@ async def main_async(args: argparse.Namespace, tmp: Path) -> None:
     pool = make_pool(tmp, args.cards)
     allocator = pool.allocator
     # The holders: users 0..allocs-1 (a quarter of them through a course), one card each.
-    holders: dict[str, StandIn] = {}
+    holders: dict[str, object] = {}
     allocs = []
     for i in range(args.allocs):
         owner = f"user{i:04d}/"
@@ -124,14 +137,12 @@ async def main_async(args: argparse.Namespace, tmp: Path) -> None:
     tree = Cgroups.detect(parent="gpulab-bench")
     ids = [a.alloc_id for _, a in allocs[: args.servers]]
     servers = start_servers(len(ids), args.procs, tree, ids)
+    stand_in = stand_in_class(tree)
     try:
         for i, (owner, alloc) in enumerate(allocs):
             options = types.SimpleNamespace(course="ml101" if i % 4 == 0 else None, max_price=None)
-            pid, sandbox = 0, None
-            if i < len(servers):
-                proc, group, alloc_id = servers[i]
-                pid, sandbox = proc.pid, Sandbox(alloc_id, cgroup=group)
-            holders[owner] = StandIn(pool, owner, alloc, pid, sandbox, options)
+            pid = servers[i][0].pid if i < len(servers) else 0
+            holders[owner] = stand_in(pool, owner, alloc, pid, options)
         app = types.SimpleNamespace(config=None, users=users(args.users, holders))
 
         # The observer over the running stand-ins (nothing reported: no billing here).

@@ -63,7 +63,7 @@ class Leftover:
 def _stat(pid: int) -> tuple[str, int, int] | None:
     """(state, ppid, start time) of a process, or None when it is gone."""
     try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
+        raw = Path(f"/proc/{pid}/stat").read_bytes().decode(errors="replace")  # names: any bytes
     except OSError:
         return None
     fields = raw.rpartition(")")[2].split()

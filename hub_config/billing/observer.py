@@ -158,7 +158,12 @@ class ActivityObserver(SingletonConfigurable):
 
         async def one(spawner: Any) -> None:
             async with gate:
-                events.extend(await self._observe(spawner))
+                try:
+                    events.extend(await self._observe(spawner))
+                except Exception:
+                    # One server's failure must not cost every other server its observation,
+                    # or billing their events.
+                    self.log.exception("Observation of %s failed", getattr(spawner, "owner", "?"))
 
         seen = {s.owner for s in running}
         await asyncio.gather(*(one(s) for s in running))
@@ -208,7 +213,13 @@ class ActivityObserver(SingletonConfigurable):
             )
         else:
             ended = []
-        obs = await spawner.observe_activity()
+        try:
+            obs = await spawner.observe_activity()
+        except Exception:
+            # Whatever the server did to itself (a process name that is no UTF-8, ...): this
+            # sample is lost, not the pass, and a previous session's end still reaches billing.
+            self.log.exception("Could not observe %s", owner)
+            return ended
         if obs is None:
             return ended
         OBSERVER_SAMPLES.inc()

@@ -21,7 +21,6 @@ from gpulab.spawners.local import accounts
 from gpulab.spawners.local.cgroup import CgroupError, Cgroups, Limits, parse_memory
 from gpulab.spawners.local.sandbox import Sandbox
 from gpulab.spawners.mixin import SpawnError
-from gpulab.spawners.node import procs as node_procs
 from gpulab.spawners.node.inventory import nvml_compute_pids
 from gpulab.spawners.node.pool import GpuPool
 
@@ -192,28 +191,40 @@ class LocalIsolationMixin(HasTraits):
         if removed:
             self.log.info("Removed %s's temp folders: %s", self.owner, ", ".join(removed))
 
-    async def observe_activity(self) -> Observation | None:
-        if self.allocation is None or not self.pid:
-            return None
+    def _observed(self) -> tuple[Sandbox, list[str]]:
+        """The sandbox and real cards the observer samples, built once per allocation and set
+        of cards, not at every sample (every 2 s per server: the account's lookup alone reads
+        /etc/passwd, ~0.1 ms per 300 accounts). The account is made before the server starts
+        and outlives it, so a session's lookup stays true while it runs."""
+        alloc = self.allocation
+        key = (alloc.alloc_id, tuple(alloc.uuids))
+        kept = getattr(self, "_observed_kept", None)
+        if kept is not None and kept[0] == key:
+            return kept[1], kept[2]
         sandbox = self.sandbox
         uuids = [
             u
-            for u in self.allocation.uuids
+            for u in alloc.uuids
             if (d := self.pool.inventory.by_uuid(u)) is not None and not d.simulated
         ]
+        self._observed_kept = (key, sandbox, uuids)
+        return sandbox, uuids
+
+    async def observe_activity(self) -> Observation | None:
+        if self.allocation is None or not self.pid:
+            return None
+        sandbox, uuids = self._observed()
 
         def look() -> Observation:
             t = time.time()
-            procs = tuple(sandbox.others(self.pid))
+            # Each process's /proc stat read once: its start, its name, its CPU counter.
+            procs, counters = sandbox.sample(self.pid)
             # The CPU everything of the server consumed, itself included: its cgroup's counter
             # where the kernel keeps one, else each live process's own (pids from the sandbox).
             total = sandbox.cgroup.cpu_seconds() if sandbox.cgroup is not None else None
-            if total is not None:
-                cpu = (("cgroup", total),)
-            else:
-                found = (node_procs.cpu_counter(p) for p in sandbox.pids(self.pid))
-                cpu = tuple(c for c in found if c is not None)
-            return Observation(t=t, procs=procs, gpu_pids=tuple(nvml_compute_pids(uuids)), cpu=cpu)
+            cpu = (("cgroup", total),) if total is not None else tuple(counters)
+            gpu_pids = tuple(nvml_compute_pids(uuids)) if uuids else ()
+            return Observation(t=t, procs=tuple(procs), gpu_pids=gpu_pids, cpu=cpu)
 
         return await asyncio.to_thread(look)
 

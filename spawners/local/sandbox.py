@@ -54,26 +54,36 @@ class Sandbox:
             env[ENV_CGROUP] = os.pathsep.join(self.cgroup.procs_files)
         return env
 
+    def _found(self, server_pid: int | None) -> list[int]:
+        """The pids of this server, some perhaps gone or zombies already."""
+        if self.cgroup is not None and self.cgroup.exists():
+            return self.cgroup.pids()
+        if self.account is not None:
+            return [p for p in procs.pids() if procs.uid_of(p) == self.account.uid]
+        return procs.server_processes(server_pid, self.alloc_id)
+
     def pids(self, server_pid: int | None) -> list[int]:
         """Every live process of this server, the server itself included."""
-        if self.cgroup is not None and self.cgroup.exists():
-            found = self.cgroup.pids()
-        elif self.account is not None:
-            found = [p for p in procs.pids() if procs.uid_of(p) == self.account.uid]
-        else:
-            found = procs.server_processes(server_pid, self.alloc_id)
-        return [p for p in found if procs.started_at(p) is not None]
+        return [p for p in self._found(server_pid) if procs.started_at(p) is not None]
+
+    def sample(self, server_pid: int | None) -> tuple[list[Proc], list[tuple[str, float]]]:
+        """What the activity observer sees of this server, each process's /proc/PID/stat read
+        once: (its processes besides the single-user server itself, the CPU counter of every
+        live process, the server's included: ``procs.cpu_counter``'s (key, seconds))."""
+        others: list[Proc] = []
+        cpu: list[tuple[str, float]] = []
+        for pid in self._found(server_pid):
+            stat = procs.proc_stat(pid)
+            if stat is None:
+                continue
+            cpu.append((stat.cpu_key, stat.cpu_seconds))
+            if pid != server_pid:
+                others.append(Proc(pid=pid, started=stat.started, command=stat.command))
+        return others, cpu
 
     def others(self, server_pid: int | None) -> list[Proc]:
         """The server's processes besides the single-user server itself (observed activity)."""
-        out = []
-        for pid in self.pids(server_pid):
-            if pid == server_pid:
-                continue
-            started = procs.started_at(pid)
-            if started is not None:
-                out.append(Proc(pid=pid, started=started, command=procs.command_name(pid)))
-        return out
+        return self.sample(server_pid)[0]
 
     def kill_all(self, server_pid: int | None, timeout: float = 10.0) -> int:
         """End every process of this server, however it detached; blocking. Returns how many."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+from dataclasses import dataclass
 from pathlib import Path
 
 ENV_ALLOC = "GPULAB_ALLOCATION_ID"
@@ -37,14 +38,33 @@ def process_env(pid: int, keys: tuple[str, ...] = (ENV_ALLOC, ENV_HUB)) -> dict[
     return env
 
 
-def process_start_time(pid: int) -> int | None:
-    """When ``pid`` started (clock ticks since boot), or None once it is gone."""
+def _stat(pid: int) -> tuple[bytes, list[bytes]] | None:
+    """(command name, the fields after it) of /proc/PID/stat in one read; None once gone.
+
+    Read as bytes: the command name is the process's own choice (any bytes but NUL, spaces and
+    parentheses included), so it is cut out at the *last* parenthesis and never decoded here;
+    the fields after it are the kernel's numbers. Field n of proc(5) is ``fields[n - 3]``."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
+    try:
+        raw = os.read(fd, 4096)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    head, sep, tail = raw.rpartition(b")")
+    if not sep:
+        return None
+    return head.partition(b"(")[2], tail.split()
+
+
+def process_start_time(pid: int) -> int | None:
+    """When ``pid`` started (clock ticks since boot), or None once it is gone."""
+    stat = _stat(pid)
     # Field 22 (starttime), counted after the parenthesised command name, which may hold spaces.
-    return int(stat.rpartition(")")[2].split()[19])
+    return int(stat[1][19]) if stat is not None else None
 
 
 def _boot_time() -> float:
@@ -58,32 +78,51 @@ _BOOT = _boot_time()
 _HZ = os.sysconf("SC_CLK_TCK")
 
 
+@dataclass(frozen=True, slots=True)
+class ProcStat:
+    """What the observer needs of one live process, from one read of /proc/PID/stat."""
+
+    pid: int
+    command: str  # its name (``comm``, what /proc/PID/comm says), undecodable bytes replaced
+    started: float  # Unix time
+    cpu_key: str  # names this process for good: pid and start time (pids are reused)
+    cpu_seconds: float  # user + system, its reaped children's included (the kernel's accounting)
+
+
+def proc_stat(pid: int) -> ProcStat | None:
+    """``pid``'s name, start time and CPU seconds in one read; None once it is gone (a zombie
+    counts as gone). Nothing in the process can make the kernel's accounting say less or more;
+    its name it chooses, so a name that is no UTF-8 reads with replacement characters."""
+    stat = _stat(pid)
+    if stat is None or stat[1][0] in (b"Z", b"X"):
+        return None
+    comm, fields = stat
+    # Fields 14-17 (utime, stime, cutime, cstime) and 22 (starttime), counted from 1.
+    ticks = int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])
+    start = int(fields[19])
+    return ProcStat(
+        pid=pid,
+        command=comm.decode(errors="replace").strip(),
+        started=_BOOT + start / _HZ,
+        cpu_key=f"{pid}:{start}",
+        cpu_seconds=ticks / _HZ,
+    )
+
+
 def started_at(pid: int) -> float | None:
     """When ``pid`` started, as Unix time; None once it is gone (a zombie counts as gone)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+    stat = _stat(pid)
+    if stat is None or stat[1][0] in (b"Z", b"X"):
         return None
-    fields = stat.rpartition(")")[2].split()
-    if fields[0] in ("Z", "X"):
-        return None
-    return _BOOT + int(fields[19]) / _HZ
+    return _BOOT + int(stat[1][19]) / _HZ
 
 
 def cpu_counter(pid: int) -> tuple[str, float] | None:
     """(a key naming this process for good: pid and start time, its CPU seconds so far) for
     ``pid``, or None once it is gone. The CPU is the kernel's own accounting (user + system, its
     reaped children's included), so nothing in the process can make it say less or more."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rpartition(")")[2].split()
-    if fields[0] in ("Z", "X"):
-        return None
-    # Fields 14-17 (utime, stime, cutime, cstime) and 22 (starttime), counted from 1.
-    ticks = sum(int(x) for x in fields[11:15])
-    return f"{pid}:{fields[19]}", ticks / _HZ
+    stat = proc_stat(pid)
+    return (stat.cpu_key, stat.cpu_seconds) if stat is not None else None
 
 
 def uid_of(pid: int) -> int | None:
@@ -95,8 +134,10 @@ def uid_of(pid: int) -> int | None:
 
 
 def command_name(pid: int) -> str:
+    """``pid``'s name ("" once gone); a name that is no UTF-8 reads with replacement characters
+    (the process chooses it: it must not break whoever lists it)."""
     try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
+        return Path(f"/proc/{pid}/comm").read_bytes().decode(errors="replace").strip()
     except OSError:
         return ""
 
@@ -105,11 +146,9 @@ def parents() -> dict[int, int]:
     """pid -> parent pid, for every visible process."""
     out = {}
     for pid in pids():
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            continue
-        out[pid] = int(stat.rpartition(")")[2].split()[1])
+        stat = _stat(pid)
+        if stat is not None:
+            out[pid] = int(stat[1][1])
     return out
 
 
