@@ -5,7 +5,9 @@ Docker Engine.
 
 Issue 25 points covered: "SSH into your own server ... lands in a shell inside the user's running
 server, as their account, with the server's environment"; "exit codes passed back", PTYs;
-"Port forwarding to the user's own server only"; "the server's stop ends its SSH sessions".
+"Port forwarding to the user's own server only"; "the server's stop ends its SSH sessions"; with
+it stopped, `ssh NAME@hub` says files move only while it runs (a container's home is never reached
+as the shared uid on the node) and names the upload page (it said "sftp, scp and rsync work now").
 Fails on the code before issue 25 (no SSH endpoint).
 """
 
@@ -22,6 +24,17 @@ from harness import Hub, free_port, wait_for
 from ssh_helpers import add_key, keygen, session_of, ssh, ssh_cmd, wait_gateway
 
 HTTP_GET = b"GET / HTTP/1.0\r\nHost: x\r\n\r\n"
+
+
+def sftp_ls(hub: Hub, name: str, key, folder: Path) -> subprocess.CompletedProcess:
+    batch = folder / "ls.batch"
+    batch.write_text("ls\n")
+    opts = ssh_cmd(hub, name, key)[3:-1]  # the key options
+    return subprocess.run(
+        ["sftp", "-P", str(hub.ssh_port), *opts, "-b", str(batch), f"{name}@127.0.0.1"],
+        capture_output=True,
+        timeout=60,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -88,3 +101,13 @@ def test_ssh_into_a_container_server(shub: Hub, docker, tmp_path: Path) -> None:
         if client.poll() is None:
             client.kill()
             client.wait(10)
+
+    # No server: no shell, and the message does not promise files it cannot move (a container's
+    # home is reached only through the running container): it names the upload page instead.
+    r = ssh(shub, name, key, "echo should-not-run")
+    assert r.returncode == 1 and b"should-not-run" not in r.stdout
+    message = r.stderr.decode()
+    assert "not running" in message and "only while your server runs" in message, message
+    assert "work now" not in message and "/hub/upload" in message, message
+    r = sftp_ls(shub, name, key, tmp_path)
+    assert r.returncode != 0, (r.stdout, r.stderr)
