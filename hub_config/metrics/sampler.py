@@ -183,10 +183,11 @@ class CardSampler(SingletonConfigurable):
     def idle_seconds(self, uuid: str, now: float | None = None) -> float | None:
         """Seconds a held card has been idle: 0 while its latest reading is busy, else since its
         last busy reading or, if never seen busy, since its server took it. None for a card
-        nobody holds, or one not read yet."""
+        nobody holds, one not read yet, or one whose utilisation NVML does not give (unknown is
+        not idle: no idle alert, console badge or nudge rests on a figure nobody has)."""
         since = self._held_since.get(uuid)
         reading = self._latest.get(uuid)
-        if since is None or reading is None:
+        if since is None or reading is None or reading.util_pct is None:
             return None
         if self._busy(reading):
             return 0.0

@@ -91,9 +91,19 @@
         "busy" + (util === null ? "" : " " + util + " %"),
       );
     }
-    const idle = c.idle_seconds === null || c.idle_seconds === undefined
-      ? "idle"
-      : "idle " + Math.floor(c.idle_seconds / 60) + " min";
+    if (c.idle_seconds === null || c.idle_seconds === undefined) {
+      // No utilisation figure (not read yet, or NVML gives none for this card): not idle.
+      return el(
+        "span",
+        {
+          class: "badge text-bg-secondary",
+          "data-activity": "unknown",
+          title: "No utilisation figure for this card (not read yet, or NVML gives none)",
+        },
+        "n/a",
+      );
+    }
+    const idle = "idle " + Math.floor(c.idle_seconds / 60) + " min";
     return el(
       "span",
       { class: "badge text-bg-warning", "data-activity": "idle" },
@@ -174,14 +184,17 @@
     const offline = data.offline.reduce((sum, o) => sum + o.cards, 0);
     const held = data.cards.filter((c) => c.state === "held");
     const busy = held.filter((c) => c.busy).length;
+    // Held cards with no utilisation figure are neither busy nor idle.
+    const unknown = held.filter((c) => !c.busy && (c.idle_seconds === null || c.idle_seconds === undefined)).length;
     const simulated = data.cards.some((c) => c.simulated);
     $("gpulab-console-summary").replaceChildren(
       el(
         "span",
         {},
         data.cards.length + offline + " cards: " + n("free") + " free, " + held.length + " held (" + busy +
-          " busy, " + (held.length - busy) + " idle), " + n("reserved") + " reserved, " +
-          offline + " offline. " + data.queues.length + " waiting in queues.",
+          " busy, " + (held.length - busy - unknown) + " idle" + (unknown ? ", " + unknown + " n/a" : "") +
+          "), " + n("reserved") + " reserved, " + offline + " offline. " + data.queues.length +
+          " waiting in queues.",
       ),
       simulated ? el("span", { class: "badge text-bg-secondary ms-2" }, "simulated pool") : null,
     );

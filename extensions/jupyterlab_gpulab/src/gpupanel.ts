@@ -5,7 +5,15 @@
 import { Message } from '@lumino/messaging';
 import { Widget } from '@lumino/widgets';
 
-import { cardName, gibText, IGpuCard, IGpuUsage, idleText, memoryPair } from './gpuusage';
+import {
+  cardName,
+  gibText,
+  IGpuCard,
+  IGpuUsage,
+  idleText,
+  isRead,
+  memoryPair
+} from './gpuusage';
 import { gpuIcon } from './widgets';
 
 function el<K extends keyof HTMLElementTagNameMap>(
@@ -132,11 +140,17 @@ export class GpuUsagePanel extends Widget {
     const name = `${cardName(c, this.actions.typeName)}${c.simulated ? ' (simulated)' : ''}`;
     node.appendChild(el('div', 'jp-gpulab-gpu-name', name));
     node.appendChild(el('div', 'jp-gpulab-gpu-id', c.uuid));
-    if (c.util_pct === null) {
+    if (!isRead(c)) {
       node.appendChild(el('div', 'jp-gpulab-note', 'Not measured yet…'));
       return node;
     }
-    node.appendChild(bar('Utilisation', c.util_pct, `${Math.round(c.util_pct)}%`));
+    if (c.util_pct === null) {
+      // Read, but NVML gives no utilisation for this card: not a made-up 0%.
+      const note = 'Utilisation: n/a (NVML gives none for this card)';
+      node.appendChild(el('div', 'jp-gpulab-note', note));
+    } else {
+      node.appendChild(bar('Utilisation', c.util_pct, `${Math.round(c.util_pct)}%`));
+    }
     if (!c.simulated && c.mem_used_mib !== null && c.mem_total_mib) {
       node.appendChild(
         bar(

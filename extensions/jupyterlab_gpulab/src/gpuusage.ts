@@ -46,7 +46,17 @@ export function isUnavailable(answer: IGpuUsage | IGpuUnavailable): answer is IG
   return (answer as IGpuUnavailable).available === false;
 }
 
-/** Mean utilisation of the cards read so far (null: none read yet). */
+/** Whether the hub has read this card at all (``simulated`` is null until its first reading). */
+export function isRead(c: IGpuCard): boolean {
+  return c.simulated !== null;
+}
+
+/** A card's utilisation for people: "37%", "n/a" where NVML gives none for a card it read. */
+export function utilText(c: IGpuCard): string {
+  return c.util_pct === null ? 'n/a' : `${Math.round(c.util_pct)}%`;
+}
+
+/** Mean utilisation of the cards read so far (null: none read yet, or none with a figure). */
 export function meanUtil(cards: IGpuCard[]): number | null {
   const read = cards.filter(c => typeof c.util_pct === 'number');
   if (!read.length) {
@@ -105,13 +115,15 @@ export function gpuItemText(u: IGpuUsage): string {
     return `${label} idle ${idleText(u.nudge.idle_seconds)}`;
   }
   const util = meanUtil(u.cards);
-  if (util === null) {
+  if (util === null && !u.cards.every(isRead)) {
     return `${label} …`;
   }
   const memory = memoryText(u.cards);
   const simulated = u.cards.every(c => c.simulated);
   const tail = memory || (simulated ? 'simulated' : '');
-  return `${label} ${Math.round(util)}%${tail ? ` · ${tail}` : ''}`;
+  // Read, but NVML gives no utilisation for these cards: "n/a", never a made-up 0%.
+  const figure = util === null ? 'n/a' : `${Math.round(util)}%`;
+  return `${label} ${figure}${tail ? ` · ${tail}` : ''}`;
 }
 
 /** A card's name for people: its type's display name (`typeName`) and index, "A100-80G #0". */
@@ -126,10 +138,10 @@ export function gpuItemTitle(
 ): string {
   const lines = u.cards.map(c => {
     const name = cardName(c, typeName);
-    if (c.util_pct === null) {
+    if (!isRead(c)) {
       return `${name}: not measured yet`;
     }
-    const parts = [`${Math.round(c.util_pct)}% busy`];
+    const parts = [c.util_pct === null ? 'utilisation n/a' : `${utilText(c)} busy`];
     if (!c.simulated && c.mem_used_mib !== null && c.mem_total_mib !== null) {
       parts.push(memoryPair(c.mem_used_mib, c.mem_total_mib));
     }

@@ -10,7 +10,8 @@ import {
   meanUtil,
   memoryText,
   NudgeEpisodes,
-  pollDelay
+  pollDelay,
+  utilText
 } from '../gpuusage';
 
 function card(over: Partial<IGpuCard> = {}): IGpuCard {
@@ -78,6 +79,22 @@ describe('the GPU status item', () => {
     const unread = card({ util_pct: null, mem_used_mib: null, simulated: null });
     expect(gpuItemText(usage([unread]))).toBe('GPU …');
     expect(gpuItemTitle(usage([unread]))).toContain('not measured yet');
+  });
+
+  it('says n/a for a card read without a utilisation figure, with its other figures', () => {
+    // NVML gives no utilisation (and no power) for some cards: the hub sends null, not 0.
+    const blind = card({ util_pct: null, power_w: null });
+    expect(gpuItemText(usage([blind], { idle_seconds: null }))).toBe('GPU n/a · 1.2/80 GiB');
+    const title = gpuItemTitle(usage([blind], { idle_seconds: null }));
+    expect(title).toContain('a100-80g #0: utilisation n/a, 1.2/80 GiB, 51 °C');
+    expect(title).not.toContain('not measured yet');
+    expect(title).not.toContain('Idle');
+    // With a measured card beside it, the measured one's figure stands.
+    expect(gpuItemText(usage([blind, card({ uuid: 'GPU-2', util_pct: 80 })]))).toBe(
+      '2 GPUs 80% · 2.4/160 GiB'
+    );
+    expect(utilText(blind)).toBe('n/a');
+    expect(utilText(card())).toBe('37%');
   });
 
   it('turns into the idle time once the hub nudges, with the nudge in the tooltip', () => {
