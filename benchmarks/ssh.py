@@ -106,6 +106,20 @@ def ssh_true(port: int, user: str, key: Path) -> float:
     return dt
 
 
+def negotiated(port: int, user: str, key: Path) -> str:
+    """The cipher this client and that server agree on (``ssh -v``: "cipher: ...")."""
+    r = subprocess.run(
+        ["ssh", "-v", "-p", str(port), *CLIENT, "-i", str(key), f"{user}@127.0.0.1", "true"],
+        capture_output=True,
+        stdin=subprocess.DEVNULL,
+        timeout=120,
+    )
+    for line in r.stderr.decode(errors="replace").splitlines():
+        if "cipher: " in line:
+            return line.split("cipher: ", 1)[1].split()[0]
+    return "?"
+
+
 def sftp(port: int, user: str, key: Path, batch: str) -> float:
     t0 = time.perf_counter()
     r = subprocess.run(
@@ -163,7 +177,9 @@ def main() -> int:
         "--cipher",
         default="",
         help="the client's cipher for both sides (ssh -c), e.g. aes128-gcm@openssh.com; "
-        "default: the client's own choice (chacha20-poly1305@openssh.com with OpenSSH 9)",
+        "default: the client's own choice among what each server offers (OpenSSH 9 with sshd: "
+        "chacha20-poly1305@openssh.com; with the gateway, which offers AES-GCM only: "
+        "aes128-gcm@openssh.com)",
     )
     args = ap.parse_args()
     if args.cipher:
@@ -199,6 +215,7 @@ def main() -> int:
         sshd, sshd_port = start_sshd(tmp, account, public)
         sides = {"gpulab": (hub.ssh_port, name), "openssh": (sshd_port, account)}
 
+        ciphers = {side: negotiated(port, user, key) for side, (port, user) in sides.items()}
         for port, user in sides.values():  # warm both (first connections load code)
             for _ in range(2):
                 ssh_true(port, user, key)
@@ -230,7 +247,9 @@ def main() -> int:
             f"# {platform.machine()}, {os.cpu_count()} CPUs, Linux {platform.release()}, "
             f"load {os.getloadavg()[0]:.1f}; {args.rounds} round trips, "
             f"{args.sftp_rounds} x {size_mb:.0f} MiB each way; cipher "
-            f"{args.cipher or 'the client default'}"
+            f"{args.cipher or 'the client default'} ("
+            + ", ".join(f"{side}: {c}" for side, c in ciphers.items())
+            + ")"
         )
         print(f"{'':10} {'ssh true p50':>13} {'p95':>8} {'sftp put MB/s':>14} {'get MB/s':>9}")
         for side in sides:
