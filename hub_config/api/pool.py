@@ -30,6 +30,7 @@ from gpulab.hub_config.courses import groups
 from gpulab.hub_config.courses.groups import CourseError
 from gpulab.hub_config.courses.staff import check_staff_start, mark_payer
 from gpulab.hub_config.overrides.errors import http_error
+from gpulab.hub_config.overrides.queue import SWITCHING as _SWITCHING
 from gpulab.hub_config.scopes import READ_POOL_SCOPE
 from gpulab.spawners.courses import student_courses
 from gpulab.spawners.node.allocator import RESERVED, NoCapacity, owner_key
@@ -115,6 +116,20 @@ class SwitchAPIHandler(GpulabAPIHandler):
         if spawner is None or not spawner.active or spawner.pending:
             state = spawner.pending if spawner is not None and spawner.pending else "not running"
             raise web.HTTPError(409, f"{user_name}'s server is {state}; start it instead")
+        owner = owner_key(user.name, "")
+        if owner in _SWITCHING:
+            # One switch of a server at a time: two restarts of one spawner would both start a
+            # process, and the one the spawner forgot would run on unbilled, holding its cards.
+            raise web.HTTPError(409, f"{user_name}'s server is already being switched; wait for it")
+        _SWITCHING.add(owner)  # no await since the check: the two are one step on the loop
+        try:
+            await self._switch(user, spawner, owner)
+        except BaseException:
+            _SWITCHING.discard(owner)
+            raise
+
+    async def _switch(self, user: Any, spawner: Any, owner: str) -> None:
+        """Check, reserve and answer 202; the restart (which ends the switch) runs on its own."""
         body = self.get_json_body() or {}
         if not isinstance(body, dict):
             raise web.HTTPError(400, "body must be a JSON object of spawn options")
@@ -161,7 +176,6 @@ class SwitchAPIHandler(GpulabAPIHandler):
         except web.HTTPError as e:
             count_refusal("balance" if e.status_code == 402 else "other")  # the hub's metrics
             raise
-        owner = owner_key(user.name, "")
         try:
             self.pool.allocator.reserve(owner, card_type(options.gpu), options.gpus)
         except NoCapacity as e:
@@ -175,6 +189,7 @@ class SwitchAPIHandler(GpulabAPIHandler):
         )
 
     async def _restart(self, user, request: SpawnRequest) -> None:
+        owner = owner_key(user.name, "")
         try:
             await user.stop("")
             hand_over(request)
@@ -182,7 +197,9 @@ class SwitchAPIHandler(GpulabAPIHandler):
         except Exception:
             self.log.exception("Switching %s's server failed", user.name)
             # Whatever failed, the cards held for the new server go back at once.
-            self.pool.allocator.release(owner_key(user.name, "") + RESERVED)
+            self.pool.allocator.release(owner + RESERVED)
+        finally:
+            _SWITCHING.discard(owner)
 
 
 ROUTES = [

@@ -24,6 +24,11 @@ from gpulab.spawners.market.hub import SpotMarket
 from gpulab.spawners.node.counters import count_refusal
 from gpulab.spawners.request import drop, hand_over
 
+# Servers (owner keys) whose switch is under way (hub_config/api/pool.py): from its 202 until its
+# restart ends, no other start of the same server may begin, or the spawner would run two
+# processes and forget one (unbilled, holding cards).
+SWITCHING: set[str] = set()
+
 
 async def gate_start(
     handler: Any, user: Any, spawner: Any, raw_options: Any
@@ -31,6 +36,8 @@ async def gate_start(
     """Refuse (403, the staff rule) a start ``handler``'s caller may not make on ``user``'s
     server; else ask the market (:func:`queue_instead_of_spawn`): the queue entry, or None when
     the spawn goes ahead."""
+    if getattr(spawner, "owner", None) in SWITCHING:
+        raise web.HTTPError(409, f"{user.name}'s server is being switched; wait for it")
     try:
         actor = check_staff_start(
             handler, user, raw_options if isinstance(raw_options, dict) else {}

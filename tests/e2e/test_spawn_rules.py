@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import signal
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 from harness import Hub, wait_for
@@ -169,6 +171,59 @@ def test_switch_moves_a_running_server_and_keeps_files(hub: Hub, user: str) -> N
         assert (
             k.execute("import os; print(repr(os.environ['CUDA_VISIBLE_DEVICES']))").strip() == "''"
         )
+
+
+def _listening_uids() -> list[int]:
+    """The owners (uids) of the node's listening TCP sockets, one entry per socket."""
+    uids = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A":  # LISTEN
+                uids.append(int(fields[7]))
+    return uids
+
+
+def test_concurrent_switches_move_the_server_once_and_leave_no_process_behind(
+    hub: Hub, user: str
+) -> None:
+    """Attack (issue 24's wave): several switches of one server at once, with the user's own
+    token. Each restarted the same spawner: one process was forgotten and ran on, unbilled and
+    unobserved, holding a card nobody else could have. Now one switch runs, the others are 409,
+    the user holds the cards of that one, and the account's only listener is the hub's server."""
+    from gpulab.spawners.local.accounts import account_name
+
+    hub.spawn_ready(user, {"gpu": "rtx-4090"})
+    uid = pwd.getpwnam(account_name(user)).pw_uid
+    token = hub.api("POST", f"/users/{user}/tokens", json={"expires_in": 600}).json()["token"]
+    bodies = [
+        {"gpu": "a100-80g"},
+        {"gpu": "none"},
+        {"gpu": "a100-80g", "gpus": 2},
+        {"gpu": "none", "datasets": []},
+    ]
+
+    def switch(body: dict):
+        return hub.api("POST", f"/gpulab/users/{user}/switch", token=token, json=body)
+
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        answers = list(pool.map(switch, bodies))
+    codes = sorted(r.status_code for r in answers)
+    assert codes == [202, 409, 409, 409], [(r.status_code, r.text) for r in answers]
+    refused = [r.json()["message"] for r in answers if r.status_code == 409]
+    assert all("being switched" in m or "start it instead" in m for m in refused), refused
+    won = next(b for b, r in zip(bodies, answers, strict=True) if r.status_code == 202)
+    wait_for(
+        lambda: (s := hub.server(user)) and s["ready"] and s["user_options"]["gpu"] == won["gpu"],
+        timeout=90,
+        what="the one switch's server",
+    )
+    held = [g for g in hub.pool()["gpus"] if g["held"] and g["holder"] == f"{user}/"]
+    assert len(held) == (0 if won["gpu"] == "none" else won.get("gpus", 1)), held
+    # One server listens for the account: the one the hub knows (no forgotten process).
+    wait_for(lambda: _listening_uids().count(uid) == 1, timeout=30, what="one listener")
+    hub.stop_server(user)
+    wait_for(lambda: uid not in _listening_uids(), timeout=30, what="no listener after the stop")
 
 
 def test_switch_to_a_full_type_changes_nothing(hub: Hub) -> None:
