@@ -121,6 +121,36 @@ def test_a_detached_process_keeps_the_server_billed_while_it_lives(ohub, ouser) 
     assert server["billed_seconds"] >= secs - 0.01
 
 
+RENAMED = """
+import ctypes, os, time
+if os.fork() == 0:
+    os.setsid()
+    ctypes.CDLL(None).prctl(15, bytes([0xFF, 0xFE]) + b"(x) y", 0, 0, 0)
+    end = time.time() + 12
+    while time.time() < end:
+        pass
+    os._exit(0)
+print("forked")
+"""
+
+
+def test_a_process_named_in_no_utf8_is_billed_all_the_same(ohub, ouser) -> None:
+    """Issue 24 (F1, the observer's /proc reading): a process that names itself in bytes that
+    are no UTF-8 (prctl, or an executable with such a file name) made every sample of its server
+    raise, and the pass with it: its server was billed nothing while it ran, nor anybody else's."""
+    billing = Billing(ohub)
+    ohub.spawn_ready(ouser, {"gpu": "none"})
+    with ohub.kernel(ouser) as k:
+        assert "forked" in k.execute(RENAMED)
+    secs = wait_for(
+        lambda: (s := observed_seconds(billing, ouser)) >= 11 and s,
+        40,
+        0.5,
+        "the renamed process billed",
+    )
+    assert secs < 20
+
+
 def test_an_idle_gpu_goes_back_even_with_forged_heartbeats(ohub, ouser) -> None:
     billing = Billing(ohub)
     ohub.spawn_ready(ouser, {"gpu": "a100-80g"})
