@@ -97,10 +97,10 @@ def home_message(u: HomeUsage) -> str:
 def pid_alive(pid: int) -> bool:
     """True while ``pid`` runs; a zombie (dead, not yet reaped by its parent) counts as dead."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        stat = Path(f"/proc/{pid}/stat").read_bytes()  # bytes: the name is the process's choice
     except OSError:
         return False
-    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
+    return stat.rpartition(b")")[2].split()[0] not in (b"Z", b"X")
 
 
 def _read_only_for_all(folder: Path) -> None:

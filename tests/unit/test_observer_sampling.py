@@ -16,6 +16,7 @@ import uuid
 from gpulab.hub_config.billing.observer import ActivityObserver
 from gpulab.spawners.activity import Observation, Proc
 from gpulab.spawners.local.sandbox import Sandbox
+from gpulab.spawners.local.spawner import pid_alive
 from gpulab.spawners.node import procs
 
 # A server process whose child renames itself to bytes that are no UTF-8 (prctl PR_SET_NAME,
@@ -57,6 +58,7 @@ def test_a_process_named_in_no_utf8_is_seen_with_its_cpu() -> None:
         assert procs.command_name(child.pid) == child.command
         assert sandbox.pids(server.pid) == sorted([server.pid, child.pid])
         assert procs.started_at(child.pid) == child.started
+        assert pid_alive(child.pid)  # the local spawner's poll reads the same file
         key, seconds = procs.cpu_counter(child.pid)
         assert key.startswith(f"{child.pid}:") and seconds >= 0.25
         # The observer's one read per process says what the separate reads say.
