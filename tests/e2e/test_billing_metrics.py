@@ -10,6 +10,7 @@ does"; the console's money "the same number as in the metrics and the statement"
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from collections import defaultdict
@@ -20,7 +21,7 @@ import pytest
 import requests
 from billing.client import Billing, user_token
 from billing.fixtures import pg_cluster  # noqa: F401 (fixtures)
-from harness import FAST_BILLING_ENV, HB, wait_for
+from harness import FAST_BILLING_ENV, HB, admin_web, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
 PROMETHEUS_TOKEN = uuid.uuid4().hex
@@ -277,3 +278,14 @@ def test_the_enforcers_actions_are_counted(mhub, billing, muser) -> None:
     for threshold in ("0", "10"):
         n = sum(Decimal(u["balance"]["exact"]) < Decimal(threshold) for u in overview["users"])
         assert below[(("threshold", threshold),)] == n >= 1
+
+
+def test_the_navbar_links_billing_on_the_hubs_own_origin(mhub) -> None:
+    """Attack wave (issue 24): the hub's Services menu linked billing as
+    ``//localhost/services/billing/`` (JupyterHub drops the port of the hub's host), sending a
+    click to whatever listens on port 80. The link is a path on the hub's own origin."""
+    page = admin_web(mhub).get("/hub/home")
+    assert page.status_code == 200
+    hrefs = re.findall(r'href="([^"]*services/billing[^"]*)"', page.text)
+    assert hrefs, "no link to billing in the navbar"
+    assert all(h.startswith("/services/billing/") for h in hrefs), hrefs
