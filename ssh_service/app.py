@@ -82,7 +82,10 @@ class SshService(Application):
         "failures per user and source as well).",
     )
     login_timeout = Float(
-        60.0, config=True, help="Seconds a client has to log in before it is disconnected."
+        30.0,
+        config=True,
+        help="""Seconds a client has to log in before it is disconnected (a connection that
+        never logs in holds a slot until then).""",
     )
 
     @default("port")

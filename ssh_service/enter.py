@@ -9,7 +9,13 @@ interpreter, without site-packages, so it costs little). In this order:
    is the server's (billed and observed like a kernel, ended by the server's stop);
 2. the server's mount and IPC namespaces (``ns_pid``: the server's process, which must be in
    that cgroup when its namespaces are opened and still after, so a reused pid is refused): the
-   user sees the files, ``/tmp`` and ``/dev/shm`` of their server;
+   user sees the files, ``/tmp`` and ``/dev/shm`` of their server; or, with no server (a file
+   transfer, ``scratch``), a mount namespace of its own made by the launcher's own code
+   (``launcher``: the path of ``gpulab/spawners/inside/launcher.py``, loaded by path since this
+   runs without site-packages): small private tmpfs ``/tmp`` and ``/dev/shm`` (``/var/tmp``,
+   ``/run/lock`` inside that ``/tmp``), the other homes detached, and a ``/proc`` showing the
+   account's processes only, so a transfer writes nothing on the host outside the home and sees
+   nobody else's processes; its ``cgroup`` is then the user's transfer cgroup (limits of its own);
 3. a session of its own; with a terminal (``tty``: its stdin), that terminal as the controlling
    one, owned by the account;
 4. the account (``uid``/``gid``, no supplementary groups): after this nothing is root;
@@ -25,8 +31,10 @@ without cgroups the server's process is recognised by its account instead.
 import ctypes
 import ctypes.util
 import fcntl
+import importlib.util
 import json
 import os
+import stat
 import sys
 import termios
 
@@ -82,7 +90,10 @@ def enter_server(spec: dict) -> None:
         if not is_servers(ns_pid, procs, uid):
             fail("the server's process is gone")
     for path in procs:
-        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as e:
+            fail(f"could not join the cgroup {path}: {e.strerror}; try again")
         try:
             os.write(fd, b"0")
         finally:
@@ -95,6 +106,35 @@ def enter_server(spec: dict) -> None:
             os.close(fd)
 
 
+def load_launcher(path: str):
+    """The launcher module, from its file (root's, changeable by root only)."""
+    st = os.stat(path)
+    if not path.startswith("/") or not stat.S_ISREG(st.st_mode) or st.st_mode & 0o022:
+        fail(f"not the launcher: {path!r}")
+    if st.st_uid not in (0, os.geteuid()):
+        fail(f"not the launcher: {path!r}")
+    spec = importlib.util.spec_from_file_location("gpulab_launcher", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def private_mounts(spec: dict) -> None:
+    """No server: the transfer's own scratch and /proc, as a local server has them."""
+    launcher = load_launcher(spec["launcher"])
+    env = {
+        launcher.ENV_SCRATCH: json.dumps(spec["scratch"]),
+        launcher.ENV_RUN_AS: f"{int(spec['uid'])}:{int(spec['gid'])}:{spec.get('account', '')}",
+        "GPULAB_PRIVATE_PROC": "1",
+        "HOME": spec["cwd"],
+    }
+    try:
+        launcher.private_scratch(env)
+        launcher.hide_other_accounts_processes(env)
+    except (OSError, ValueError) as e:
+        fail(f"could not make the transfer's private folders: {e}")
+
+
 def main() -> None:
     spec = json.loads(sys.argv[1])
     uid = spec.get("uid")
@@ -105,6 +145,8 @@ def main() -> None:
         uid = None
     if uid is not None:
         enter_server(spec)
+        if spec.get("scratch") and not spec.get("ns_pid"):
+            private_mounts(spec)
     os.setsid()
     if spec.get("tty"):
         fcntl.ioctl(0, termios.TIOCSCTTY, 0)

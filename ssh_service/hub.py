@@ -45,6 +45,10 @@ class Session:
     container: str = ""
     env: dict[str, str] = field(default_factory=dict)
     message: str = ""
+    # No server: the scratch spec of the launcher's private_scratch (None: the host's), and the
+    # most transfer sessions the user may hold at once (0: no limit).
+    scratch: dict[str, Any] | None = None
+    max_transfers: int = 0
 
     @property
     def files_home(self) -> str:
@@ -78,6 +82,8 @@ class Session:
             container=str(data.get("container") or ""),
             env=env,
             message=str(data.get("message") or ""),
+            scratch=data.get("scratch") if isinstance(data.get("scratch"), dict) else None,
+            max_transfers=_int(data.get("max_transfers")) or 0,
         )
 
 

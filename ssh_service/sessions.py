@@ -11,7 +11,10 @@ With no server running, a shell or a command prints the hub's message (how to st
 exits 1; only SFTP and the transfer commands ``rsync --server`` and ``scp -t|-f`` run then, as
 the account in the home, in a plain process (no GPU, nothing billed). Those run without a shell:
 the command line is split and checked, so ``rsync --server ...; python train.py`` is no way
-around the balance check.
+around the balance check. Such a transfer is confined as a local server is (the helper runs the
+launcher's own ``private_scratch`` and ``hide_other_accounts_processes``; the hub's transfer
+cgroup with its limits), at most ``max_transfers`` of a user's run at once, and it is killed
+when its channel closes.
 """
 
 from __future__ import annotations
@@ -32,11 +35,14 @@ from pathlib import Path
 
 import asyncssh
 
+from gpulab.spawners.inside import launcher
 from gpulab.ssh_service.hub import HubClient, HubUnavailable, NoSuchServer, Session
 
 log = logging.getLogger("gpulab.ssh")
 
 HELPER = str(Path(__file__).with_name("enter.py"))
+# The launcher's file: the helper (no site-packages) loads it by path for a transfer's scratch.
+LAUNCHER = str(Path(launcher.__file__).resolve())
 SFTP_SERVER = "/usr/lib/openssh/sftp-server"
 SHELL = "/bin/bash"
 PLAIN_PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -46,6 +52,10 @@ PTY_DRAIN_SECONDS = 0.5
 # Options that would make `rsync --server` run commands of the user's choosing.
 RSYNC_REFUSED = ("--daemon", "--config", "--dparam", "-M", "--rsync-path")
 SIGNALS = {name[3:]: getattr(signal, name) for name in dir(signal) if name.startswith("SIG")}
+# No-server transfer sessions running now, per user (the hub's ``max_transfers`` caps them).
+TRANSFERS: dict[str, int] = {}
+# Sessions being served now, per user (any kind): a transfer cgroup is removed only by the last.
+SERVING: dict[str, int] = {}
 
 
 def transfer_command(command: str) -> list[str] | None:
@@ -94,6 +104,7 @@ class GatewaySession(asyncssh.SSHServerSession):
         self.task: asyncio.Task | None = None
         self.read_transport: asyncio.ReadTransport | None = None
         self.closed = False
+        self.transfer = False  # a no-server transfer: killed when the channel closes
 
     # ---- requests from the client ------------------------------------------------------------
 
@@ -163,7 +174,13 @@ class GatewaySession(asyncssh.SSHServerSession):
         self.closed = True
         self.can_write.set()
         proc = self.proc
-        if proc is not None and proc.returncode is None:
+        if proc is not None and proc.returncode is None and self.transfer:
+            # A no-server transfer ends with its session: nothing of it runs on unobserved.
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        elif proc is not None and proc.returncode is None:
             # What a dropped connection does in OpenSSH: a hang-up, no more. A tmux server (its own
             # session) survives it; the server's stop (its cgroup) ends everything.
             try:
@@ -177,6 +194,7 @@ class GatewaySession(asyncssh.SSHServerSession):
 
     async def _run(self) -> None:
         chan = self.chan
+        SERVING[self.user] = SERVING.get(self.user, 0) + 1
         try:
             status = await self._serve()
         except NoSuchServer as e:
@@ -190,6 +208,10 @@ class GatewaySession(asyncssh.SSHServerSession):
             log.exception("Session of %s failed", self.user)
             self._write_err("gpulab: the session could not start.\n")
             status = 1
+        finally:
+            SERVING[self.user] -= 1
+            if not SERVING[self.user]:
+                del SERVING[self.user]
         if self.closed:
             return
         if isinstance(status, str):
@@ -218,7 +240,27 @@ class GatewaySession(asyncssh.SSHServerSession):
             spawn, env = self._docker(session, argv)
         else:
             spawn, env = self._helper(session, argv, plain)
-        return await self._relay(spawn, env)
+        if not plain:
+            return await self._relay(spawn, env)
+        held = TRANSFERS.get(self.user, 0)
+        if session.max_transfers and held >= session.max_transfers:
+            self._write_err(
+                f"gpulab: {held} file transfers of yours already run with no server (at most "
+                f"{session.max_transfers} at once); wait for one to end, or start your server.\n"
+            )
+            return 1
+        TRANSFERS[self.user] = held + 1
+        self.transfer = True
+        try:
+            return await self._relay(spawn, env)
+        finally:
+            TRANSFERS[self.user] -= 1
+            if not TRANSFERS[self.user]:
+                del TRANSFERS[self.user]
+            if SERVING.get(self.user) == 1:
+                # The user's last session: their transfer cgroup goes if empty (no other session
+                # of theirs is between the hub's answer, which made it, and joining it).
+                await asyncio.to_thread(_remove_empty_groups, session.cgroup)
 
     def _argv(self, session: Session) -> tuple[list[str] | None, bool]:
         """What to run and whether it runs as a plain process on the node (no server, or a
@@ -274,6 +316,11 @@ class GatewaySession(asyncssh.SSHServerSession):
         if not plain and session.kind == "local":
             spec["cgroup"] = list(session.cgroup)
             spec["ns_pid"] = session.pid
+        elif plain and session.kind == "local":
+            # No server: the user's transfer cgroup and a scratch of its own (the hub's).
+            spec["cgroup"] = list(session.cgroup)
+            if session.scratch:
+                spec.update(scratch=session.scratch, launcher=LAUNCHER, account=session.account)
         cmd = [sys.executable, "-I", HELPER, json.dumps(spec)]
         return cmd, {"PATH": PLAIN_PATH}
 
@@ -401,6 +448,18 @@ class GatewaySession(asyncssh.SSHServerSession):
                 self.chan.write(text.replace("\n", "\r\n").encode())
             else:
                 self.chan.write_stderr(text.encode())
+
+
+def _remove_empty_groups(procs_files: tuple[str, ...]) -> None:
+    """Remove the cgroups of these ``cgroup.procs`` files where they are empty (a cgroup that
+    still holds a process cannot be removed: EBUSY, left as is)."""
+    for procs in procs_files:
+        folder = os.path.dirname(os.path.normpath(procs))
+        if folder.startswith("/sys/fs/cgroup/") and procs.endswith("/cgroup.procs"):
+            try:
+                os.rmdir(folder)
+            except OSError:
+                pass
 
 
 def _set_size(fd: int, size) -> None:

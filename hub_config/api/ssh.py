@@ -20,7 +20,12 @@ server runs. Routes (under ``/hub/api``):
 - ``POST /gpulab/ssh/session`` ``{user, server}`` (gateway only): where the user's server runs
   (local: the launcher's pid, its cgroup.procs, the account; docker: the container) with the
   server's environment, or, when none runs, the home (mounted by the hub if needed) and a plain
-  message saying how to start one: files stay reachable with no server and nothing billed.
+  message saying how to start one: files stay reachable with no server and nothing billed. Those
+  transfers are confined as a server is: the user's transfer cgroup (``gpulab-ssh/HUBID-ACCOUNT``,
+  made here with :attr:`SshGateway.transfer_cpu`, ``transfer_pids``, ``transfer_memory``; its
+  ``cgroups``), the scratch the local spawner would give, with small sizes (``scratch``: the
+  gateway's helper mounts it with the launcher's own code), and at most
+  ``max_transfers`` sessions at once.
 
 :func:`configure_ssh` registers the service, its token and its role at config time.
 """
@@ -51,6 +56,7 @@ from gpulab.hub_config.data_dir import secret_file
 from gpulab.hub_config.scopes import SSH_GATEWAY_SCOPE, SSH_KEYS_SCOPE, SSH_SERVICE
 from gpulab.hub_config.ssh_keys import KeyRefused, SshKeyStore
 from gpulab.spawners.local import accounts
+from gpulab.spawners.local.cgroup import CgroupError, Cgroups, Limits, parse_memory
 from gpulab.spawners.mixin import SpawnError
 from gpulab.spawners.storage.homes import StorageError, home_name
 
@@ -93,6 +99,39 @@ class SshGateway(SingletonConfigurable):
     )
 
     failure_window = Float(60.0, config=True, help="Seconds over which failures are counted.")
+
+    max_transfers = Integer(
+        4,
+        config=True,
+        help="""File transfer sessions (SFTP, scp, rsync) one user may hold at once while no
+        server of theirs runs; the next is refused with a message saying so (0: no limit).""",
+    )
+
+    transfer_cpu = Float(
+        0.5,
+        config=True,
+        help="""Cores' worth of CPU all of a user's transfers with no server running may use
+        together (their cgroup's CPU quota; 0: no quota).""",
+    )
+
+    transfer_pids = Integer(
+        64, config=True, help="Most processes all of a user's no-server transfers hold at once."
+    )
+
+    transfer_memory = Unicode(
+        "512M",
+        config=True,
+        help="""Memory all of a user's no-server transfers may use together (``512M``, ``1G``;
+        empty: no limit).""",
+    )
+
+    transfer_scratch = Unicode(
+        "64M",
+        config=True,
+        help="""Size of each of the private /tmp and /dev/shm a no-server transfer sees (tmpfs
+        in its own mount namespace, gone when it ends; /var/tmp and /run/lock live in that
+        /tmp): the host's shared folders are never written.""",
+    )
 
 
 class FailureCounter:
@@ -438,14 +477,50 @@ class SshSessionAPIHandler(_SshBase):
             home.parent.chmod(0o711)
         uid, gid = owner or (os.getuid(), os.getgid())
         account = spawner.account_name if getattr(spawner, "user_accounts", False) else None
+        account = account or pwd.getpwuid(uid).pw_name
         return {
             "home": str(home),
             "host_home": str(home),
             "uid": uid,
             "gid": gid,
-            "account": account or pwd.getpwuid(uid).pw_name,
-            "cgroups": [],
+            "account": account,
+            "cgroups": self._transfer_cgroup(spawner, account) if owner is not None else [],
+            "scratch": self._transfer_scratch(spawner) if owner is not None else None,
+            "max_transfers": self.gateway.max_transfers,
         }
+
+    def _transfer_cgroup(self, spawner: Any, account: str) -> list[str]:
+        """The user's cgroup for transfers with no server (made, with its limits, if need be):
+        its cgroup.procs files; [] where the hub may not make cgroups. Blocking."""
+        if not getattr(spawner, "use_cgroups", False):
+            return []
+        tree = _transfer_tree()
+        if tree is None:
+            return []
+        gw = self.gateway
+        group = tree.group(f"{self.pool.hub_id}-{account}")
+        try:
+            group.create(
+                Limits(
+                    pids=gw.transfer_pids or None,
+                    memory_bytes=parse_memory(gw.transfer_memory or None),
+                    cpu=gw.transfer_cpu or None,
+                )
+            )
+        except (CgroupError, OSError) as e:
+            raise StorageError(f"could not make the transfer cgroup: {e}") from None
+        return group.procs_files
+
+    def _transfer_scratch(self, spawner: Any) -> dict[str, Any] | None:
+        """The scratch the local spawner would give its server (:func:`private_scratch`), with
+        :attr:`SshGateway.transfer_scratch` sizes; None where the hub may not make mount
+        namespaces (then the host's shared folders are the account's, as for its servers)."""
+        scratch_of = getattr(spawner, "_scratch", None)
+        scratch = scratch_of() if scratch_of is not None else None
+        if not scratch:
+            return None
+        size = parse_memory(self.gateway.transfer_scratch) or 64 * 2**20
+        return {**scratch, "tmp": size, "shm": size}
 
     async def _container(self, user: Any, spawner: Any, running: bool) -> dict[str, Any]:
         """A Docker (or Swarm) server's facts: its container and the home's host folder."""
@@ -464,6 +539,18 @@ class SshSessionAPIHandler(_SshBase):
             "container": getattr(spawner, "container_id", None) if running else None,
             "cgroups": [],
         }
+
+
+def _transfer_tree() -> Cgroups | None:
+    """The node's cgroup tree for no-server transfers (``gpulab-ssh``, with the cpu controller),
+    once; apart from the servers' (``gpulab``), whose orphan sweep would end them."""
+    global _TRANSFER_TREE
+    if _TRANSFER_TREE is False:
+        _TRANSFER_TREE = Cgroups.detect(parent="gpulab-ssh", controllers=("cpu",))
+    return _TRANSFER_TREE
+
+
+_TRANSFER_TREE: Any = False
 
 
 def _kind(spawner: Any) -> str:

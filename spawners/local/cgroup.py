@@ -23,6 +23,7 @@ from pathlib import Path
 ROOT = Path("/sys/fs/cgroup")
 NVIDIA_MAJOR = 195
 V1_CONTROLLERS = ("pids", "memory", "freezer", "devices")
+CPU_PERIOD_US = 100_000  # the period a CPU quota is counted over (v1 and v2)
 
 
 class CgroupError(RuntimeError):
@@ -35,6 +36,8 @@ class Limits:
     memory_bytes: int | None = None
     # NVIDIA device minors this server must not open (the node's other cards).
     deny_gpu_minors: tuple[int, ...] = ()
+    # Cores' worth of CPU time (0.5: half a core); needs the cpu controller (``controllers``).
+    cpu: float | None = None
 
 
 class Cgroups:
@@ -47,16 +50,20 @@ class Cgroups:
         self.paths = paths
 
     @classmethod
-    def detect(cls, root: Path = ROOT, parent: str = "gpulab") -> Cgroups | None:
-        """The node's cgroups if this process may manage them (root, writable), else None."""
+    def detect(
+        cls, root: Path = ROOT, parent: str = "gpulab", controllers: tuple[str, ...] = ()
+    ) -> Cgroups | None:
+        """The node's cgroups if this process may manage them (root, writable), else None.
+        ``controllers``: more than :data:`V1_CONTROLLERS` (``cpu``, for a CPU quota)."""
         if os.geteuid() != 0:
             return None
         try:
             if (root / "cgroup.controllers").exists():
                 tree = cls(2, {"": root / parent})
-                tree._prepare_v2(root)
+                tree._prepare_v2(root, {"pids", "memory", *controllers})
                 return tree
-            paths = {c: root / c / parent for c in V1_CONTROLLERS if (root / c / "tasks").exists()}
+            wanted = (*V1_CONTROLLERS, *controllers)
+            paths = {c: root / c / parent for c in wanted if (root / c / "tasks").exists()}
             if "freezer" not in paths:
                 return None
             for path in paths.values():
@@ -65,10 +72,10 @@ class Cgroups:
         except OSError:
             return None
 
-    def _prepare_v2(self, root: Path) -> None:
+    def _prepare_v2(self, root: Path, controllers: set[str]) -> None:
         base = self.paths[""]
         base.mkdir(exist_ok=True)
-        wanted = {"pids", "memory"} & set((root / "cgroup.controllers").read_text().split())
+        wanted = controllers & set((root / "cgroup.controllers").read_text().split())
         for level in (root, base):
             enabled = set((level / "cgroup.subtree_control").read_text().split())
             for ctrl in wanted - enabled:
@@ -109,10 +116,15 @@ class ServerCgroup:
                 if limits.memory_bytes is not None:
                     _write(path / "memory.max", str(limits.memory_bytes))
                     _write_optional(path / "memory.swap.max", "0")
+                if limits.cpu is not None:
+                    _write_optional(path / "cpu.max", f"{_quota(limits.cpu)} {CPU_PERIOD_US}")
             elif ctrl == "pids" and limits.pids is not None:
                 _write(path / "pids.max", str(limits.pids))
             elif ctrl == "memory" and limits.memory_bytes is not None:
                 _write(path / "memory.limit_in_bytes", str(limits.memory_bytes))
+            elif ctrl == "cpu" and limits.cpu is not None:
+                _write(path / "cpu.cfs_period_us", str(CPU_PERIOD_US))
+                _write(path / "cpu.cfs_quota_us", str(_quota(limits.cpu)))
             elif ctrl == "devices":
                 for minor in limits.deny_gpu_minors:
                     _write(path / "devices.deny", f"c {NVIDIA_MAJOR}:{minor} rwm")
@@ -194,6 +206,10 @@ class ServerCgroup:
             deadline = time.monotonic() + 5
             while state.read_text().strip() != "FROZEN" and time.monotonic() < deadline:
                 time.sleep(0.005)
+
+
+def _quota(cores: float) -> int:
+    return max(1000, int(cores * CPU_PERIOD_US))
 
 
 def _kill(pid: int) -> None:

@@ -90,6 +90,31 @@ def test_the_pids_limit_stops_a_fork_bomb(group) -> None:
     proc.wait(timeout=10)
 
 
+def test_a_cpu_quota_holds_a_busy_loop_to_its_share() -> None:
+    """Issue 25 (attack wave F3): a no-server transfer's cgroup (``Limits.cpu``, the cpu
+    controller asked of :meth:`Cgroups.detect`) holds what it runs to its share of a core: a busy
+    loop under a fifth of a core gets about that much CPU in its wall time."""
+    tree = Cgroups.detect(parent="gpulab-test-cpu", controllers=("cpu",))
+    require(tree is not None, "root and a writable cgroup tree (cgroups for local servers)")
+    g = tree.group(f"t-{uuid.uuid4().hex[:8]}")
+    try:
+        g.create(Limits(pids=16, cpu=0.2))
+        proc = start_in(
+            g,
+            "import time\n"
+            "end = time.monotonic() + 1.5\n"
+            "while time.monotonic() < end:\n"
+            "    pass\n"
+            "print(time.process_time(), flush=True)\n",
+        )
+        used = float(proc.stdout.readline())
+        assert proc.wait(timeout=30) == 0
+        assert 0.05 < used < 0.5, used  # unlimited: about 1.5 s
+    finally:
+        g.kill_all()
+        g.remove()
+
+
 def test_memory_notation() -> None:
     assert parse_memory("16G") == 16 << 30
     assert parse_memory("512M") == 512 << 20
