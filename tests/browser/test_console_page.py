@@ -221,10 +221,17 @@ def test_the_admin_console_shows_holders_chart_queue_and_money(conhub: Hub, page
         # same as its admin API's, and the credit with who gave it and why (as text).
         for name in (alice, bob):
             hub.stop_server(name)
-        wait_for(lambda: revenue_now(billing) == revenue_now(billing), 60, 2, "final charges")
-        revenue = revenue_now(billing)
-        page.reload()
-        expect(page.locator("#gpulab-console-money")).to_be_visible(timeout=SLOW)
+
+        def same_money() -> dict | None:
+            """Billing's figures when the page, loaded after them, shows the same (a stop's
+            last charges land after the stop: until then the two may differ)."""
+            revenue = revenue_now(billing)
+            page.reload()
+            status = page.locator("#gpulab-console-money-status")
+            expect(status).to_contain_text("CNY", timeout=SLOW)
+            return revenue if f"CNY {shown(revenue['total'])}" in status.inner_text() else None
+
+        revenue = wait_for(same_money, 90, 2, "the console's money equal to billing's")
         for name in (alice, bob):
             row = next(u for u in revenue["by_user"] if u["user"] == name)
             assert row["total"]["micro"] > 0, row
