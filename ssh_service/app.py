@@ -187,6 +187,17 @@ def host_key(path: Path) -> asyncssh.SSHKey:
     return key
 
 
+class TargetForwarder(SSHForwarder):
+    """The target socket's side of a forward. asyncssh's forwarder closes the pair only when the
+    channel's end of file comes first: when the target closed first (an HTTP/1.0 server's reply)
+    and the client's end of file came after, neither side ever closed, and `ssh -W` hung."""
+
+    def write_eof(self) -> None:
+        super().write_eof()
+        if self.was_eof_received():  # both ways done: close the socket and the channel
+            self.close()
+
+
 def split_login(login: str) -> tuple[str, str]:
     """``NAME`` or ``NAME/SERVER`` (the SSH user name) as (hub user name, server name); a server
     name the hub would refuse is kept as it is, for the hub to refuse with its own message."""
@@ -282,7 +293,7 @@ class GatewayServer(asyncssh.SSHServer):
         except OSError as e:
             raise asyncssh.ChannelOpenError(asyncssh.OPEN_CONNECT_FAILED, str(e)) from None
         loop = asyncio.get_running_loop()
-        _, peer = await loop.create_connection(SSHForwarder, sock=sock)
+        _, peer = await loop.create_connection(TargetForwarder, sock=sock)
         log.info("%s forwards to %s:%d", self.username, host, port)
         return SSHForwarder(peer)
 

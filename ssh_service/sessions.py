@@ -47,6 +47,8 @@ SFTP_SERVER = "/usr/lib/openssh/sftp-server"
 SHELL = "/bin/bash"
 PLAIN_PATH = "/usr/local/bin:/usr/bin:/bin"
 READ_SIZE = 256 * 1024
+PIPE_SIZE = 1024 * 1024
+F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 # How long the relay keeps reading a PTY after its shell exited (what the shell wrote last).
 PTY_DRAIN_SECONDS = 0.5
 # Options that would make `rsync --server` run commands of the user's choosing.
@@ -374,6 +376,7 @@ class GatewaySession(asyncssh.SSHServerSession):
                 limit=READ_SIZE,
             )
             self.stdin = self.proc.stdin
+            _widen_pipes(self.proc)
             pumps.append(asyncio.ensure_future(self._pump(self.proc.stdout, None)))
             pumps.append(
                 asyncio.ensure_future(self._pump(self.proc.stderr, asyncssh.EXTENDED_DATA_STDERR))
@@ -460,6 +463,21 @@ def _remove_empty_groups(procs_files: tuple[str, ...]) -> None:
                 os.rmdir(folder)
             except OSError:
                 pass
+
+
+def _widen_pipes(proc: asyncio.subprocess.Process) -> None:
+    """The process's stdin and stdout pipes hold PIPE_SIZE (the kernel's default: 64 KiB), so a
+    bulk transfer (SFTP, rsync) moves in fewer, larger reads and writes; best effort."""
+    transport = getattr(proc, "_transport", None)
+    for fd in (0, 1):
+        pipe = transport.get_pipe_transport(fd) if transport is not None else None
+        raw = pipe.get_extra_info("pipe") if pipe is not None else None
+        if raw is None:
+            continue
+        try:
+            fcntl.fcntl(raw.fileno(), F_SETPIPE_SZ, PIPE_SIZE)
+        except OSError:
+            pass
 
 
 def _set_size(fd: int, size) -> None:

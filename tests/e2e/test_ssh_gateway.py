@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 from course_helpers import token_for
-from harness import Hub, wait_for
+from harness import Hub, free_port, wait_for
 from ssh_helpers import (
     Key,
     add_key,
@@ -62,6 +62,16 @@ def person(hub: Hub, folder: Path) -> tuple[str, str, Key]:
     key = keygen(folder)
     add_key(hub, name, token, key)
     return name, token, key
+
+
+def listening_ports() -> set[int]:
+    """TCP ports something listens on over IPv4 on this node (/proc/net/tcp, state 0A)."""
+    ports = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[3] == "0A":
+            ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
 
 
 def last_activity(hub: Hub, name: str) -> float:
@@ -279,3 +289,37 @@ def test_a_default_client_negotiates_aes_gcm(hub: Hub, tmp_path: Path) -> None:
     assert r.returncode == 255 and b"no matching cipher" in r.stderr, r.stderr
     r = ssh(hub, name, key, "-C", "-o", "Compression=yes", "-v", "true")
     assert "compression: none" in r.stderr.decode(errors="replace")
+
+
+def test_a_forward_ends_when_its_target_closed_first(hub: Hub, tmp_path: Path) -> None:
+    """`ssh -W` to a port of the user's own server whose program answers and closes before the
+    client's input ends (an HTTP/1.0 reply, a banner) ends when that input ends. Before, the
+    channel stayed open for good: the client hung (seen as test_ssh_attacks' -W timing out under
+    load, when the reply overtook the client's end of file)."""
+    name, _, key = person(hub, tmp_path)
+    hub.spawn_ready(name, {"gpu": "none"})
+    port = free_port()
+    once = (
+        f"import socket; s = socket.socket(); s.bind(('127.0.0.1', {port})); s.listen(); "
+        "c, _ = s.accept(); c.sendall(b'hello\\n'); c.close()"
+    )
+    r = ssh(hub, name, key, f'nohup python3 -c "{once}" >/dev/null 2>&1 & echo ok')
+    assert r.returncode == 0, r.stderr
+
+    # Connecting here would use up the one-shot server: wait on the node's listeners instead.
+    wait_for(lambda: port in listening_ports(), 30, 0.2, "the one-shot server to listen")
+    client = subprocess.Popen(
+        [*ssh_cmd(hub, name, key, "-W", f"localhost:{port}")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert client.stdout.readline() == b"hello\n"
+        assert client.stdout.read() == b""  # the target's end of file came through
+        client.stdin.close()  # only now the client's
+        assert client.wait(30) == 0, client.stderr.read()
+    finally:
+        if client.poll() is None:
+            client.kill()
+            client.wait(10)
