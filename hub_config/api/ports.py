@@ -38,7 +38,7 @@ import time
 from http.cookies import SimpleCookie
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlparse
+from urllib.parse import parse_qsl, unquote, urlencode, urlparse
 
 from jupyterhub.handlers import BaseHandler
 from tornado import web
@@ -78,6 +78,11 @@ _HOP = {
     "x-gpulab-user",
     "x-forwarded-prefix",
 }
+
+# Response headers an app's answer never passes on: ``Clear-Site-Data`` clears cookies of the
+# whole registrable domain (the hub's log-in included); ``Set-Cookie2`` is an obsolete way round
+# :func:`app_set_cookie`.
+_APP_NEVER_SENDS = {"server", "clear-site-data", "set-cookie2"}
 
 
 class PublishedPorts(SingletonConfigurable):
@@ -201,6 +206,66 @@ def port_url(user: Any, base_url: str, port: int, entry: dict[str, Any]) -> str:
     if entry.get("secret"):
         url += "?" + urlencode({SECRET_PARAM: entry["secret"]})
     return url
+
+
+def port_next(uri: str, prefix: str) -> str:
+    """``uri`` (a path and query) when a browser sent there stays below ``prefix`` (the port's
+    ``/ports/PORT/``), else ``prefix``: the visitor's one-time ticket is appended to it, and must
+    never reach another path of the owner's origin (their own Jupyter server could read it from
+    its address and redeem it). Any dot segment, empty segment (``//``), backslash or control
+    character, in any percent-encoded spelling, or a raw space, non-ASCII character or fragment,
+    sends the visitor to the port's root instead (browsers resolve ``%2e%2e`` and ``\\`` as ``..`` and ``/``, and drop
+    tabs and newlines)."""
+    if any(c in "\\#" or ord(c) < 0x21 or ord(c) >= 0x7F for c in uri):
+        return prefix
+    path, sep, query = uri.partition("?")
+    if not path.startswith(prefix):
+        return prefix
+    decoded = path
+    for _ in range(4):
+        once = unquote(decoded)
+        if once == decoded:
+            break
+        decoded = once
+    else:
+        return prefix  # still percent-encoded after four rounds: nothing a real app sends
+    if any(c == "\\" or ord(c) < 0x20 or ord(c) == 0x7F for c in decoded):
+        return prefix
+    segments = decoded[len(prefix) :].split("/")
+    if any(s in (".", "..") for s in segments) or "" in segments[:-1]:
+        return prefix
+    return path + sep + query
+
+
+def app_set_cookie(header: str, prefix: str) -> str | None:
+    """An app's ``Set-Cookie`` as the visitor's browser gets it, or None (dropped): the app is
+    the user's code, and must not toss cookies at the hub (``Domain`` for the parent domain,
+    ``Path=/hub/``) or at the ports' own. ``Domain`` is removed (host-only: the owner's origin
+    alone); ``Path`` is kept when it is below ``prefix`` (``/ports/PORT``), else taken as the
+    app's own root-relative path and moved below it; cookies named like the hub's
+    (``jupyterhub*``, ``_xsrf``), the ports' (``gpulab-port-``), ``__Host-`` ones (which need
+    ``Path=/``) and nameless ones (a browser sends ``=a=b`` as ``a=b``) are dropped."""
+    first, *attrs = header.split(";")
+    name, eq, _value = first.partition("=")
+    name = name.strip()
+    reserved = ("jupyterhub", "_xsrf", COOKIE_PREFIX, "__host-")
+    if not eq or not name or name.lower().startswith(reserved):
+        return None
+    path = ""
+    kept = []
+    for attr in attrs:
+        key, _, value = attr.partition("=")
+        key = key.strip().lower()
+        if key == "path":
+            path = value.strip()
+        elif key != "domain" and attr.strip():
+            kept.append(attr.strip())
+    root = prefix + "/"
+    if not path.startswith("/") or (path != "/" and port_next(path, "/") == "/"):
+        path = root  # none, relative, or with dot segments, ``//`` or odd characters
+    elif not (path == prefix or path.startswith(root)):
+        path = prefix + path
+    return "; ".join([first.strip(), f"Path={path}", *kept])
 
 
 def ownership_problem(spawner: Any, port: int) -> str:
@@ -335,9 +400,7 @@ class PortsLoginPage(BaseHandler):
         if entry is None or user is None or entry["access"] != "login":
             raise web.HTTPError(404, "that port is not published")
         # Back to that port's own address on the owner's origin, nowhere else.
-        prefix = f"{self.base_url.rstrip('/')}/ports/{port}/"
-        if not path.startswith(prefix):
-            path = prefix
+        path = port_next(path, f"{self.base_url.rstrip('/')}/ports/{port}/")
         ticket = secrets.token_urlsafe(24)
         ttl = PublishedPorts.instance(config=self.settings["config"]).ticket_seconds
         _TICKETS[ticket] = (
@@ -504,10 +567,12 @@ class PortProxy(WebSocketHandler):
         self.set_status(response.code, response.reason)
         self.clear_header("Content-Type")
         for name, value in response.headers.get_all():
-            if name.lower() in _HOP or name.lower() == "server":
+            if name.lower() in _HOP or name.lower() in _APP_NEVER_SENDS:
                 continue
             if name.lower() == "set-cookie":
-                self.add_header(name, value)
+                cookie = app_set_cookie(value, self._prefix(port))
+                if cookie is not None:
+                    self.add_header(name, cookie)
             else:
                 self.set_header(name, value)
         if response.body and self.request.method != "HEAD" and response.code not in (204, 304):

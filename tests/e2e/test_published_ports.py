@@ -11,6 +11,7 @@ connect time); the hub's own origin serving a user's port."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
@@ -28,8 +29,30 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="local servers as user
 ECHO_APP = """
 import http.server, json, sys
 
+# Cookies a hostile app sets (cookie tossing): for the hub's domain and paths, named like the
+# hub's and the port proxy's own, nameless, and one of its own that should arrive scoped to its
+# port.
+TOSSED = [
+    "_xsrf=tossed; Domain=localhost; Path=/hub/",
+    "jupyterhub-hub-login=tossed; Domain=localhost; Path=/hub/",
+    "jupyterhub-session-id=tossed; Path=/",
+    "=jupyterhub-session-id=tossed; Path=/",
+    "__Host-jupyterhub-session=tossed; Path=/; Secure",
+    "gpulab-port-{port}=tossed; Path=/ports/{port}/",
+    "elsewhere=tossed; Path=/hub/",
+    "theme=dark; Path=/; Domain=localhost; HttpOnly; SameSite=Lax",
+]
+
+
 class Echo(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
+        if self.path == "/set-cookies":
+            self.send_response(204)
+            for cookie in TOSSED:
+                self.send_header("Set-Cookie", cookie.format(port=sys.argv[1]))
+            self.send_header("Clear-Site-Data", '"cookies"')
+            self.end_headers()
+            return
         body = json.dumps({
             "app": sys.argv[2],
             "path": self.path,
@@ -191,6 +214,124 @@ def test_a_public_port_needs_its_link_and_revoking_ends_it(hub: Hub, owner: str)
     assert stranger.get(port_url(hub, owner, port), timeout=30).status_code == 404
     assert requests.get(got["url"], timeout=30).status_code == 404
     assert requests.get(new.json()["url"], timeout=30).json()["app"] == "public-demo"
+
+
+def browser_path(path: str) -> str:
+    """The path a browser asks for when sent to ``path`` (WHATWG URL: tabs and newlines dropped,
+    backslashes are slashes, ``.``, ``..`` and their ``%2e`` spellings are resolved)."""
+    path = re.sub(r"[\t\n\r]", "", path).replace("\\", "/")
+    out: list[str] = []
+    for segment in path.split("/")[1:]:
+        dots = segment.lower().replace("%2e", ".")
+        if dots == "..":
+            if out:
+                out.pop()
+        elif dots != ".":
+            out.append(segment)
+    trailing = path.split("/")[-1].lower().replace("%2e", ".") in (".", "..")
+    return "/" + "/".join(out) + ("/" if trailing and out else "")
+
+
+def test_the_login_ticket_is_sent_to_the_ports_own_address_only(
+    hub: Hub, owner: str, colleague: str
+) -> None:
+    """Issue 25, published ports with "the login required" (attack wave, F4): the hub's hop hands
+    the visitor a one-time ticket on the owner's origin; a ``next`` that climbs out of
+    ``/ports/PORT/`` (``..``, ``%2e%2e``, backslashes, ``//``, a tab inside the dots) must not
+    steer the ticket to another path of that origin (such as the owner's own Jupyter server,
+    which could read it from its address and redeem it): the ticket goes to the port's address
+    only, and the visitor lands in the app. An ordinary ``next`` inside the port is kept."""
+    port = free_port()
+    start_app(hub, owner, port, "demo")
+    web = logged_in(hub, owner)
+    r = api(web, "POST", f"/users/{owner}/ports", json={"port": port, "access": "login"})
+    assert r.status_code == 201, r.text
+    visitor = logged_in(hub, colleague)
+    root = f"/ports/{port}/"
+    hop = f"{hub.url}/hub/gpulab/ports/login"
+
+    def location(next_path: str) -> tuple[str, str, dict]:
+        params = {"owner": owner, "port": port, "next": next_path}
+        r = visitor.http.get(hop, params=params, allow_redirects=False, timeout=30)
+        assert r.status_code == 302, (next_path, r.status_code, r.text[:300])
+        where = urlparse(r.headers["Location"])
+        assert where.hostname == f"{user_label(owner)}.localhost", r.headers["Location"]
+        return where.path, where.query, parse_qs(where.query)
+
+    for evil in [
+        f"{root}../../user/{owner}/api",
+        f"{root}%2e%2e/%2E%2e/user/{owner}/api",
+        f"{root}.%2e/..%2F..%2Fuser/{owner}/api",
+        f"{root}..\\..\\user/{owner}/api",
+        f"{root}%5c..%5c..%5cuser/{owner}/api",
+        f"{root}.\t./.\n./user/{owner}/api",
+        f"{root}./../../hub/api/user",
+        f"/ports/{port}//evil.example/..",
+        f"/ports/{port}/x#/../../../user/{owner}/api",
+    ]:
+        path, query, args = location(evil)
+        assert "_gpulab_ticket" in args, (evil, path, query)
+        assert browser_path(path).startswith(root), (evil, path)
+        for bad in ("..", "%2e", "%2E", "\\", "%5c", "%5C", "//", "#"):
+            assert bad not in path, (evil, path)
+
+    # An ordinary address inside the port is kept, query and all.
+    path, query, args = location(f"{root}page/deep?x=1")
+    assert path == f"{root}page/deep" and args["x"] == ["1"] and "_gpulab_ticket" in args
+
+    # Followed the way a client does, the climbing ``next`` ends in the app, not in Jupyter.
+    params = {"owner": owner, "port": port, "next": f"{root}../../user/{owner}/api"}
+    landed = visitor.http.get(hop, params=params, timeout=30)
+    assert landed.status_code == 200, (landed.url, landed.text[:300])
+    assert landed.json()["app"] == "demo" and landed.json()["user"] == colleague
+    assert "_gpulab" not in landed.url
+
+
+def test_an_apps_cookies_stay_on_its_own_port(hub: Hub, owner: str, colleague: str) -> None:
+    """Issue 25, published ports (attack wave, F4: cookie tossing): the owner's app answers a
+    visitor with ``Set-Cookie`` for the hub's domain and paths, named like the hub's session,
+    login and XSRF cookies or the port's own cookie, nameless, and ``Clear-Site-Data``. None of
+    it may reach the hub in the visitor's browser: every cookie that arrives has no ``Domain``
+    and a ``Path`` below ``/ports/PORT/``, none is named like the hub's or the proxy's own, and
+    the visitor stays logged in to the hub and let in to the port. The app's own cookie still
+    arrives (scoped to its port)."""
+    port = free_port()
+    start_app(hub, owner, port, "cookies")
+    web = logged_in(hub, owner)
+    r = api(web, "POST", f"/users/{owner}/ports", json={"port": port, "access": "login"})
+    assert r.status_code == 201, r.text
+    visitor = logged_in(hub, colleague)
+    assert visitor.http.get(r.json()["url"], timeout=30).json()["user"] == colleague
+
+    tossed = visitor.http.get(r.json()["url"] + "set-cookies", timeout=30)
+    assert tossed.status_code == 204, tossed.text[:300]
+    assert "Clear-Site-Data" not in tossed.headers
+    got = tossed.raw.headers.getlist("Set-Cookie")
+    names = []
+    for header in got:
+        first, *attrs = [part.strip() for part in header.split(";")]
+        name = first.split("=", 1)[0].strip()
+        names.append(name)
+        keys = {a.split("=", 1)[0].strip().lower(): a.partition("=")[2] for a in attrs}
+        assert "domain" not in keys, header
+        assert keys.get("path", "").startswith(f"/ports/{port}/"), header
+        assert name and not name.lower().startswith(
+            ("jupyterhub", "_xsrf", "gpulab-port", "__host")
+        ), header
+    assert names.count("theme") == 1 and names.count("elsewhere") == 1, got
+
+    # What the visitor's cookie jar (which keeps Domain=localhost cookies, as browsers do on a
+    # real parent domain) holds: nothing tossed outside the port, and the hub still knows them.
+    for c in visitor.http.cookies:
+        if c.value == "tossed" or c.name == "theme":
+            assert c.path.startswith(f"/ports/{port}/") and c.domain.lstrip(".") != "localhost", c
+    xsrf = [c.value for c in visitor.http.cookies if c.name == "_xsrf"]
+    assert xsrf and "tossed" not in xsrf, xsrf
+    me = visitor.http.get(f"{hub.url}/hub/api/user", headers={"X-XSRFToken": xsrf[0]}, timeout=30)
+    assert me.status_code == 200 and me.json()["name"] == colleague, me.text[:300]
+    again = visitor.http.get(r.json()["url"] + "after", timeout=30, allow_redirects=False)
+    assert again.status_code == 200 and again.json()["user"] == colleague, again.text[:300]
+    assert again.json()["cookie"] == "theme=dark", again.json()
 
 
 def test_a_port_that_is_not_the_users_own_is_refused(hub: Hub, owner: str, colleague: str) -> None:
