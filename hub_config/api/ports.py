@@ -478,16 +478,21 @@ class PortProxy(WebSocketHandler):
         if entry is None:
             return self._plain(404, "Nothing is published here.")
         visitor = self._visitor(owner, port, entry)
-        if entry["access"] == "public" and visitor is None:
-            given = self.get_query_argument(SECRET_PARAM, "")
-            if given and secrets.compare_digest(given, entry["secret"]):
+        # A good secret or ticket in the address is used here and taken out of it, whether or
+        # not the visitor already holds the port's cookie: the app (the owner's code) never sees
+        # one (:meth:`_app_uri` drops any other).
+        if entry["access"] == "public":
+            given = self.get_query_argument(SECRET_PARAM, "").encode()
+            if given and secrets.compare_digest(given, entry["secret"].encode()):
                 return self._let_in(owner, port, entry, "")
-            return self._plain(404, "Nothing is published here (a public port needs its link).")
-        if entry["access"] == "login" and not visitor:
+            if visitor is None:
+                return self._plain(404, "Nothing is published here (a public port needs its link).")
+        if entry["access"] == "login":
             ticket = self.get_query_argument(TICKET_PARAM, "")
             got = _TICKETS.pop(ticket, None) if ticket else None
             if got and got[1:4] == (owner, port, entry["id"]) and got[4] > time.time():
                 return self._let_in(owner, port, entry, got[0])
+        if entry["access"] == "login" and not visitor:
             if self.request.method not in ("GET", "HEAD"):
                 return self._plain(403, "Log in to the hub first.")
             hub = self.settings["subdomain_host"].rstrip("/")
@@ -538,6 +543,11 @@ class PortProxy(WebSocketHandler):
         root (as `python -m http.server` expects) and told where it is mounted."""
         prefix = self._prefix(port)
         uri = self.request.uri[len(prefix) :] if self.request.uri.startswith(prefix) else "/"
+        path, _, query = uri.partition("?")
+        if SECRET_PARAM in query or TICKET_PARAM in query:  # a stale or wrong one: not the app's
+            own = (SECRET_PARAM, TICKET_PARAM)
+            kept = [(k, v) for k, v in parse_qsl(query, keep_blank_values=True) if k not in own]
+            uri = path + ("?" + urlencode(kept) if kept else "")
         return uri if uri.startswith("/") else "/" + uri
 
     async def _forward(self, address: str, port: int, visitor: str) -> None:

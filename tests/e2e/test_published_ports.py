@@ -240,12 +240,15 @@ def test_the_login_ticket_is_sent_to_the_ports_own_address_only(
     ``/ports/PORT/`` (``..``, ``%2e%2e``, backslashes, ``//``, a tab inside the dots) must not
     steer the ticket to another path of that origin (such as the owner's own Jupyter server,
     which could read it from its address and redeem it): the ticket goes to the port's address
-    only, and the visitor lands in the app. An ordinary ``next`` inside the port is kept."""
+    only, and the visitor lands in the app. An ordinary ``next`` inside the port is kept. Nor
+    may the app itself be handed a ticket (a visitor who already holds the port's cookie going
+    through the hop again) or a stale one in its address."""
     port = free_port()
     start_app(hub, owner, port, "demo")
     web = logged_in(hub, owner)
     r = api(web, "POST", f"/users/{owner}/ports", json={"port": port, "access": "login"})
     assert r.status_code == 201, r.text
+    got_url = r.json()["url"]
     visitor = logged_in(hub, colleague)
     root = f"/ports/{port}/"
     hop = f"{hub.url}/hub/gpulab/ports/login"
@@ -285,6 +288,15 @@ def test_the_login_ticket_is_sent_to_the_ports_own_address_only(
     assert landed.status_code == 200, (landed.url, landed.text[:300])
     assert landed.json()["app"] == "demo" and landed.json()["user"] == colleague
     assert "_gpulab" not in landed.url
+
+    # Through the hop again, already holding the port's cookie: the ticket is used up by the
+    # hub and taken out of the address, never handed to the app (the owner's code) to redeem.
+    params = {"owner": owner, "port": port, "next": f"{root}again?y=2"}
+    again = visitor.http.get(hop, params=params, timeout=30)
+    assert again.status_code == 200 and again.json()["user"] == colleague, again.text[:300]
+    assert again.json()["path"] == "/again?y=2" and "_gpulab" not in again.url
+    stale = visitor.http.get(f"{got_url}again?_gpulab_ticket=old&_gpulab_secret=x", timeout=30)
+    assert stale.status_code == 200 and stale.json()["path"] == "/again", stale.text[:300]
 
 
 def test_an_apps_cookies_stay_on_its_own_port(hub: Hub, owner: str, colleague: str) -> None:
