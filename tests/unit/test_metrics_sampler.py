@@ -11,12 +11,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from metrics_helpers import metrics_pool
 from traitlets import TraitError
-from traitlets.config import Config
 
 from gpulab.hub_config.metrics.sampler import BUCKET_SECONDS, CardSampler, cpu_by_card
 from gpulab.spawners.activity import ActivityTracker, Observation
-from gpulab.spawners.node.pool import GpuPool
 from gpulab.spawners.node.telemetry import CardReading, read_cards, simulated_reading
 
 T0 = 1_800_000_000.0  # a minute boundary
@@ -24,17 +23,7 @@ T0 = 1_800_000_000.0  # a minute boundary
 
 @pytest.fixture
 def pool(tmp_path):
-    GpuPool.clear_instance()
-    CardSampler.clear_instance()
-    c = Config()
-    c.GpuPool.data_dir = str(tmp_path / "data")
-    c.GpuInventory.simulate_gpus = "A100-80G:2"
-    pool = GpuPool.instance(config=c)
-    sampler = CardSampler.instance(config=c)
-    sampler.pool = pool
-    yield pool
-    GpuPool.clear_instance()
-    CardSampler.clear_instance()
+    yield from metrics_pool(tmp_path, "A100-80G:2", market=False)
 
 
 def reading(uuid: str, util: float) -> CardReading:

@@ -12,17 +12,13 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
-from traitlets.config import Config
+from metrics_helpers import metrics_pool, scrape
 
-from gpulab.hub_config.metrics.collector import GpulabCollector
 from gpulab.hub_config.metrics.sampler import CardSampler
 from gpulab.hub_config.metrics.snapshot import snapshot
 from gpulab.spawners.market.hub import SpotMarket
 from gpulab.spawners.node import counters
 from gpulab.spawners.node.holds import Hold
-from gpulab.spawners.node.pool import GpuPool
 from gpulab.spawners.node.telemetry import read_cards
 
 # contract.md, "Hub, on JupyterHub's own /hub/metrics": family -> (type, labels).
@@ -55,27 +51,7 @@ CONTRACT = {
 
 @pytest.fixture
 def pool(tmp_path):
-    SpotMarket.clear_instance()
-    GpuPool.clear_instance()
-    CardSampler.clear_instance()
-    c = Config()
-    c.GpuPool.data_dir = str(tmp_path / "data")
-    c.GpuInventory.simulate_gpus = "A100-80G:2,RTX-4090:3"
-    pool = GpuPool.instance(config=c)
-    SpotMarket.instance(config=c, pool=pool)
-    CardSampler.instance(config=c).pool = pool
-    yield pool
-    SpotMarket.clear_instance()
-    GpuPool.clear_instance()
-    CardSampler.clear_instance()
-
-
-def scrape() -> dict:
-    """family name -> (type, [samples]) of one exposition of the collector alone."""
-    registry = CollectorRegistry()
-    registry.register(GpulabCollector())
-    text = generate_latest(registry).decode()
-    return {f.name: (f.type, f.samples) for f in text_string_to_metric_families(text)}
+    yield from metrics_pool(tmp_path, "A100-80G:2,RTX-4090:3")
 
 
 def value(families: dict, name: str, sample: str | None = None, **labels: str) -> float:

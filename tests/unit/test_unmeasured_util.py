@@ -16,37 +16,21 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
-from traitlets.config import Config
+from metrics_helpers import metrics_pool, scrape
 
 from gpulab.catalog.models import load_catalog
 from gpulab.hub_config.api.console import Console, console_json
 from gpulab.hub_config.api.gpu_usage import card_view, idle_for, nudge
-from gpulab.hub_config.metrics.collector import GpulabCollector
 from gpulab.hub_config.metrics.sampler import CardSampler
 from gpulab.hub_config.metrics.snapshot import snapshot
 from gpulab.spawners.market.hub import SpotMarket
-from gpulab.spawners.node.pool import GpuPool
 from gpulab.spawners.node.telemetry import CardReading
 from gpulab.spawners.options import parse_options
 
 
 @pytest.fixture
 def pool(tmp_path):
-    SpotMarket.clear_instance()
-    GpuPool.clear_instance()
-    CardSampler.clear_instance()
-    c = Config()
-    c.GpuPool.data_dir = str(tmp_path / "data")
-    c.GpuInventory.simulate_gpus = "A100-80G:2"
-    pool = GpuPool.instance(config=c)
-    SpotMarket.instance(config=c, pool=pool)
-    CardSampler.instance(config=c).pool = pool
-    yield pool
-    SpotMarket.clear_instance()
-    GpuPool.clear_instance()
-    CardSampler.clear_instance()
+    yield from metrics_pool(tmp_path, "A100-80G:2")
 
 
 def unmeasured(uuid: str) -> CardReading:
@@ -77,13 +61,8 @@ def test_a_card_without_a_utilisation_figure_is_not_measured_anywhere(pool) -> N
 
     # The metrics: no utilisation or power sample for it (no None, no NaN), no idle seconds;
     # its memory and temperature are there. The scrape itself does not fail.
-    registry = CollectorRegistry()
-    registry.register(GpulabCollector())
-    families = {
-        f.name: f.samples
-        for f in text_string_to_metric_families(generate_latest(registry).decode())
-    }
-    mine = lambda name: [s for s in families[name] if s.labels["UUID"] == uuid]  # noqa: E731
+    families = scrape()
+    mine = lambda name: [s for s in families[name][1] if s.labels["UUID"] == uuid]  # noqa: E731
     assert mine("DCGM_FI_DEV_GPU_UTIL") == [] and mine("DCGM_FI_DEV_POWER_USAGE") == []
     assert [s.value for s in mine("DCGM_FI_DEV_FB_USED")] == [1024.0]
     assert [s.value for s in mine("DCGM_FI_DEV_GPU_TEMP")] == [41.0]
