@@ -46,6 +46,11 @@ class HubLinks:
         return self._join("gpulab/storage")
 
     @property
+    def console(self) -> str:
+        # gpulab's own entry for admins (hub_config/templates/page.html): the operator's console.
+        return self._join("gpulab/console")
+
+    @property
     def logout(self) -> str:
         return self._join("logout")
 

@@ -58,10 +58,11 @@ def test_launch_is_clean_says_random_weights_and_leads_home(fhub: Hub, browser) 
         tile = page.locator(SD_TILE)
         tile.wait_for(timeout=SLOW)
         # Only what this hub runs is offered, in plain words: no ComfyUI or TensorBoard tile
-        # that "needs the Docker spawner" (the embedded default runs neither).
+        # that "needs the Docker spawner" (the embedded default runs neither); VS Code runs
+        # here (`make install` builds code-server).
         tiles = page.locator(".gpulab-app-tile")
         slugs = sorted(tiles.nth(i).get_attribute("data-app") for i in range(tiles.count()))
-        assert slugs == ["jupyterlab", "sd-webui"], slugs
+        assert slugs == ["jupyterlab", "sd-webui", "vscode"], slugs
         assert "Docker" not in page.locator("body").inner_text()
         shot(page, "home")
 
