@@ -7,40 +7,13 @@
   const jh = window.jhdata;
   const api = (path) => jh.base_url + "api/gpulab/users/" + encodeURIComponent(jh.user) + path;
   const $ = (id) => document.getElementById(id);
-  const el = (tag, attrs, ...children) => {
-    const node = document.createElement(tag);
-    for (const [k, v] of Object.entries(attrs || {})) {
-      if (k === "class") node.className = v;
-      else if (k.startsWith("data-")) node.setAttribute(k, v);
-      else node[k] = v;
-    }
-    for (const child of children) {
-      if (child !== null && child !== undefined) node.append(child);
-    }
-    return node;
-  };
+  const { api: request, el } = window.gpulab;
   const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
   let home = null;
   let launching = false;
   // Each tile's choices (GPU, Spot, max price) by app: a re-render (the 5 s refresh, an error)
   // puts them back instead of the defaults.
   const picked = {};
-
-  async function request(method, path, body) {
-    const opts = { method, headers: { "X-XSRFToken": jh.xsrf_token } };
-    if (body !== undefined) {
-      opts.headers["Content-Type"] = "application/json";
-      opts.body = JSON.stringify(body);
-    }
-    const resp = await fetch(path, opts);
-    let data = null;
-    try {
-      data = await resp.json();
-    } catch (e) {
-      data = null;
-    }
-    return { status: resp.status, ok: resp.ok, data };
-  }
 
   function money(v) {
     return home.currency + " " + Number(v).toFixed(2);

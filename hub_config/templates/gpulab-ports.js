@@ -10,38 +10,11 @@
   const jh = window.jhdata;
   const url = jh.base_url + "api/gpulab/users/" + encodeURIComponent(jh.user) + "/ports";
   const $ = (id) => document.getElementById(id);
-  const el = (tag, attrs, ...children) => {
-    const node = document.createElement(tag);
-    for (const [k, v] of Object.entries(attrs || {})) {
-      if (k === "class") node.className = v;
-      else if (k.startsWith("data-") || k.startsWith("aria-") || k === "title") node.setAttribute(k, v);
-      else node[k] = v;
-    }
-    for (const child of children) {
-      if (child !== null && child !== undefined) node.append(child);
-    }
-    return node;
-  };
+  const { api, el } = window.gpulab;
   const WHO = { login: "Anyone logged in", public: "Anyone with the link" };
   let busy = false;
 
-  async function call(method, path, body) {
-    const opts = { method, headers: { "X-XSRFToken": jh.xsrf_token } };
-    if (body !== undefined) {
-      opts.headers["Content-Type"] = "application/json";
-      opts.body = JSON.stringify(body);
-    }
-    const resp = await fetch(url + (path || ""), opts);
-    let data = null;
-    if (resp.status !== 204) {
-      try {
-        data = await resp.json();
-      } catch (e) {
-        data = null;
-      }
-    }
-    return { ok: resp.ok, status: resp.status, data };
-  }
+  const call = (method, path, body) => api(method, url + (path || ""), body);
 
   function say(text, ok) {
     const p = $("gpulab-ports-answer");

@@ -7,18 +7,7 @@
   "use strict";
   const jh = window.jhdata;
   const GiB = 1024 * 1024 * 1024;
-  const el = (tag, attrs, ...children) => {
-    const node = document.createElement(tag);
-    for (const [k, v] of Object.entries(attrs || {})) {
-      if (k === "class") node.className = v;
-      else if (k.startsWith("data-") || k.startsWith("aria-") || k === "role") node.setAttribute(k, v);
-      else node[k] = v;
-    }
-    for (const child of children) {
-      if (child !== null && child !== undefined) node.append(child);
-    }
-    return node;
-  };
+  const { api, el } = window.gpulab;
 
   // 2**30 bytes is a GB here, as in the catalog.
   function size(bytes) {
@@ -73,21 +62,7 @@
   let data = null;
   let busy = false;
 
-  async function call(method, query, body) {
-    const opts = { method, headers: { "X-XSRFToken": jh.xsrf_token } };
-    if (body !== undefined) {
-      opts.headers["Content-Type"] = "application/json";
-      opts.body = JSON.stringify(body);
-    }
-    const resp = await fetch(url + (query || ""), opts);
-    let answer = null;
-    try {
-      answer = await resp.json();
-    } catch (e) {
-      answer = null;
-    }
-    return { ok: resp.ok, status: resp.status, data: answer };
-  }
+  const call = (method, query, body) => api(method, url + (query || ""), body);
 
   function plain(answer, fallback) {
     return (answer && (answer.human || answer.message)) || fallback;
