@@ -30,7 +30,6 @@ import platform
 import pwd
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -42,23 +41,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from harness import Hub, free_port, wait_for
+from ssh_helpers import CLIENT_OPTIONS, KEY_ONLY, banner
 
 from gpulab.spawners.storage.loopfs import unmount_below
 
-CLIENT = [
-    "-o",
-    "StrictHostKeyChecking=no",
-    "-o",
-    "UserKnownHostsFile=/dev/null",
-    "-o",
-    "LogLevel=ERROR",
-    "-o",
-    "IdentitiesOnly=yes",
-    "-o",
-    "BatchMode=yes",
-    "-o",
-    "PasswordAuthentication=no",
-]
+# The tests' client options (ConnectTimeout included), key only; --cipher adds to it.
+CLIENT = [*CLIENT_OPTIONS, *KEY_ONLY]
 
 SSHD_CONFIG = """\
 Port {port}
@@ -82,14 +70,6 @@ Subsystem sftp {sftp_server}
 def pct(values: list[float], p: float) -> float:
     s = sorted(values)
     return s[min(len(s) - 1, max(0, round(p / 100 * (len(s) - 1))))]
-
-
-def banner(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=2) as s:
-            return s.recv(64).startswith(b"SSH-2.0-")
-    except OSError:
-        return False
 
 
 def ssh_true(port: int, user: str, key: Path) -> float:

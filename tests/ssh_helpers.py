@@ -12,10 +12,15 @@ import os
 import socket
 import subprocess
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from course_helpers import token_for
 from harness import Hub, wait_for
+
+# An HTTP request for `ssh -W host:port` to carry: its answer shows what the channel reached.
+HTTP_GET = b"GET / HTTP/1.0\r\nHost: x\r\n\r\n"
 
 CLIENT_OPTIONS = [
     "-o",
@@ -26,6 +31,16 @@ CLIENT_OPTIONS = [
     "LogLevel=ERROR",
     "-o",
     "ConnectTimeout=30",
+]
+
+# With a key, and only that key: no agent, no other identity, no password prompt.
+KEY_ONLY = [
+    "-o",
+    "IdentitiesOnly=yes",
+    "-o",
+    "BatchMode=yes",
+    "-o",
+    "PasswordAuthentication=no",
 ]
 
 
@@ -51,31 +66,31 @@ def add_key(hub: Hub, name: str, token: str, key: Key) -> dict:
     return r.json()
 
 
+def person(hub: Hub, folder: Path, prefix: str = "ssh") -> tuple[str, str, Key]:
+    """A new user, a token of theirs, and a key they added through the hub's API."""
+    name = hub.create_user(f"{prefix}{uuid.uuid4().hex[:6]}")
+    token = token_for(hub, name)
+    key = keygen(folder)
+    add_key(hub, name, token, key)
+    return name, token, key
+
+
 def key_options(key: Key) -> list[str]:
-    return [
-        *CLIENT_OPTIONS,
-        "-o",
-        "IdentitiesOnly=yes",
-        "-o",
-        "BatchMode=yes",
-        "-o",
-        "PasswordAuthentication=no",
-        "-i",
-        str(key.path),
-    ]
+    return [*CLIENT_OPTIONS, *KEY_ONLY, "-i", str(key.path)]
+
+
+def banner(port: int) -> bool:
+    """Whether an SSH server on 127.0.0.1:``port`` answers with its banner."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=2) as s:
+            return s.recv(64).startswith(b"SSH-2.0-")
+    except OSError:
+        return False
 
 
 def wait_gateway(hub: Hub, timeout: float = 60) -> None:
     """Until the gateway the hub started answers with an SSH banner."""
-
-    def banner() -> bool:
-        try:
-            with socket.create_connection(("127.0.0.1", hub.ssh_port), timeout=2) as s:
-                return s.recv(64).startswith(b"SSH-2.0-")
-        except OSError:
-            return False
-
-    wait_for(banner, timeout, 0.2, "the SSH gateway to answer")
+    wait_for(lambda: banner(hub.ssh_port), timeout, 0.2, "the SSH gateway to answer")
 
 
 def ssh(
@@ -102,6 +117,39 @@ def ssh(
 def ssh_cmd(hub: Hub, name: str, key: Key, *options: str) -> list[str]:
     """The argv of an ssh client (for Popen, tmux, rsync -e)."""
     return ["ssh", "-p", str(hub.ssh_port), *key_options(key), *options, f"{name}@127.0.0.1"]
+
+
+def start_http_server(hub: Hub, name: str, key: Key, port: int, bind: str = "127.0.0.1") -> None:
+    """``python3 -m http.server`` started over SSH in ``name``'s own server, left running there
+    (the server's stop ends it); the caller waits for it the way it can reach it."""
+    r = ssh(
+        hub,
+        name,
+        key,
+        f"nohup python3 -m http.server {port} --bind {bind} >/dev/null 2>&1 & echo ok",
+    )
+    assert r.returncode == 0, r.stderr
+
+
+def assert_stop_ends_session(
+    hub: Hub, name: str, key: Key, stop: Callable[[], None], timeout: float = 30
+) -> None:
+    """A command running over SSH (``exec sleep 600``) ends, failing, within ``timeout`` of
+    ``stop()`` (the server's stop); the client is killed if it does not."""
+    client = subprocess.Popen(
+        [*ssh_cmd(hub, name, key), "echo started; exec sleep 600"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        assert client.stdout.readline() == b"started\n"
+        stop()
+        assert client.wait(timeout) != 0
+    finally:
+        if client.poll() is None:
+            client.kill()
+            client.wait(10)
 
 
 def ssh_with_token(

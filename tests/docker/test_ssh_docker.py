@@ -14,16 +14,21 @@ Fails on the code before issue 25 (no SSH endpoint).
 from __future__ import annotations
 
 import subprocess
-import uuid
 from pathlib import Path
 
 import pytest
-from course_helpers import token_for
 from docker_helpers import cleanup, container_of, docker_hub_settings
 from harness import Hub, free_port, wait_for
-from ssh_helpers import add_key, keygen, session_of, ssh, ssh_cmd, wait_gateway
-
-HTTP_GET = b"GET / HTTP/1.0\r\nHost: x\r\n\r\n"
+from ssh_helpers import (
+    HTTP_GET,
+    assert_stop_ends_session,
+    person,
+    session_of,
+    ssh,
+    ssh_cmd,
+    start_http_server,
+    wait_gateway,
+)
 
 
 def sftp_ls(hub: Hub, name: str, key, folder: Path) -> subprocess.CompletedProcess:
@@ -50,9 +55,7 @@ def shub(module_hub_factory, docker, catalog: Path) -> Hub:
 
 
 def test_ssh_into_a_container_server(shub: Hub, docker, tmp_path: Path) -> None:
-    name = shub.create_user(f"ssd{uuid.uuid4().hex[:6]}")
-    key = keygen(tmp_path)
-    add_key(shub, name, token_for(shub, name), key)
+    name, _, key = person(shub, tmp_path, "ssd")
     shub.spawn_ready(name, {"gpu": "rtx-4090"}, timeout=120)
     facts = session_of(shub, name)
     assert facts["kind"] == "docker" and facts["container"], facts
@@ -70,13 +73,7 @@ def test_ssh_into_a_container_server(shub: Hub, docker, tmp_path: Path) -> None:
 
     # A port inside the container is the user's; the hub's ports are not in its namespace.
     port = free_port()
-    r = ssh(
-        shub,
-        name,
-        key,
-        f"nohup python3 -m http.server {port} --bind 127.0.0.1 >/dev/null 2>&1 & echo ok",
-    )
-    assert r.returncode == 0, r.stderr
+    start_http_server(shub, name, key, port)
 
     def served() -> bool:
         r = ssh(shub, name, key, "-W", f"localhost:{port}", "", input=HTTP_GET)
@@ -87,20 +84,7 @@ def test_ssh_into_a_container_server(shub: Hub, docker, tmp_path: Path) -> None:
         r = ssh(shub, name, key, "-W", f"127.0.0.1:{target}", "", input=HTTP_GET)
         assert r.returncode == 255 and b"HTTP" not in r.stdout, (target, r.stderr)
 
-    client = subprocess.Popen(
-        [*ssh_cmd(shub, name, key), "echo started; exec sleep 600"],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        assert client.stdout.readline() == b"started\n"
-        shub.stop_server(name, timeout=120)
-        assert client.wait(60) != 0
-    finally:
-        if client.poll() is None:
-            client.kill()
-            client.wait(10)
+    assert_stop_ends_session(shub, name, key, lambda: shub.stop_server(name, timeout=120), 60)
 
     # No server: no shell, and the message does not promise files it cannot move (a container's
     # home is reached only through the running container): it names the upload page instead.

@@ -22,20 +22,19 @@ import uuid
 from pathlib import Path
 
 import pytest
-from course_helpers import token_for
 from harness import Hub, free_port, wait_for
 from ssh_helpers import (
+    HTTP_GET,
     Key,
-    add_key,
     keygen,
+    person,
     session_of,
     ssh,
     ssh_cmd,
     ssh_with_token,
+    start_http_server,
     wait_gateway,
 )
-
-HTTP_GET = b"GET / HTTP/1.0\r\nHost: x\r\n\r\n"
 
 
 @pytest.fixture(scope="module")
@@ -45,14 +44,6 @@ def hub(module_hub_factory) -> Hub:
     return h
 
 
-def person(hub: Hub, folder: Path) -> tuple[str, str, Key]:
-    name = hub.create_user(f"ssa{uuid.uuid4().hex[:6]}")
-    token = token_for(hub, name)
-    key = keygen(folder)
-    add_key(hub, name, token, key)
-    return name, token, key
-
-
 def via_w(hub: Hub, name: str, key: Key, host: str, port: int) -> subprocess.CompletedProcess:
     """``ssh -W host:port``: one direct-tcpip channel carrying an HTTP request."""
     return ssh(hub, name, key, "-W", f"{host}:{port}", "", input=HTTP_GET, timeout=60)
@@ -60,13 +51,7 @@ def via_w(hub: Hub, name: str, key: Key, host: str, port: int) -> subprocess.Com
 
 def serve_http(hub: Hub, name: str, key: Key, port: int, bind: str = "127.0.0.1") -> None:
     """An HTTP server in ``name``'s own server, started over SSH."""
-    r = ssh(
-        hub,
-        name,
-        key,
-        f"nohup python3 -m http.server {port} --bind {bind} >/dev/null 2>&1 & echo ok",
-    )
-    assert r.returncode == 0, r.stderr
+    start_http_server(hub, name, key, port, bind)
 
     def up() -> bool:
         with socket.socket(socket.AF_INET6 if ":" in bind else socket.AF_INET) as s:
@@ -78,8 +63,8 @@ def serve_http(hub: Hub, name: str, key: Key, port: int, bind: str = "127.0.0.1"
 def test_a_key_or_token_logs_in_only_as_its_owner(hub: Hub, tmp_path: Path) -> None:
     """Alice's key and Alice's token do not log in as Bob; a key nobody added does not log in;
     each of them does log in as its owner."""
-    alice, alice_token, alice_key = person(hub, tmp_path)
-    bob, _, bob_key = person(hub, tmp_path)
+    alice, alice_token, alice_key = person(hub, tmp_path, "ssa")
+    bob, _, bob_key = person(hub, tmp_path, "ssa")
     stranger = keygen(tmp_path)
     # Logged in (exit 1: no server runs to open a shell in; 255 is the client's refusal).
     assert ssh(hub, alice, alice_key, "true").returncode == 1
@@ -99,8 +84,8 @@ def test_forwarding_reaches_only_the_users_own_ports(hub: Hub, tmp_path: Path) -
     """``ssh -L``/``-W`` reaches a port of the user's own server, never the hub, its API,
     billing, a node service (a root listener, as PostgreSQL would be), another user's server,
     nor a port the user shares with a node service by binding ::1 next to it."""
-    alice, _, alice_key = person(hub, tmp_path)
-    bob, _, bob_key = person(hub, tmp_path)
+    alice, _, alice_key = person(hub, tmp_path, "ssa")
+    bob, _, bob_key = person(hub, tmp_path, "ssa")
     hub.spawn_ready(alice, {"gpu": "none"})
     hub.spawn_ready(bob, {"gpu": "none"})
     own, bobs = free_port(), free_port()
@@ -145,7 +130,7 @@ def test_forwarding_reaches_only_the_users_own_ports(hub: Hub, tmp_path: Path) -
 def test_agent_x11_remote_and_unix_socket_forwarding_are_refused(hub: Hub, tmp_path: Path) -> None:
     """``-A`` gives the session no agent socket (nothing to steal keys through), ``-X`` no
     display, ``-R`` no listener on the node, ``-L PORT:/unix/socket`` no socket of the node."""
-    name, _, key = person(hub, tmp_path)
+    name, _, key = person(hub, tmp_path, "ssa")
     hub.spawn_ready(name, {"gpu": "none"})
     agent = subprocess.run(["ssh-agent", "-s"], capture_output=True, text=True, check=True)
     env_agent = dict(
@@ -209,8 +194,8 @@ def test_agent_x11_remote_and_unix_socket_forwarding_are_refused(hub: Hub, tmp_p
 def test_sftp_stays_within_the_accounts_rights(hub: Hub, tmp_path: Path) -> None:
     """SFTP runs as the user's account: another user's home (by `..` or by a symlink placed in
     one's own home) and root's files are out of reach, with or without a server."""
-    alice, _, alice_key = person(hub, tmp_path)
-    bob, _, bob_key = person(hub, tmp_path)
+    alice, _, alice_key = person(hub, tmp_path, "ssa")
+    bob, _, bob_key = person(hub, tmp_path, "ssa")
     hub.spawn_ready(bob, {"gpu": "none"})
     r = ssh(hub, bob, bob_key, "echo bob-secret > secret.txt")
     assert r.returncode == 0, r.stderr
@@ -247,8 +232,8 @@ def test_guessing_tokens_is_rate_limited(hub: Hub, tmp_path: Path) -> None:
     """There are no passwords to guess: a wrong token is refused, and after ten refusals a
     minute the hub refuses even the right key and token for that user from that address, while
     other users are not locked out."""
-    victim, token, key = person(hub, tmp_path)
-    other, _, other_key = person(hub, tmp_path)
+    victim, token, key = person(hub, tmp_path, "ssa")
+    other, _, other_key = person(hub, tmp_path, "ssa")
     for _ in range(10):
         r = ssh_with_token(hub, victim, uuid.uuid4().hex, "true", tmp_path)
         assert r.returncode == 255 and b"Permission denied" in r.stderr

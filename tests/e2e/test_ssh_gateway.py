@@ -23,12 +23,10 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-from course_helpers import token_for
 from harness import Hub, free_port, wait_for
 from ssh_helpers import (
-    Key,
-    add_key,
-    keygen,
+    assert_stop_ends_session,
+    person,
     session_of,
     ssh,
     ssh_cmd,
@@ -53,15 +51,6 @@ def hub(module_hub_factory) -> Hub:
     )
     wait_gateway(h)
     return h
-
-
-def person(hub: Hub, folder: Path) -> tuple[str, str, Key]:
-    """A new user, a token of theirs, and a key they added through the hub's API."""
-    name = hub.create_user(f"ssh{uuid.uuid4().hex[:6]}")
-    token = token_for(hub, name)
-    key = keygen(folder)
-    add_key(hub, name, token, key)
-    return name, token, key
 
 
 def listening_ports() -> set[int]:
@@ -168,20 +157,7 @@ def test_the_servers_stop_ends_its_ssh_sessions(hub: Hub, tmp_path: Path) -> Non
     """A command running over SSH ends when the user's server is stopped."""
     name, _, key = person(hub, tmp_path)
     hub.spawn_ready(name, {"gpu": "none"})
-    client = subprocess.Popen(
-        [*ssh_cmd(hub, name, key), "echo started; exec sleep 600"],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        assert client.stdout.readline() == b"started\n"
-        hub.stop_server(name)
-        assert client.wait(30) != 0
-    finally:
-        if client.poll() is None:
-            client.kill()
-            client.wait(10)
+    assert_stop_ends_session(hub, name, key, lambda: hub.stop_server(name))
 
 
 def test_no_server_no_shell_but_files_move_as_the_account(hub: Hub, tmp_path: Path) -> None:
