@@ -14,20 +14,7 @@ import {
   isRead,
   memoryPair
 } from './gpuusage';
-import { gpuIcon } from './widgets';
-
-function el<K extends keyof HTMLElementTagNameMap>(
-  tag: K,
-  className: string,
-  text = ''
-): HTMLElementTagNameMap[K] {
-  const node = document.createElement(tag);
-  node.className = className;
-  if (text) {
-    node.textContent = text;
-  }
-  return node;
-}
+import { el, gpuIcon } from './widgets';
 
 function bar(label: string, percent: number, text: string): HTMLElement {
   const row = el('div', 'jp-gpulab-bar-row');

@@ -6,7 +6,8 @@ import { Widget } from '@lumino/widgets';
 import { IBalance, ICatalog, IGpuChoice, IStatus, isNoGpu, statusParts } from './logic';
 import { formatCountdown, ISpotStatus, spotPriceText, spotTitle } from './spot';
 
-function el<K extends keyof HTMLElementTagNameMap>(
+/** A `tag` element of class `className`, its text (if any) put in as textContent. */
+export function el<K extends keyof HTMLElementTagNameMap>(
   tag: K,
   className: string,
   text = ''
