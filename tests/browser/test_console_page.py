@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 from billing.client import Billing
+from console_helpers import RTX, clean_up, running_with_a_queue, spin
 from harness import (
     FAST_BILLING_ENV,
     PASSWORD,
@@ -37,15 +38,6 @@ from harness import (
 )
 
 SHOTS = os.environ.get("GPULAB_SCREENSHOTS")
-RTX = "rtx-4090"
-BUSY_LOOP = (
-    "import threading\n"
-    "def spin():\n"
-    "    while True:\n"
-    "        pass\n"
-    "threading.Thread(target=spin, daemon=True).start()\n"
-    "print('spinning')"
-)
 NOTE = "goodwill: the class's start was slow <b>not bold</b>"
 
 
@@ -96,18 +88,6 @@ def pages(browser, conhub: Hub, tmp_path: Path):
     p.close()
 
 
-def running_with_a_queue(hub: Hub) -> tuple[str, str, str]:
-    """Two users on the two RTX 4090s (alice on-demand, bob on-demand) and carol's spot bid
-    queued for one (no free card); the users' names."""
-    assert hub.api("PUT", f"/gpulab/spot/prices/{RTX}", json={"price": "0.40"}).ok
-    alice, bob, carol = (hub.create_user(f"{p}{uuid.uuid4().hex[:5]}") for p in "abc")
-    hub.spawn_ready(alice, {"gpu": RTX}, timeout=120)
-    hub.spawn_ready(bob, {"gpu": RTX}, timeout=120)
-    r = hub.spawn(carol, {"gpu": RTX, "pricing": "spot", "max_price": "0.50", "wait": True})
-    assert r.status_code == 202, r.text
-    return alice, bob, carol
-
-
 def revenue_now(billing: Billing) -> dict:
     """Billing's admin revenue answer (the console's money) without its clock."""
     r = billing.get("api/admin/revenue", params={"days": 30})
@@ -122,14 +102,6 @@ def shown(money: dict) -> str:
     return money["exact"] if tiny else money["display"]
 
 
-def clean_up(hub: Hub, users: tuple[str, ...]) -> None:
-    for name in users:
-        hub.api("DELETE", f"/gpulab/spot/queue/{name}")
-        if hub.server(name):
-            hub.stop_server(name)
-    hub.api("PUT", f"/gpulab/spot/prices/{RTX}", json={"price": None})
-
-
 def admin_password(hub: Hub) -> str:
     return (hub.data_dir / "admin-password").read_text().strip()
 
@@ -139,8 +111,8 @@ def test_the_admin_console_shows_holders_chart_queue_and_money(conhub: Hub, page
 
     hub = conhub
     billing = Billing(hub)
-    users = running_with_a_queue(hub)
-    alice, bob, carol = users
+    alice, bob, carol, _ = running_with_a_queue(hub)
+    users = (alice, bob, carol)
     try:
         # Money: a credit with a note, and charges once the servers have run a while.
         r = billing.post(
@@ -166,7 +138,7 @@ def test_the_admin_console_shows_holders_chart_queue_and_money(conhub: Hub, page
         od_price = next(t for t in hub.pool()["gpu_types"] if t["slug"] == RTX)["on_demand_price"]
 
         with hub.kernel(alice) as k:
-            assert "spinning" in k.execute(BUSY_LOOP)
+            spin(k)
             page = pages.open("admin", admin_password(hub))
             page.goto(f"{hub.url}/hub/home")
             page.click("#gpulab-nav-console")

@@ -16,20 +16,11 @@ from pathlib import Path
 import pytest
 import requests
 from apps_helpers import Console
+from browser_helpers import shot
 from harness import PASSWORD, Hub, approved_user, browser_log_in, free_port, wait_for, write_in_home
 from playwright.sync_api import expect
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="local servers as users need root")
-
-SHOTS = os.environ.get("GPULAB_SCREENSHOTS")
-
-
-def shot(page, name: str) -> None:
-    if SHOTS:
-        Path(SHOTS).mkdir(parents=True, exist_ok=True)
-        page.screenshot(
-            path=str(Path(SHOTS) / f"{name}.png"), full_page=True, animations="disabled"
-        )
 
 
 def serve(hub: Hub, name: str, port: int, text: str) -> None:

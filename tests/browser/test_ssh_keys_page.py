@@ -10,23 +10,13 @@ GPULAB_SCREENSHOTS=DIR to keep the pages as PNG files.
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
+from browser_helpers import shot
 from harness import PASSWORD, SLOW, Hub, approved_user, browser_log_in
 from playwright.sync_api import expect
-
-SHOTS = os.environ.get("GPULAB_SCREENSHOTS")
-
-
-def shot(page, name: str) -> None:
-    if SHOTS:
-        Path(SHOTS).mkdir(parents=True, exist_ok=True)
-        page.screenshot(
-            path=str(Path(SHOTS) / f"{name}.png"), full_page=True, animations="disabled"
-        )
 
 
 @pytest.fixture(scope="module")

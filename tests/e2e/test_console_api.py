@@ -19,19 +19,12 @@ import uuid
 
 import pytest
 import requests
+from console_helpers import RTX, clean_up, running_with_a_queue, spin
 from course_helpers import make_course, token_for
 from harness import PASSWORD, Hub, WebSession, admin_web, approved_user, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
-RTX, A100 = "rtx-4090", "a100-80g"
-BUSY_LOOP = (
-    "import threading\n"
-    "def spin():\n"
-    "    while True:\n"
-    "        pass\n"
-    "threading.Thread(target=spin, daemon=True).start()\n"
-    "print('spinning')"
-)
+A100 = "a100-80g"
 
 
 @pytest.fixture(scope="module")
@@ -76,23 +69,12 @@ def stable(data: dict) -> list[tuple]:
     return [(c["uuid"], c["state"], c["user"], c["util_pct"], c["busy"]) for c in data["cards"]]
 
 
-def spot_queued(hub: Hub, user: str) -> dict:
-    r = hub.spawn(user, {"gpu": RTX, "pricing": "spot", "max_price": "0.50", "wait": True})
-    assert r.status_code == 202, r.text
-    return r.json()["queued"]
-
-
 def test_the_console_shows_the_pools_and_the_metrics_numbers(chub: Hub) -> None:
     hub = chub
-    r = hub.api("PUT", f"/gpulab/spot/prices/{RTX}", json={"price": "0.40"})
-    assert r.status_code == 200, r.text
-    alice, bob, carol = (hub.create_user(f"{p}{uuid.uuid4().hex[:5]}") for p in "abc")
-    hub.spawn_ready(alice, {"gpu": RTX}, timeout=120)
-    hub.spawn_ready(bob, {"gpu": RTX}, timeout=120)
-    queued = spot_queued(hub, carol)  # no RTX 4090 left: carol's bid waits
+    alice, bob, carol, queued = running_with_a_queue(hub)  # no RTX 4090 left: carol's bid waits
     try:
         with hub.kernel(alice) as k:
-            assert "spinning" in k.execute(BUSY_LOOP)
+            spin(k)
 
             # The hub's own view: the pool API with holders (admins) and the spot queue.
             pool = hub.pool()
@@ -168,10 +150,7 @@ def test_the_console_shows_the_pools_and_the_metrics_numbers(chub: Hub) -> None:
             queue = {s.labels["type"]: s.value for s in metrics["gpulab_spot_queue_length"]}
             assert queue.get(RTX) == len(data["queues"]) == 1
     finally:
-        hub.api("DELETE", f"/gpulab/spot/queue/{carol}")
-        hub.api("PUT", f"/gpulab/spot/prices/{RTX}", json={"price": None})
-        for name in (alice, bob):
-            hub.stop_server(name)
+        clean_up(hub, (alice, bob, carol))
 
 
 def test_the_console_lists_preemptions_as_the_spot_api_and_the_metrics_do(chub: Hub) -> None:
