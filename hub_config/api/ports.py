@@ -43,6 +43,7 @@ from urllib.parse import parse_qsl, unquote, urlencode, urlparse
 from jupyterhub.handlers import BaseHandler
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest
+from tornado.ioloop import PeriodicCallback
 from tornado.websocket import (
     WebSocketClientConnection,
     WebSocketClosedError,
@@ -111,6 +112,14 @@ class PublishedPorts(SingletonConfigurable):
         100,
         config=True,
         help="""The largest request or response body (MB) passed through a published port.""",
+    )
+    recheck_seconds = Float(
+        3.0,
+        config=True,
+        help="""How often (seconds) each open WebSocket of a published port checks its
+        publication again (still the same one, its owner's server running, a ``login``
+        visitor's account still there) and is closed when not. Revoking or publishing the port
+        again through the API closes them at once; this catches any other change.""",
     )
 
 
@@ -182,6 +191,8 @@ class PortStore:
 
 
 _STORES: dict[str, PortStore] = {}
+# Open WebSocket relays, by (owner, port): each is closed when its publication ends.
+_RELAYS: dict[tuple[str, int], set[PortProxy]] = {}
 # One-time tickets: ticket -> (visitor, owner, port, publication id, expiry).
 _TICKETS: dict[str, tuple[str, str, int, str, float]] = {}
 
@@ -281,6 +292,15 @@ def ownership_problem(spawner: Any, port: int) -> str:
     return ""
 
 
+def end_relays(owner: str, port: int, keep: str | None = None) -> int:
+    """Close every open WebSocket through ``owner``'s ``port`` but those of publication ``keep``
+    (revoked: none kept; published again: the new one's). How many were closed."""
+    ended = [r for r in _RELAYS.get((owner, port), set()) if r.publication != keep]
+    for relay in ended:
+        relay.end("the port's publication ended")
+    return len(ended)
+
+
 def running_spawner(user: Any) -> Any:
     spawner = user.spawners.get("") if user is not None else None
     return spawner if spawner is not None and spawner.ready else None
@@ -361,6 +381,7 @@ class PortsHandler(GpulabAPIHandler):
         if problem:
             raise web.HTTPError(409, f"port: {problem}")
         entry = store.put(user_name, port, access, account_key(user))
+        end_relays(user_name, port, keep=entry["id"])  # the old publication's links are dead
         await store.save()
         self.log.info("%s published port %s (%s)", user_name, port, access)
         self.set_status(201)
@@ -377,6 +398,7 @@ class PortHandler(GpulabAPIHandler):
             raise web.HTTPError(404, f"port: {port} is not published")
         if not store.remove(user_name, int(port)):
             raise web.HTTPError(404, f"port: {port} is not published")
+        end_relays(user_name, int(port))  # open WebSockets end with it, at once
         await store.save()
         self.log.info("%s revoked port %s", user_name, port)
         self.set_status(204)
@@ -425,6 +447,10 @@ class PortProxy(WebSocketHandler):
 
     SUPPORTED_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
     upstream: WebSocketClientConnection | None = None
+    publication: str | None = None  # the id of the publication an open relay belongs to
+    _key: tuple[str, int] | None = None
+    _visitor_name: str | None = None
+    _recheck: PeriodicCallback | None = None
 
     def check_xsrf_cookie(self) -> None:
         """The app's own business; the port cookies are SameSite=Lax."""
@@ -512,9 +538,49 @@ class PortProxy(WebSocketHandler):
         address = await asyncio.to_thread(sockets.loopback_address, port)
         if problem or address is None:
             return self._plain(502, f"Port {port} of {owner}'s server is not serving.")
+        self._key, self.publication, self._visitor_name = (owner, port), entry["id"], visitor
         if self.request.headers.get("Upgrade", "").lower() == "websocket":
             return await self._websocket(address, port, visitor or "", port_text, _rest)
         await self._forward(address, port, visitor or "")
+
+    def _still_published(self) -> bool:
+        """Whether the publication this request came through is still the port's, its owner's
+        server still running and a ``login`` visitor's account still there."""
+        if self._key is None:
+            return False
+        owner, port = self._key
+        entry = store_of(self.settings["config"]).get(owner, port)
+        users = self.settings["users"]
+        owner_user = users.get(owner)
+        return (
+            entry is not None
+            and entry["id"] == self.publication
+            and owner_user is not None
+            and entry.get("account") == account_key(owner_user)
+            and running_spawner(owner_user) is not None
+            and (entry["access"] != "login" or users.get(self._visitor_name) is not None)
+        )
+
+    def end(self, reason: str) -> None:
+        """Close this relay both ways (its publication ended)."""
+        self._forget()
+        if self.ws_connection is not None:
+            self.close(1008, reason)
+        self.on_close()
+
+    def _check_again(self) -> None:
+        if not self._still_published():
+            self.end("the port's publication ended")
+
+    def _forget(self) -> None:
+        if self._recheck is not None:
+            self._recheck.stop()
+            self._recheck = None
+        relays = _RELAYS.get(self._key) if self._key else None
+        if relays is not None:
+            relays.discard(self)
+            if not relays:
+                _RELAYS.pop(self._key, None)
 
     def _app_headers(self, port: int, visitor: str) -> dict[str, str]:
         """The visitor's request headers as the app gets them: none of the hub's credentials."""
@@ -574,6 +640,8 @@ class PortProxy(WebSocketHandler):
             return self._plain(502, f"Port {port} did not answer: {e}")
         if response.code == 599:
             return self._plain(502, f"Port {port} did not answer: {response.error}")
+        if not self._still_published():  # revoked or replaced while the app was answering
+            return self._plain(404, "Nothing is published here.")
         self.set_status(response.code, response.reason)
         self.clear_header("Content-Type")
         for name, value in response.headers.get_all():
@@ -645,10 +713,17 @@ class PortProxy(WebSocketHandler):
 
     def open(self, *args: str) -> None:
         self._opened = True
+        if not self._still_published():  # revoked during the handshake
+            return self.end("the port's publication ended")
+        _RELAYS.setdefault(self._key, set()).add(self)
+        every = PublishedPorts.instance(config=self.settings["config"]).recheck_seconds
+        self._recheck = PeriodicCallback(self._check_again, every * 1000)
+        self._recheck.start()
         for message in self.__dict__.pop("_early", []):
             self._from_app(message)
 
     def on_close(self) -> None:
+        self._forget()
         if self.upstream is not None:
             self.upstream.close()
             self.upstream = None

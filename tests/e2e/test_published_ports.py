@@ -506,6 +506,43 @@ def test_websockets_pass_from_the_owners_origin_only(hub: Hub, owner: str) -> No
             websocket.create_connection(ws_url, header=header, origin=origin_of, timeout=30)
         assert refused.value.status_code in (403, 404)
 
+    # Revoked or published again (a new publication id): a WebSocket already open through the
+    # old publication is closed by the hub at once, not left talking to the app.
+    for end in ("revoke", "republish"):
+        visitor = requests.Session()
+        assert visitor.get(got["url"], timeout=30).status_code == 404  # let in (no page at /)
+        cookie = visitor.cookies.get(f"gpulab-port-{port}")
+        header = [f"Cookie: gpulab-port-{port}={cookie}"]
+        ws = websocket.create_connection(ws_url, header=header, origin=origin, timeout=30)
+        try:
+            assert ws.recv().startswith("cookies:")
+            ws.send("before")
+            assert ws.recv() == "echo:before"
+            if end == "revoke":
+                assert api(web, "DELETE", f"/users/{owner}/ports/{port}").status_code == 204
+            else:
+                body = {"port": port, "access": "public"}
+                got = api(web, "POST", f"/users/{owner}/ports", json=body).json()
+            assert closed_by_the_hub(ws, within=10), f"{end}: the open WebSocket still echoes"
+        finally:
+            ws.close()
+        if end == "revoke":
+            body = {"port": port, "access": "public"}
+            got = api(web, "POST", f"/users/{owner}/ports", json=body).json()
+
+
+def closed_by_the_hub(ws: websocket.WebSocket, within: float) -> bool:
+    """Whether the hub closes ``ws`` within ``within`` seconds (waits on the close frame, or
+    the connection's end; a message the app still echoes means it is open)."""
+    ws.settimeout(within)
+    try:
+        ws.send("after")
+        return ws.recv() == ""  # websocket-client answers a close frame with ""
+    except websocket.WebSocketTimeoutException:
+        return False
+    except (websocket.WebSocketConnectionClosedException, OSError):
+        return True
+
 
 def test_a_name_signed_up_again_does_not_inherit_the_old_accounts_publications(
     hub: Hub, owner: str
