@@ -30,6 +30,7 @@ from gpulab.hub_config.courses import groups
 from gpulab.hub_config.courses.groups import CourseError
 from gpulab.hub_config.courses.staff import check_staff_start, mark_payer
 from gpulab.hub_config.overrides.errors import http_error
+from gpulab.hub_config.overrides.queue import STOP_DURING_SWITCH
 from gpulab.hub_config.overrides.queue import SWITCHING as _SWITCHING
 from gpulab.hub_config.scopes import READ_POOL_SCOPE
 from gpulab.spawners.courses import student_courses
@@ -192,6 +193,12 @@ class SwitchAPIHandler(GpulabAPIHandler):
         owner = owner_key(user.name, "")
         try:
             await user.stop("")
+            if owner in STOP_DURING_SWITCH:
+                self.log.info(
+                    "Switching %s: stopped on its owner's request, nothing started", owner
+                )
+                self.pool.allocator.release(owner + RESERVED)
+                return
             hand_over(request)
             await self.spawn_single_user(user, "", options=request.raw)
         except Exception:
@@ -200,6 +207,7 @@ class SwitchAPIHandler(GpulabAPIHandler):
             self.pool.allocator.release(owner + RESERVED)
         finally:
             _SWITCHING.discard(owner)
+            STOP_DURING_SWITCH.discard(owner)
 
 
 ROUTES = [

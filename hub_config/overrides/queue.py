@@ -28,6 +28,9 @@ from gpulab.spawners.request import drop, hand_over
 # restart ends, no other start of the same server may begin, or the spawner would run two
 # processes and forget one (unbilled, holding cards).
 SWITCHING: set[str] = set()
+# Servers whose owner asked to stop them while their switch ran: the switch's restart stops the
+# old server and starts nothing (a stop answered 202 must not be followed by a new server).
+STOP_DURING_SWITCH: set[str] = set()
 
 
 async def gate_start(

@@ -226,6 +226,28 @@ def test_concurrent_switches_move_the_server_once_and_leave_no_process_behind(
     wait_for(lambda: uid not in _listening_uids(), timeout=30, what="no listener after the stop")
 
 
+def test_a_stop_during_a_switch_stops_the_server_for_good(hub: Hub, user: str) -> None:
+    """Attack (issue 24's second wave): a stop asked right after a switch was answered 202 while
+    the switch's own stop ran, and the switch then started the new server all the same: the user
+    kept paying for a server they had stopped. Now the switch starts nothing, and its cards go
+    back."""
+    hub.spawn_ready(user, {"gpu": "rtx-4090"})
+    r = hub.api("POST", f"/gpulab/users/{user}/switch", json={"gpu": "a100-80g"})
+    assert r.status_code == 202, r.text
+    stop = hub.api("DELETE", f"/users/{user}/server")
+    assert stop.status_code in (202, 204), stop.text
+    # The switch reserved an A100 for the new server: it is free again only once the switch
+    # has ended without starting it (a started server would hold it).
+    wait_for(
+        lambda: (
+            hub.server(user) is None and hub.free("a100-80g") == 2 and hub.free("rtx-4090") == 2
+        ),
+        timeout=90,
+        what="the server stopped and every card free",
+    )
+    assert hub.server(user) is None
+
+
 def test_switch_to_a_full_type_changes_nothing(hub: Hub) -> None:
     a, b, c = (hub.create_user() for _ in range(3))
     try:
