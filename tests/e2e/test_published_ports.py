@@ -462,7 +462,9 @@ asyncio.run(main())
 def test_websockets_pass_from_the_owners_origin_only(hub: Hub, owner: str) -> None:
     """Issue 25, published ports serving a live demo (WebSockets): a visitor with the link talks
     to the app both ways (and the app gets none of the hub's cookies); a WebSocket opened from
-    another site's page, or without the link's cookie, is refused."""
+    another site's page, or without the link's cookie, is refused. Attack (fix wave, F5):
+    "revocable" must hold for a WebSocket already open too: revoking a public or login port, or
+    publishing it again (a new link), closes the open socket at once (it kept echoing)."""
     port = free_port()
     with hub.kernel(owner) as k:
         home = k.execute("import os; print(os.getcwd())").strip()
@@ -506,11 +508,17 @@ def test_websockets_pass_from_the_owners_origin_only(hub: Hub, owner: str) -> No
             websocket.create_connection(ws_url, header=header, origin=origin_of, timeout=30)
         assert refused.value.status_code in (403, 404)
 
-    # Revoked or published again (a new publication id): a WebSocket already open through the
-    # old publication is closed by the hub at once, not left talking to the app.
-    for end in ("revoke", "republish"):
-        visitor = requests.Session()
-        assert visitor.get(got["url"], timeout=30).status_code == 404  # let in (no page at /)
+    # Revoked or published again (a new publication id), public or login: a WebSocket already
+    # open through the old publication is closed by the hub at once, not left talking to the app.
+    for end in ("revoke", "republish", "login"):
+        if end == "login":
+            body = {"port": port, "access": "login"}
+            assert api(web, "POST", f"/users/{owner}/ports", json=body).status_code == 201
+            visitor = logged_in(hub, owner).http  # through the hub's hop, back with a ticket
+            assert visitor.get(port_url(hub, owner, port), timeout=30).status_code == 404
+        else:
+            visitor = requests.Session()
+            assert visitor.get(got["url"], timeout=30).status_code == 404  # let in, no page at /
         cookie = visitor.cookies.get(f"gpulab-port-{port}")
         header = [f"Cookie: gpulab-port-{port}={cookie}"]
         ws = websocket.create_connection(ws_url, header=header, origin=origin, timeout=30)
@@ -518,7 +526,7 @@ def test_websockets_pass_from_the_owners_origin_only(hub: Hub, owner: str) -> No
             assert ws.recv().startswith("cookies:")
             ws.send("before")
             assert ws.recv() == "echo:before"
-            if end == "revoke":
+            if end in ("revoke", "login"):
                 assert api(web, "DELETE", f"/users/{owner}/ports/{port}").status_code == 204
             else:
                 body = {"port": port, "access": "public"}
