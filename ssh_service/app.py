@@ -7,7 +7,11 @@ public key or a hub API token given as the password, each checked by the hub
 (:class:`~.hub.HubClient`), nothing else (no passwords, no keyboard-interactive); failures are
 answered slowly (``failure_delay``) and rate-limited by the hub. Sessions (shell, command, SFTP)
 are :mod:`.sessions`; ``ssh -L`` goes through :mod:`.forwarding`'s one rule; agent, X11, remote
-and Unix-socket forwarding are refused. The host key lives in ``DATA_DIR/ssh/host_ed25519``
+and Unix-socket forwarding are refused. A connection remembers the key's fingerprint or the token
+it logged in with (in memory only), passes it with every new channel's question to the hub, and
+has the hub re-check it every ``recheck_seconds`` (the hub's :attr:`SshGateway.recheck_seconds`,
+with jitter): once the key is removed or the token revoked the connection is closed, its running
+channels with it. The host key lives in ``DATA_DIR/ssh/host_ed25519``
 (root, 0600), made on first start.
 """
 
@@ -16,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import random
 import signal
 import sys
 from pathlib import Path
@@ -27,11 +32,13 @@ from traitlets.config import Application
 
 from gpulab.catalog import settings as table
 from gpulab.ssh_service.forwarding import connect, may_connect
-from gpulab.ssh_service.hub import HubClient, HubUnavailable, NoSuchServer
+from gpulab.ssh_service.hub import CredentialGone, HubClient, HubUnavailable, NoSuchServer
 from gpulab.ssh_service.sessions import GatewaySession
 
 log = logging.getLogger("gpulab.ssh")
 MAX_NAME = 255
+# Seconds between re-checks of an open connection's log-in when the hub names none.
+DEFAULT_RECHECK = 30.0
 # `ssh NAME/SERVER@hub` reaches NAME's named server SERVER (JupyterHub's own spelling, as in
 # /user/NAME/SERVER/): JupyterHub refuses "/" in user names, and server names never hold one.
 SERVER_SEPARATOR = "/"
@@ -215,9 +222,17 @@ class GatewayServer(asyncssh.SSHServer):
         self.server = ""
         self.peer = ""
         self.conn_info: dict[str, str] = {}
-        self.accepted: dict[str, bool] = {}
+        self.accepted: dict[str, dict | None] = {}
+        self.conn: asyncssh.SSHServerConnection | None = None
+        # The log-in that succeeded ({"fingerprint": ...} or {"token": ...}; in memory only) and
+        # the hub's re-check interval; the task re-checking it while the connection is open.
+        self.credential: dict[str, str] = {}
+        self.recheck_seconds = DEFAULT_RECHECK
+        self.watch: asyncio.Task | None = None
+        self.ended = False
 
     def connection_made(self, conn: asyncssh.SSHServerConnection) -> None:
+        self.conn = conn
         peer = conn.get_extra_info("peername") or ("", 0)
         sock = conn.get_extra_info("sockname") or ("", 0)
         self.peer = str(peer[0])
@@ -249,31 +264,87 @@ class GatewayServer(asyncssh.SSHServer):
             self.accepted[fingerprint] = await self._authorize(
                 self.username, fingerprint=fingerprint
             )
-        return self.accepted[fingerprint]
+        return self._accept(self.accepted[fingerprint], fingerprint=fingerprint)
 
     async def validate_password(self, username: str, password: str) -> bool:
-        return await self._authorize(self.username, token=password)
+        answer = await self._authorize(self.username, token=password)
+        return self._accept(answer, token=password)
 
-    async def _authorize(self, username: str, **secret: str) -> bool:
-        ok = 0 < len(username) <= MAX_NAME and await self.hub.authorize(
-            username, self.peer, **secret
+    def _accept(self, answer: dict | None, **secret: str) -> bool:
+        """Remember the log-in the hub accepted (the last one asked: the one that logs in)."""
+        if answer is None:
+            return False
+        self.credential = dict(secret)
+        try:
+            self.recheck_seconds = max(float(answer.get("recheck_seconds")), 0.5)
+        except (TypeError, ValueError):
+            self.recheck_seconds = DEFAULT_RECHECK
+        return True
+
+    async def _authorize(self, username: str, **secret: str) -> dict | None:
+        answer = (
+            await self.hub.authorize(username, self.peer, **secret)
+            if 0 < len(username) <= MAX_NAME
+            else None
         )
-        if ok:
+        if answer is not None:
             log.info("%s logged in from %s (%s)", username, self.peer, next(iter(secret)))
         else:
             log.info("Refused %s from %s (%s)", username, self.peer, next(iter(secret)))
             await asyncio.sleep(self.app.failure_delay)
-        return ok
+        return answer
+
+    def auth_completed(self) -> None:
+        self.watch = asyncio.ensure_future(self._recheck())
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.ended = True
+        if self.watch is not None:
+            self.watch.cancel()
+        self.credential = {}
+
+    async def _recheck(self) -> None:
+        """Every ``recheck_seconds`` (+-20%), ask the hub whether this connection's log-in still
+        holds; close the connection once it does not (a hub that does not answer ends nothing)."""
+        while not self.ended:
+            await asyncio.sleep(self.recheck_seconds * random.uniform(0.8, 1.2))
+            if await self.hub.recheck(self.username, self.peer, self.credential) is False:
+                self.credential_gone("its log-in no longer holds (re-check)")
+                return
+
+    def credential_gone(self, why: str) -> None:
+        """Close the connection: its log-in no longer holds (its channels end with it)."""
+        if self.ended or self.conn is None:
+            return
+        self.ended = True
+        log.info("Closing %s's connection from %s: %s", self.username, self.peer, why)
+        self.conn.disconnect(
+            asyncssh.DISC_BY_APPLICATION,
+            f"gpulab: the key or token this connection logged in with no longer logs in as "
+            f"{self.username} (removed or revoked)",
+        )
 
     def session_requested(self) -> GatewaySession:
-        return GatewaySession(self.hub, self.username, self.conn_info, self.server)
+        return GatewaySession(
+            self.hub,
+            self.username,
+            self.conn_info,
+            self.server,
+            credential=self.credential,
+            gone=self.credential_gone,
+        )
 
     def connection_requested(self, dest_host: str, dest_port: int, orig_host: str, orig_port: int):
         return self._forward(dest_host, dest_port)
 
     async def _forward(self, host: str, port: int) -> SSHForwarder:
         try:
-            session = await self.hub.session(self.username, self.server)
+            session = await self.hub.session(self.username, self.server, self.credential)
+        except CredentialGone as e:
+            self.credential_gone(str(e))
+            raise asyncssh.ChannelOpenError(
+                asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED, f"{e} (removed or revoked)"
+            ) from None
         except NoSuchServer as e:
             raise asyncssh.ChannelOpenError(asyncssh.OPEN_CONNECT_FAILED, str(e)) from None
         except HubUnavailable as e:

@@ -4,6 +4,9 @@ NAME's server run.
 The gateway decides nothing about users itself: the hub keeps the keys (``hub_config/ssh_keys.py``),
 knows the tokens and the servers, and rate-limits failures per user and source. The gateway
 reaches it only over HTTP, with its own service token (scope ``custom:gpulab:ssh-gateway``).
+Each new channel and a periodic re-check carry the connection's own log-in (its key's
+fingerprint, or the token, kept in memory only), so that a removed key or a revoked token ends a
+connection that is already open.
 """
 
 from __future__ import annotations
@@ -21,6 +24,11 @@ log = logging.getLogger("gpulab.ssh")
 
 class HubUnavailable(RuntimeError):
     """The hub did not answer, or answered something the gateway cannot use."""
+
+
+class CredentialGone(RuntimeError):
+    """The key or token a connection logged in with logs in no more (the key was removed, the
+    token revoked or expired, the user blocked or removed): the hub's 403 for a new channel."""
 
 
 class NoSuchServer(RuntimeError):
@@ -123,23 +131,49 @@ class HubClient:
             data = None
         return resp.code, data
 
-    async def authorize(self, user: str, peer: str, **secret: str) -> bool:
-        """True when the hub lets ``secret`` (a ``fingerprint`` or a ``token``) log in as
-        ``user``; False on any refusal (403, 429, an error)."""
+    async def authorize(self, user: str, peer: str, **secret: str) -> dict[str, Any] | None:
+        """The hub's answer when it lets ``secret`` (a ``fingerprint`` or a ``token``) log in as
+        ``user`` (``{user, recheck_seconds}``); None on any refusal (403, 429, an error)."""
         try:
             code, data = await self.post(
                 "/gpulab/ssh/authorize", {"user": user, "peer": peer, **secret}
             )
         except HubUnavailable as e:
             log.warning("%s", e)
-            return False
+            return None
         if code == 429:
             log.warning("The hub rate-limits %s from %s", user, peer)
         ok = code == 200 and isinstance(data, dict) and data.get("user") == user
-        return ok
+        return data if ok else None
 
-    async def session(self, user: str, server: str = "") -> Session:
-        code, data = await self.post("/gpulab/ssh/session", {"user": user, "server": server})
+    async def recheck(self, user: str, peer: str, credential: dict[str, str]) -> bool | None:
+        """Whether an open connection's log-in (``credential``: its ``fingerprint`` or ``token``)
+        still logs in as ``user``: True, False (the hub's 403), or None (no usable answer: the
+        hub is down or busy, and the connection is not ended for that)."""
+        try:
+            code, data = await self.post(
+                "/gpulab/ssh/authorize",
+                {"user": user, "peer": peer, "recheck": True, **credential},
+            )
+        except HubUnavailable as e:
+            log.warning("%s", e)
+            return None
+        if code == 403:
+            return False
+        if code == 200 and isinstance(data, dict) and data.get("user") == user:
+            return True
+        return None
+
+    async def session(
+        self, user: str, server: str = "", credential: dict[str, str] | None = None
+    ) -> Session:
+        """Where ``user``'s server runs; ``credential`` (the connection's ``fingerprint`` or
+        ``token``) is checked again by the hub: :class:`CredentialGone` once it is not."""
+        code, data = await self.post(
+            "/gpulab/ssh/session", {"user": user, "server": server, **(credential or {})}
+        )
+        if code == 403 and isinstance(data, dict) and data.get("field") == "credential":
+            raise CredentialGone(str(data.get("message") or "your log-in no longer holds"))
         if (
             code in (400, 404)
             and server

@@ -15,6 +15,10 @@ around the balance check. Such a transfer is confined as a local server is (the 
 launcher's own ``private_scratch`` and ``hide_other_accounts_processes``; the hub's transfer
 cgroup with its limits), at most ``max_transfers`` of a user's run at once, and it is killed
 when its channel closes.
+
+Each channel's question to the hub carries the connection's own log-in (the key's fingerprint or
+the token): once the key is removed or the token revoked, the hub answers 403, the channel ends
+with a message saying so, and the connection is closed.
 """
 
 from __future__ import annotations
@@ -31,12 +35,19 @@ import signal
 import struct
 import sys
 import termios
+from collections.abc import Callable
 from pathlib import Path
 
 import asyncssh
 
 from gpulab.spawners.inside import launcher
-from gpulab.ssh_service.hub import HubClient, HubUnavailable, NoSuchServer, Session
+from gpulab.ssh_service.hub import (
+    CredentialGone,
+    HubClient,
+    HubUnavailable,
+    NoSuchServer,
+    Session,
+)
 
 log = logging.getLogger("gpulab.ssh")
 
@@ -84,9 +95,19 @@ class GatewaySession(asyncssh.SSHServerSession):
     """One ``session`` channel of an authenticated user."""
 
     def __init__(
-        self, hub: HubClient, user: str, conn_info: dict[str, str], server: str = ""
+        self,
+        hub: HubClient,
+        user: str,
+        conn_info: dict[str, str],
+        server: str = "",
+        credential: dict[str, str] | None = None,
+        gone: Callable[[str], None] | None = None,
     ) -> None:
         self.hub = hub
+        # The connection's log-in (its key's fingerprint, or its token), re-checked by the hub for
+        # this channel; ``gone`` closes the connection once the hub says it no longer holds.
+        self.credential = credential or {}
+        self.gone = gone
         self.user = user
         self.server = server
         self.conn_info = conn_info
@@ -196,12 +217,18 @@ class GatewaySession(asyncssh.SSHServerSession):
 
     async def _run(self) -> None:
         chan = self.chan
+        gone = ""
         SERVING[self.user] = SERVING.get(self.user, 0) + 1
         try:
             status = await self._serve()
         except NoSuchServer as e:
             self._write_err(f"gpulab: {e}\n")
             status = 1
+        except CredentialGone as e:
+            log.info("Refused a channel of %s: %s", self.user, e)
+            self._write_err(f"gpulab: {e} (removed or revoked); closing this connection.\n")
+            status = 1
+            gone = str(e)
         except HubUnavailable as e:
             log.warning("%s", e)
             self._write_err("gpulab: the hub is not answering; try again in a moment.\n")
@@ -214,15 +241,16 @@ class GatewaySession(asyncssh.SSHServerSession):
             SERVING[self.user] -= 1
             if not SERVING[self.user]:
                 del SERVING[self.user]
-        if self.closed:
-            return
-        if isinstance(status, str):
-            chan.exit_with_signal(status)
-        else:
-            chan.exit(status)
+        if not self.closed:
+            if isinstance(status, str):
+                chan.exit_with_signal(status)
+            else:
+                chan.exit(status)
+        if gone and self.gone is not None:
+            self.gone(gone)  # after the channel's message and exit status went out
 
     async def _serve(self) -> int | str:
-        session = await self.hub.session(self.user, self.server)
+        session = await self.hub.session(self.user, self.server, self.credential)
         argv, plain = self._argv(session)
         if argv is None:
             text = session.message or (

@@ -17,7 +17,11 @@ server runs. Routes (under ``/hub/api``):
   filtered to one server, does not), and never for a sign-up the admin has not approved (or
   approved and then withdrew); else 403. Failures are counted per (user, peer) and per
   peer: 429 after :attr:`SshGateway.max_failures` in :attr:`SshGateway.failure_window` seconds.
-- ``POST /gpulab/ssh/session`` ``{user, server}`` (gateway only): where the user's server runs
+  With ``recheck: true`` (an open connection's log-in, checked again every
+  :attr:`SshGateway.recheck_seconds`) the same rules, never counted nor rate-limited.
+- ``POST /gpulab/ssh/session`` ``{user, server, fingerprint | token}`` (gateway only; the key
+  or token the connection logged in with, re-checked as authorize does, uncounted: 403 with
+  ``field: credential`` once it no longer logs in as the user): where the user's server runs
   (local: the launcher's pid, its cgroup.procs, the account; docker: the container) with the
   server's environment, or, when none runs, the home (mounted by the hub if needed) and a plain
   message saying how to start one: files stay reachable with no server and nothing billed. Those
@@ -99,6 +103,16 @@ class SshGateway(SingletonConfigurable):
     )
 
     failure_window = Float(60.0, config=True, help="Seconds over which failures are counted.")
+
+    recheck_seconds = Float(
+        30.0,
+        config=True,
+        help="""Seconds between the gateway's re-checks of each open SSH connection's log-in
+        (its key still the user's, its token still live with its scope), with +-20% jitter; a
+        connection whose key was removed or whose token was revoked is then closed, its running
+        sessions with it. (Every new channel is re-checked as well, at once.) Sent to the
+        gateway with each log-in's answer.""",
+    )
 
     max_transfers = Integer(
         4,
@@ -200,6 +214,39 @@ class _SshBase(GpulabAPIHandler):
             body["field"] = field
         self.finish(json.dumps(body))
 
+    async def credential_holds(self, name: str, fingerprint: str | None, token: str | None) -> bool:
+        """Whether the key ``fingerprint`` (or ``token``) logs in as ``name`` now: the user
+        exists, is not blocked, is approved, and the key is theirs (this very account), or the
+        token is a live one of theirs holding ``access:servers!user=NAME``. The one rule for a
+        log-in, an open connection's re-check and every new channel."""
+        user = self.find_user(name)
+        blocked = getattr(self.authenticator, "blocked_users", None) or set()
+        if user is None or name in blocked or not self._approved(name):
+            return False
+        if fingerprint is not None:
+            owner = await asyncio.to_thread(key_store(self).owner, fingerprint)
+            return owner == (user.name, user_created(user))
+        return token is not None and self._token_of(user, token)
+
+    def _approved(self, name: str) -> bool:
+        """False for a sign-up whose approval the admin withdrew (or never gave): the log-in
+        form refuses them, and so does SSH. Users made by the admin or an LMS have no sign-up
+        record and are approved."""
+        get_user = getattr(self.authenticator, "get_user", None)
+        info = get_user(name) if get_user is not None else None
+        return info is None or bool(getattr(info, "is_authorized", True))
+
+    def _token_of(self, user: Any, token: str) -> bool:
+        """Whether ``token`` is a live token of ``user`` itself that may act on their servers."""
+        found = orm.APIToken.find(self.db, token)
+        if found is None or found.service is not None or found.user is None:
+            return False
+        if found.user.id != user.orm_user.id:
+            return False
+        if found.expires_in is not None and found.expires_in <= 0:
+            return False
+        return has_scope(f"access:servers!user={user.name}", get_scopes_for(found), db=self.db)
+
     def own_user(self, user_name: str) -> Any:
         """The user NAME, when the caller is NAME themself (else 403)."""
         me = self.current_user
@@ -289,18 +336,29 @@ class SshAuthorizeAPIHandler(_SshBase):
     @needs_scope(SSH_GATEWAY_SCOPE)
     async def post(self) -> None:
         body = self.json_object_body()
-        unknown = sorted(set(body) - {"user", "fingerprint", "token", "peer"})
+        unknown = sorted(set(body) - {"user", "fingerprint", "token", "peer", "recheck"})
         if unknown:
             return self.refuse(400, f"{unknown[0]}: unknown field", unknown[0])
         name = _text(body, "user", 255) or ""
         fingerprint = _text(body, "fingerprint", 100)
         token = _text(body, "token", 4096)
         peer = _text(body, "peer", 255) or ""
+        recheck = body.get("recheck", False)
+        if not isinstance(recheck, bool):
+            return self.refuse(400, "recheck: must be true or false", "recheck")
         if not name:
             return self.refuse(400, "user: required", "user")
         if (fingerprint is None) == (token is None):
             return self.refuse(400, "fingerprint or token: exactly one is required", "fingerprint")
         gw = self.gateway
+        how = "key" if fingerprint is not None else "token"
+        if recheck:
+            # An open connection's log-in, checked again: not a guess, so never counted nor
+            # rate-limited; the same rules as a log-in's.
+            if not await self.credential_holds(name, fingerprint, token):
+                self.log.info("SSH %s of %s's open connection no longer holds", how, name)
+                return self.refuse(403, f"This {how} no longer logs in as {name}")
+            return self.finish(json.dumps({"user": name, "recheck_seconds": gw.recheck_seconds}))
         wait = FAILURES.retry_after(gw, name, peer)
         if wait > 0:
             self.set_header("Retry-After", str(int(wait) + 1))
@@ -310,43 +368,14 @@ class SshAuthorizeAPIHandler(_SshBase):
                 f"in {int(wait) + 1} s",
                 retry_after=int(wait) + 1,
             )
-        user = self.find_user(name)
-        blocked = getattr(self.authenticator, "blocked_users", None) or set()
-        ok = False
-        how = "key" if fingerprint is not None else "token"
-        if user is not None and name not in blocked and self._approved(name):
-            if fingerprint is not None:
-                owner = await asyncio.to_thread(key_store(self).owner, fingerprint)
-                ok = owner == (user.name, user_created(user))
-            else:
-                ok = self._token_of(user, token)
-        if not ok:
+        if not await self.credential_holds(name, fingerprint, token):
             FAILURES.fail(gw, name, peer)
             self.log.warning("SSH log-in refused: %s for %s from %s", how, name, peer or "?")
             return self.refuse(403, f"This {how} does not log in as {name}")
         if fingerprint is not None:
             await asyncio.to_thread(key_store(self).touch, fingerprint)
         self.log.info("SSH log-in: %s by %s from %s", name, how, peer or "?")
-        self.finish(json.dumps({"user": user.name}))
-
-    def _approved(self, name: str) -> bool:
-        """False for a sign-up whose approval the admin withdrew (or never gave): the log-in
-        form refuses them, and so does SSH. Users made by the admin or an LMS have no sign-up
-        record and are approved."""
-        get_user = getattr(self.authenticator, "get_user", None)
-        info = get_user(name) if get_user is not None else None
-        return info is None or bool(getattr(info, "is_authorized", True))
-
-    def _token_of(self, user: Any, token: str) -> bool:
-        """Whether ``token`` is a live token of ``user`` itself that may act on their servers."""
-        found = orm.APIToken.find(self.db, token)
-        if found is None or found.service is not None or found.user is None:
-            return False
-        if found.user.id != user.orm_user.id:
-            return False
-        if found.expires_in is not None and found.expires_in <= 0:
-            return False
-        return has_scope(f"access:servers!user={user.name}", get_scopes_for(found), db=self.db)
+        self.finish(json.dumps({"user": name, "recheck_seconds": gw.recheck_seconds}))
 
 
 def _public_origin(settings_: dict) -> str:
@@ -391,13 +420,25 @@ class SshSessionAPIHandler(_SshBase):
     @needs_scope(SSH_GATEWAY_SCOPE)
     async def post(self) -> None:
         body = self.json_object_body()
-        unknown = sorted(set(body) - {"user", "server"})
+        unknown = sorted(set(body) - {"user", "server", "fingerprint", "token"})
         if unknown:
             return self.refuse(400, f"{unknown[0]}: unknown field", unknown[0])
         name = _text(body, "user", 255) or ""
         server = _text(body, "server", 255) or ""
+        fingerprint = _text(body, "fingerprint", 100)
+        token = _text(body, "token", 4096)
         if not _SERVER_NAME.fullmatch(server):
             return self.refuse(400, "server: a server name (letters, digits, ._~-)", "server")
+        if fingerprint is not None and token is not None:
+            return self.refuse(400, "fingerprint or token: at most one", "fingerprint")
+        if (fingerprint is not None or token is not None) and not await self.credential_holds(
+            name, fingerprint, token
+        ):
+            # The key was removed or the token revoked since the connection logged in with it:
+            # no new channel (the gateway then closes the connection). Not counted as a failure.
+            how = "key" if fingerprint is not None else "token"
+            self.log.info("SSH channel refused: %s's %s no longer logs in", name, how)
+            return self.refuse(403, f"This {how} no longer logs in as {name}", "credential")
         user = self.find_user(name)
         if user is None:
             return self.refuse(404, f"user: no such user {name!r}", "user")

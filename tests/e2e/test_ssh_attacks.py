@@ -6,6 +6,12 @@ Issue 25 attacks covered: "log in as another user with your token or key"; "forw
 forwarding to steal keys" (and X11, remote and Unix-socket forwarding); "SFTP outside the home via
 `..` or symlinks"; "brute-force passwords (there are none: keys and tokens only, rate-limited)".
 
+"A removed SSH key or a revoked token ends the connections already open with it" (attack wave
+on issue 25: a removed key or revoked token still opened new exec and SFTP channels on an open
+connection): test_a_removed_key_or_revoked_token_opens_no_new_channel and
+test_an_open_connection_is_closed_once_its_log_in_is_gone fail on the code before that fix (the
+SFTP channel opened after the removal worked, and the connection stayed open).
+
 Each fails on the code before issue 25 (no SSH endpoint: the client cannot connect, so even the
 "refused" cases fail their check that the right key or token does get in); the forwarding test
 also fails with a gateway that forwards wherever the client asks (verified by making
@@ -15,12 +21,15 @@ listener and the other user's port were then reached).
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import subprocess
+import time
 import uuid
 from pathlib import Path
 
+import asyncssh
 import pytest
 from harness import Hub, free_port, wait_for
 from ssh_helpers import (
@@ -36,10 +45,15 @@ from ssh_helpers import (
     wait_gateway,
 )
 
+RECHECK = 4.0
+
 
 @pytest.fixture(scope="module")
 def hub(module_hub_factory) -> Hub:
-    h = module_hub_factory("ssh-attacks", ssh_port=True)
+    # Open connections' log-ins are re-checked every RECHECK s (+-20%; 30 s by default).
+    h = module_hub_factory(
+        "ssh-attacks", ssh_port=True, extra_args=[f"--SshGateway.recheck_seconds={RECHECK}"]
+    )
     wait_gateway(h)
     return h
 
@@ -241,3 +255,107 @@ def test_guessing_tokens_is_rate_limited(hub: Hub, tmp_path: Path) -> None:
     assert ssh(hub, victim, key, "true").returncode == 255
     r = ssh(hub, other, other_key, "true")
     assert r.returncode == 1 and b"not running" in r.stderr  # logged in; no server to run in
+
+
+async def connect(hub: Hub, name: str, key: Key | None = None, token: str = ""):
+    """One SSH connection kept open (asyncssh's client), logged in with ``key`` or ``token``."""
+    auth = (
+        {"client_keys": [str(key.path)], "preferred_auth": "publickey"}
+        if key
+        else {"client_keys": [], "password": token, "preferred_auth": "password"}
+    )
+    return await asyncssh.connect(
+        "127.0.0.1", hub.ssh_port, username=name, known_hosts=None, agent_path=None, **auth
+    )
+
+
+async def sftp_lists(conn) -> list[str]:
+    """A new SFTP channel on ``conn`` listing the home (no server needed)."""
+    async with conn.start_sftp_client() as sftp:
+        return await sftp.listdir(".")
+
+
+def fingerprint_of(hub: Hub, name: str, token: str) -> str:
+    keys = hub.api("GET", f"/gpulab/users/{name}/ssh-keys", token=token).json()["keys"]
+    return keys[0]["fingerprint"]
+
+
+def new_token(hub: Hub, name: str) -> dict:
+    r = hub.api("POST", f"/users/{name}/tokens", json={"note": "ssh-recheck"})
+    assert r.status_code in (200, 201), r.text
+    return r.json()
+
+
+def remove_key(hub: Hub, name: str, token: str) -> None:
+    fp = fingerprint_of(hub, name, token).replace("+", "-").replace("/", "_")
+    r = hub.api("DELETE", f"/gpulab/users/{name}/ssh-keys/{fp}", token=token)
+    assert r.status_code == 204, r.text
+
+
+def revoke(hub: Hub, name: str, tok: dict) -> None:
+    r = hub.api("DELETE", f"/users/{name}/tokens/{tok['id']}")
+    assert r.status_code == 204, r.text
+
+
+def test_a_removed_key_or_revoked_token_opens_no_new_channel(hub: Hub, tmp_path: Path) -> None:
+    """A connection open with a key that is then removed (or a token then revoked) opens no new
+    SFTP channel, and the gateway closes it; the user's other keys and new log-ins are unhurt."""
+    name, token, key = person(hub, tmp_path, "ssr")
+    tok = new_token(hub, name)
+
+    async def scene() -> None:
+        by_key = await connect(hub, name, key=key)
+        by_token = await connect(hub, name, token=tok["token"])
+        try:
+            assert isinstance(await sftp_lists(by_key), list)
+            assert isinstance(await sftp_lists(by_token), list)
+            remove_key(hub, name, token)
+            with pytest.raises((asyncssh.Error, OSError)):
+                await sftp_lists(by_key)
+            await asyncio.wait_for(by_key.wait_closed(), 10)
+            # The token's connection is another log-in: it still works, until the token goes.
+            assert isinstance(await sftp_lists(by_token), list)
+            revoke(hub, name, tok)
+            with pytest.raises((asyncssh.Error, OSError)):
+                await sftp_lists(by_token)
+            await asyncio.wait_for(by_token.wait_closed(), 10)
+        finally:
+            by_key.close()
+            by_token.close()
+
+    asyncio.run(scene())
+    # New log-ins with them are refused; the user's own token still logs in.
+    assert ssh(hub, name, key, "true").returncode == 255
+    assert ssh_with_token(hub, name, tok["token"], "true", tmp_path).returncode == 255
+    r = ssh_with_token(hub, name, token, "true", tmp_path)
+    assert r.returncode == 1 and b"not running" in r.stderr
+
+
+def test_an_open_connection_is_closed_once_its_log_in_is_gone(hub: Hub, tmp_path: Path) -> None:
+    """With no new channel asked, an open SFTP session whose key is removed (or whose token is
+    revoked) is ended by the gateway's periodic re-check within its interval (RECHECK s, +-20%)."""
+    name, token, key = person(hub, tmp_path, "ssp")
+    tok = new_token(hub, name)
+
+    async def held_until_closed(conn, take_away) -> float:
+        async with conn.start_sftp_client() as sftp:
+            assert isinstance(await sftp.listdir("."), list)
+            take_away()
+            gone = time.monotonic()
+            await asyncio.wait_for(conn.wait_closed(), RECHECK * 1.2 + 5)
+            with pytest.raises((asyncssh.Error, OSError)):
+                await sftp.listdir(".")
+            return time.monotonic() - gone
+
+    async def scene() -> None:
+        by_key = await connect(hub, name, key=key)
+        by_token = await connect(hub, name, token=tok["token"])
+        try:
+            await held_until_closed(by_key, lambda: remove_key(hub, name, token))
+            assert not by_token.is_closed()
+            await held_until_closed(by_token, lambda: revoke(hub, name, tok))
+        finally:
+            by_key.close()
+            by_token.close()
+
+    asyncio.run(scene())
