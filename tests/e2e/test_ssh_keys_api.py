@@ -94,7 +94,8 @@ def test_a_user_adds_lists_and_removes_keys_and_the_gateway_finds_them(
     assert listing["enabled"] is True and listing["port"] == hub.ssh_port
 
     assert authorize(hub, {"user": alice, "fingerprint": fp2, "peer": "127.0.0.1"}).json() == {
-        "user": alice
+        "user": alice,
+        "recheck_seconds": 30.0,  # SshGateway.recheck_seconds: the gateway's re-check interval
     }
     # The key file on disk: root's, 0600, in a 0700 folder.
     store = hub.data_dir / "ssh" / "keys.json"
@@ -241,7 +242,10 @@ def test_a_token_logs_in_only_as_its_own_user_with_server_access(hub: Hub) -> No
     server, readable by staff inside it), not a service's token, not an expired one."""
     alice, bob = hub.create_user(), hub.create_user()
     full = token_for(hub, alice)
-    assert authorize(hub, {"user": alice, "token": full, "peer": "t1"}).json() == {"user": alice}
+    assert authorize(hub, {"user": alice, "token": full, "peer": "t1"}).json() == {
+        "user": alice,
+        "recheck_seconds": 30.0,
+    }
     assert authorize(hub, {"user": bob, "token": full, "peer": "t1"}).status_code == 403
     # The admin's own token reaches every server, yet logs in over SSH as the admin only.
     admin_token = hub.api("POST", "/users/admin/tokens", json={"expires_in": 600}).json()["token"]
@@ -286,6 +290,36 @@ def test_failed_log_ins_are_rate_limited_per_user_and_source(hub: Hub, tmp_path:
     assert r.status_code == 429, r.text
     assert authorize(hub, {"user": alice, "token": good, "peer": "203.0.113.7"}).status_code == 200
     assert authorize(hub, {"user": bob, "token": token_for(hub, bob), "peer": peer}).ok
+
+
+def test_rechecks_are_uncounted_and_a_gone_log_in_opens_no_session(hub: Hub) -> None:
+    """An open connection's log-in checked again (``recheck: true``) follows the log-in's rules
+    but is never counted nor rate-limited; a session asked with the connection's token once it is
+    revoked is a 403 naming ``credential`` (attack wave on issue 25: a revoked token kept opening
+    channels on a connection already open). Fails on the code before: ``recheck`` and ``token``
+    were unknown fields (400)."""
+    alice = hub.create_user()
+    good = token_for(hub, alice)
+    peer = f"198.51.100.{uuid.uuid4().int % 250}"
+    for i in range(12):
+        r = authorize(hub, {"user": alice, "token": f"gone{i}", "peer": peer, "recheck": True})
+        assert r.status_code == 403, (i, r.text)
+    r = authorize(hub, {"user": alice, "token": good, "peer": peer, "recheck": True})
+    assert r.status_code == 200 and r.json()["recheck_seconds"] > 0, r.text
+    assert authorize(hub, {"user": alice, "token": good, "peer": peer}).status_code == 200
+    r = authorize(hub, {"user": alice, "token": good, "recheck": "yes"})
+    assert r.status_code == 400 and r.json()["field"] == "recheck", r.text
+
+    made = hub.api("POST", f"/users/{alice}/tokens", json={"note": "ssh"}).json()
+    ask = {"user": alice, "server": "", "token": made["token"]}
+    gw = gateway_token(hub)
+    assert hub.api("POST", "/gpulab/ssh/session", token=gw, json=ask).status_code == 200
+    assert hub.api("DELETE", f"/users/{alice}/tokens/{made['id']}").status_code == 204
+    r = hub.api("POST", "/gpulab/ssh/session", token=gw, json=ask)
+    assert r.status_code == 403 and r.json()["field"] == "credential", r.text
+    both = {**ask, "token": good, "fingerprint": "SHA256:" + "A" * 43}
+    r = hub.api("POST", "/gpulab/ssh/session", token=gw, json=both)
+    assert r.status_code == 400 and r.json()["field"] == "fingerprint", r.text
 
 
 def test_session_with_no_server_gives_the_home_and_how_to_start(hub: Hub) -> None:
