@@ -43,7 +43,11 @@ def test_the_spawn_page_methods_gpulab_overrides_keep_their_signatures() -> None
         "display_name",
     ]
     assert params(inspect.unwrap(UserServerAPIHandler.post)) == ["self", "user_name", "server_name"]
-    assert params(inspect.unwrap(UserServerAPIHandler.delete)) == ["self", "user_name", "server_name"]
+    assert params(inspect.unwrap(UserServerAPIHandler.delete)) == [
+        "self",
+        "user_name",
+        "server_name",
+    ]
 
 
 def test_jupyterhub_still_clears_a_failed_spawn_future_on_an_explicit_request() -> None:
