@@ -53,7 +53,7 @@ def _descendants(roots: set[int]) -> set[int]:
         if not entry.isdigit():
             continue
         try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
+            stat = Path(f"/proc/{entry}/stat").read_text(errors="replace")
         except OSError:
             continue
         ppid = int(stat.rpartition(")")[2].split()[1])
@@ -88,7 +88,12 @@ def _wait_gone(pids: set[int], timeout: float) -> set[int]:
     while alive and time.monotonic() < deadline:
         for pid in list(alive):
             try:
-                state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+                state = (
+                    Path(f"/proc/{pid}/stat")
+                    .read_text(errors="replace")
+                    .rpartition(")")[2]
+                    .split()[0]
+                )
             except OSError:
                 state = "X"
             if state in ("Z", "X"):
