@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from billing.client import Billing, user_token
-from harness import VENV_BIN, Hub, wait_for
+from harness import VENV_BIN, Hub, pids_whose_argv, wait_for
 from spawn import STOCK_SERVER_CONFIG, pct, start_stock, stock_hub
 
 from gpulab.spawners.local.accounts import account_name
@@ -101,17 +101,9 @@ def run_checked(cmd: list[str], what: str) -> str:
 def app_pids(user: str) -> list[int]:
     """gpulab-sd-webui processes serving ``user`` (both hubs give it --subpath /user/NAME/...)."""
     subpath = f"/user/{user}/{APP}"
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            argv = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
-        except OSError:
-            continue
-        if any(a.endswith("gpulab-sd-webui") for a in argv) and subpath in argv:
-            found.append(int(proc.name))
-    return found
+    return pids_whose_argv(
+        lambda argv: any(a.endswith("gpulab-sd-webui") for a in argv) and subpath in argv
+    )
 
 
 def system_gids_left() -> int:

@@ -59,6 +59,21 @@ FAST_BILLING_ENV = {
 STARTED_DATA_DIRS: list[Path] = []
 
 
+def pids_whose_argv(match: Callable[[list[str]], bool]) -> list[int]:
+    """The node's processes whose command line (argv, decoded leniently) ``match`` accepts."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if match(argv):
+            found.append(int(proc.name))
+    return found
+
+
 def resolve_localhost_names() -> None:
     """Resolve ``localhost`` and every ``NAME.localhost`` to 127.0.0.1 in this process, as
     browsers do (RFC 6761): the hub lives at ``http://localhost:PORT`` and each user's server on

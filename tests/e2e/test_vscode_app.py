@@ -24,6 +24,7 @@ from harness import (
     WebSession,
     approved_user,
     browser_log_in,
+    pids_whose_argv,
     wait_for,
     write_in_home,
 )
@@ -49,17 +50,7 @@ SHOTS = Path(os.environ.get("GPULAB_SCREENSHOTS") or "/tmp/gpulab-shots")
 def code_server_pids(hub: Hub, user: str) -> list[int]:
     """The code-server processes (its main node process) serving ``user``'s home."""
     home = str(hub.data_dir / "users" / user)
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            argv = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
-        except OSError:
-            continue
-        if any("code-server" in a for a in argv) and home in argv:
-            found.append(int(proc.name))
-    return found
+    return pids_whose_argv(lambda argv: any("code-server" in a for a in argv) and home in argv)
 
 
 def open_terminal(page, attempts: int = 3) -> None:
