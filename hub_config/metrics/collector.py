@@ -149,19 +149,14 @@ class GpulabCollector:
             "(refused: money, options, no free card, the market) or to the failure.",
             labels=["spawner", "app", "outcome"],
         )
-        for key, buckets, total in counters.SPAWN_DURATION.items():
-            duration.add_metric(list(key), buckets, total)
-        yield duration
+        yield _filled(duration, counters.SPAWN_DURATION)
         refusals = CounterMetricFamily(
             "gpulab_spawn_refusals",
             "Starts refused, by reason (balance, pool_exhausted, market, invalid, staff, "
             "rate_limited: JupyterHub's 429, quota, other).",
             labels=["reason"],
         )
-        seen = dict(counters.SPAWN_REFUSALS.items())
-        for reason in counters.REFUSAL_REASONS:
-            refusals.add_metric([reason], seen.get((reason,), 0.0))
-        yield refusals
+        yield _zero_filled(refusals, counters.SPAWN_REFUSALS, counters.REFUSAL_REASONS)
 
     def _market(self, snap: Snapshot | None, now: float) -> Iterator[Metric]:
         length = GaugeMetricFamily(
@@ -196,9 +191,7 @@ class GpulabCollector:
             "How long queued requests waited before the market started them, by GPU type.",
             labels=["type"],
         )
-        for key, buckets, total in counters.SPOT_QUEUE_WAIT.items():
-            wait.add_metric(list(key), buckets, total)
-        yield wait
+        yield _filled(wait, counters.SPOT_QUEUE_WAIT)
         preemptions = CounterMetricFamily(
             "gpulab_preemptions",
             "Spot servers warned of their preemption, by GPU type and reason.",
@@ -213,10 +206,7 @@ class GpulabCollector:
             "failed; timeout; skipped: the user set none).",
             labels=["outcome"],
         )
-        seen = dict(counters.CHECKPOINTS.items())
-        for outcome in counters.CHECKPOINT_OUTCOMES:
-            checkpoints.add_metric([outcome], seen.get((outcome,), 0.0))
-        yield checkpoints
+        yield _zero_filled(checkpoints, counters.CHECKPOINTS, counters.CHECKPOINT_OUTCOMES)
 
     def _observer(self, now: float) -> Iterator[Metric]:
         yield CounterMetricFamily(
@@ -234,9 +224,7 @@ class GpulabCollector:
         passes = HistogramMetricFamily(
             "gpulab_observer_pass_seconds", "How long the activity observer's passes took."
         )
-        for _, buckets, total in counters.OBSERVER_PASS.items():
-            passes.add_metric([], buckets, total)
-        yield passes
+        yield _filled(passes, counters.OBSERVER_PASS)
 
     def _holds(self, snap: Snapshot | None) -> Iterator[Metric]:
         holds = GaugeMetricFamily(
@@ -330,6 +318,22 @@ class GpulabCollector:
         disk.add_metric(["size"], st.f_blocks * st.f_frsize)
         disk.add_metric(["free"], st.f_bavail * st.f_frsize)
         return disk
+
+
+def _filled(family: HistogramMetricFamily, table: Any) -> HistogramMetricFamily:
+    """``family`` with every labelled histogram of a counters table (its cumulative buckets)."""
+    for key, buckets, total in table.items():
+        family.add_metric(list(key), buckets, total)
+    return family
+
+
+def _zero_filled(family: CounterMetricFamily, table: Any, values: Any) -> CounterMetricFamily:
+    """``family`` with one sample per value of its one fixed label, 0 for those never counted
+    (an alert rule reads a series that exists from the hub's start)."""
+    seen = dict(table.items())
+    for value in values:
+        family.add_metric([value], seen.get((value,), 0.0))
+    return family
 
 
 _INSTALLED: list[GpulabCollector] = []
