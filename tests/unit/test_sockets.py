@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import require
 
 from gpulab.spawners.node import sockets
 
@@ -92,12 +93,13 @@ def test_a_second_listener_on_another_loopback_address_does_not_make_the_port_yo
 
 
 def test_ipv6_loopback_listeners_are_seen() -> None:
-    if not socket.has_ipv6:
-        pytest.skip("no IPv6 here")
+    require(socket.has_ipv6, "IPv6")
     try:
         s = _listen("::1", 0, socket.AF_INET6)
     except OSError:
-        pytest.skip("no IPv6 loopback here")
+        s = None
+    require(s is not None, "an IPv6 loopback (::1)")
+    assert s is not None
     with s:
         port = s.getsockname()[1]
         assert sockets.listeners_on(port)[0].address == "::1"
