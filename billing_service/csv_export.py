@@ -17,6 +17,13 @@ a session that ran on a reservation names it in its ``server`` row with its ``pr
 (charged 0), and its time inside the reservation is a ``rate`` row at price 0 naming it. A tag
 billing did not believe is named in ``note`` (the session was rated normally).
 
+Training jobs (``jobs``): a job's sessions are its servers ``job-ID`` / ``job-ID-RANK``; each such
+``server`` row names its ``job``, and a ``job`` row per job adds them up over its ranks and
+attempts (its servers, the first start and last stop, the job-seconds in ``billed_seconds`` and
+``job_seconds``, the amount, and the statement's line in ``note``: "Job 17 · A100 80GB x2 ·
+3,600 s · CNY 4.20"); one ``jobs_total`` row is their subtotal (already part of the sessions'
+amounts: a sum of every amount counts jobs twice, a sum of ``server`` rows does not).
+
 Storage (``storage``): a ``storage`` row per UTC day with storage charged: the day in
 ``started``/``stopped``, the seconds metered, the amount, and the GB-days above the free size
 and the price per GB-day in ``note``.
@@ -77,6 +84,8 @@ EXTRA = (
     "paid_by_personal",
     "reservation",
     "prepaid_seconds",
+    "job",
+    "job_seconds",
 )
 
 
@@ -84,6 +93,8 @@ def statement_rows(usage: dict[str, Any]) -> list[dict[str, Any]]:
     """The CSV's rows (unescaped) from a usage statement (``statements.usage``)."""
     amount = f"amount_{usage['currency']}"
     rows: list[dict[str, Any]] = []
+    jobs = usage.get("jobs") or {"jobs": []}
+    job_ids = {p["session"]: j["job"] for j in jobs["jobs"] for p in j["sessions"]}
     for s in usage["servers"]:
         base = {
             "session": s["session"],
@@ -114,6 +125,7 @@ def statement_rows(usage: dict[str, Any]) -> list[dict[str, Any]]:
                 "reservation": tag["id"] if applied else "",
                 "prepaid_seconds": s.get("prepaid_seconds", 0) if applied else "",
                 "note": f"reservation tag ignored: {tag['reason']}" if tag and not applied else "",
+                "job": job_ids.get(s["session"], ""),
             }
         )
         for r in s["rates"]:
@@ -175,6 +187,34 @@ def statement_rows(usage: dict[str, Any]) -> list[dict[str, Any]]:
                 amount: r["amount"]["exact"],
                 "note": f"reservation {r['id']} for {r['account']}, charged {r['charged_at']}",
                 "reservation": r["id"],
+            }
+        )
+    for j in jobs["jobs"]:
+        rows.append(
+            {
+                "server": ", ".join(j["servers"]),
+                "mode": j["mode"],
+                "pricing": j["pricing"],
+                "row": "job",
+                "started": j["started"],
+                "stopped": j["stopped"],
+                "billed_seconds": j["job_seconds"],
+                amount: j["amount"]["exact"],
+                "note": f"{j['label']}; {j['attempts']} attempt(s)",
+                "job": j["job"],
+                "job_seconds": j["job_seconds"],
+            }
+        )
+    if jobs["jobs"]:
+        total = jobs["total"]
+        rows.append(
+            {
+                "mode": "jobs",
+                "row": "jobs_total",
+                "billed_seconds": total["job_seconds"],
+                amount: total["amount"]["exact"],
+                "note": f"{total['label']} ({total['jobs']} jobs; part of the sessions' total)",
+                "job_seconds": total["job_seconds"],
             }
         )
     st = usage.get("storage") or {}

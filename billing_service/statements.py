@@ -11,7 +11,7 @@ from typing import Any
 
 from sqlalchemy import Connection, func, select
 
-from gpulab.billing_service import courses, daily, reservations, storage
+from gpulab.billing_service import courses, daily, jobs, reservations, storage
 from gpulab.billing_service.metering import NEVER
 from gpulab.billing_service.models import (
     MICRO,
@@ -129,6 +129,9 @@ def usage(
             "reservations": money(sum(r.amount_micro for r in own)),
             "seconds": totals.prepaid_us / MICRO,
         },
+        # Training jobs' sessions (servers job-ID[-RANK]) as one line per job, and their
+        # subtotal (part of ``total.amount``); see ``jobs``.
+        "jobs": jobs.summary(servers, prices.catalog.currency, money),
         # Who paid total.amount: course pools (course sessions, ``courses``) and the user.
         "paid_by": {
             "course": money(totals.course),
@@ -715,7 +718,7 @@ def page_rows(
     what it ran on, its total: the ledger's many small charges of a session are one amount),
     and one per credit (trial, top-up, adjustment) posted in the statement's period (``open_end``:
     a period "so far", whose credits include those posted while the page was made, such as a
-    new account's trial credit)."""
+    new account's trial credit). A training job's sessions are one ``job`` row (``jobs.fold``)."""
     now = datetime.fromtimestamp(now_us / MICRO, UTC)
     rows: list[dict[str, Any]] = [
         {
@@ -741,6 +744,8 @@ def page_rows(
         }
         for s in usage["servers"]
     ]
+    # A training job's sessions (its ranks and attempts) are one row, the sessions inside it.
+    rows = jobs.fold(rows, usage["jobs"], lambda a, b: human_span(a, b, now_us))
     lo, hi = _parse(usage["from"]), _parse(usage["to"])
     for e in entries:
         label = CREDIT_LABELS.get(e["kind"])
