@@ -6,17 +6,23 @@ exactly which servers held which cards. Records that no restored spawner claims 
 processes (found by the allocation id in their environment) are killed and their GPUs freed.
 
 All mutations are synchronous and run on the hub's event loop thread, so two coroutines can never
-interleave inside one allocation: a card can't go to two servers however many spawns race.
+interleave inside one allocation: a card can't go to two servers however many spawns race. They
+also hold the allocator's lock, so a caller on another thread (a test, a tool) cannot interleave
+either. A gang (a training job over several nodes, :meth:`GpuAllocator.allocate_gang`) is placed
+whole or not at all, under that lock and in one ledger write: a hub killed at any moment leaves
+either every rank's record or none.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
+import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -68,6 +74,17 @@ def owner_key(user: str, server: str = "") -> str:
 RESERVED = "#reserved"
 
 
+def _locked(method):
+    """Run ``method`` holding the allocator's lock (see the module docstring)."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return wrapper
+
+
 @dataclass
 class _State:
     allocations: dict[str, Allocation] = field(default_factory=dict)  # by owner
@@ -86,6 +103,8 @@ class GpuAllocator:
         # owner -> (the only cluster nodes its cards may come from, why): e.g. the node holding
         # the user's home, where homes don't follow users, or the nodes holding the image.
         self._pins: dict[str, tuple[frozenset[str], str]] = {}
+        # Reentrant: allocate() takes it and calls _take(), which takes it too.
+        self._lock = threading.RLock()
         self._state = self._load()
 
     # ---- persistence -------------------------------------------------------------------------
@@ -246,6 +265,7 @@ class GpuAllocator:
             f"{peak} already held for other reservations or lab sessions at that time"
         )
 
+    @_locked
     def add_hold(
         self, hold: Hold, limit: Callable[[list[Hold], Hold], str | None] | None = None
     ) -> None:
@@ -262,6 +282,7 @@ class GpuAllocator:
         self._state.holds[hold.hold_id] = hold
         self._save()
 
+    @_locked
     def drop_hold(self, hold_id: str) -> Hold | None:
         """Forget a hold (ended or cancelled); servers that took its cards keep them."""
         hold = self._state.holds.pop(hold_id, None)
@@ -283,6 +304,7 @@ class GpuAllocator:
 
     # ---- mutations ---------------------------------------------------------------------------
 
+    @_locked
     def allocate(
         self,
         owner: str,
@@ -313,6 +335,7 @@ class GpuAllocator:
             self._adopted.discard(reserved.alloc_id)  # reserved for other options: give it back
         return self._take(owner, gpu_type, count, pricing, accounts, hold_id)
 
+    @_locked
     def reserve(
         self, owner: str, gpu_type: str | None, count: int, ttl: float = 120.0
     ) -> Allocation:
@@ -347,6 +370,7 @@ class GpuAllocator:
         if expired:
             self._save()
 
+    @_locked
     def _take(
         self,
         owner: str,
@@ -426,6 +450,74 @@ class GpuAllocator:
         self._save()
         return alloc
 
+    @_locked
+    def allocate_gang(
+        self,
+        owners: list[str],
+        gpu_type: str,
+        gpus_per_node: int,
+        pricing: str = "on-demand",
+        accounts: Iterable[str] = (),
+        nodes: Sequence[str] | None = None,
+    ) -> list[Allocation]:
+        """Cards for a gang: ``gpus_per_node`` cards of ``gpu_type`` on each of ``len(owners)``
+        distinct nodes, one allocation per owner (rank order), all or nothing. ``nodes``: the
+        nodes a planner chose, taken when they still fit (else any that fit). Raises
+        :class:`NoCapacity`, changing nothing, when the gang cannot be placed whole; otherwise
+        every record is written in one ledger write. Cards held for others' reservations and
+        lab sessions are left alone, as for one server."""
+        if not owners or len(set(owners)) != len(owners):
+            raise ValueError(f"allocate_gang: owners must be distinct and not empty: {owners}")
+        if gpus_per_node < 1:
+            raise ValueError(f"allocate_gang: gpus_per_node must be >= 1, not {gpus_per_node}")
+        self._drop_expired_reservations()
+        want = len(owners)
+        held = {u: a for u, a in self.held_uuids().items() if a.owner not in set(owners)}
+        candidates = [d for d in self.devices if d.gpu_type == gpu_type and d.uuid not in held]
+        held_out = self.held_out(gpu_type, time.time(), accounts)
+        by_node = {
+            n: g
+            for n, g in self._by_node(candidates).items()
+            if n is not None and len(g) >= gpus_per_node
+        }
+        usable = len(candidates) - held_out
+        chosen: list[str] = []
+        if nodes is not None and len(set(nodes)) == want and all(n in by_node for n in nodes):
+            chosen = list(nodes)
+        elif len(by_node) >= want:
+            # Best fit, as for one server: the nodes with the fewest free cards that still fit.
+            chosen = sorted(by_node, key=lambda n: (len(by_node[n]), n))[:want]
+        if len(chosen) < want or usable < want * gpus_per_node:
+            total = len({d.node for d in self.devices if d.gpu_type == gpu_type})
+            why = f"{len(by_node)} of {total} node(s) have {gpus_per_node} free"
+            if held_out:
+                why += f"; {held_out} free card(s) are held for reservations or lab sessions"
+            raise NoCapacity(
+                f"No gang of {want} node(s) x {gpus_per_node} {gpu_type}: {why}. "
+                f"{self.describe_free(exclude=gpu_type)}",
+                {s: c["free"] for s, c in self.counts().items()},
+                f"waiting for {want} nodes with {gpus_per_node} x {gpu_type} free each ({why})",
+            )
+        allocs = []
+        for owner, node in zip(owners, chosen, strict=True):
+            old = self._state.allocations.get(owner)
+            if old is not None:
+                self.log.warning("Replacing stale allocation %s of %s", old.alloc_id, owner)
+                self._evict(old)
+            alloc = Allocation(
+                alloc_id=uuid.uuid4().hex,
+                owner=owner,
+                gpu_type=gpu_type,
+                uuids=[d.uuid for d in by_node[node][:gpus_per_node]],
+                created=time.time(),
+                pricing=pricing,
+            )
+            self._state.allocations[owner] = alloc
+            self._adopted.add(alloc.alloc_id)
+            allocs.append(alloc)
+        self._save()
+        return allocs
+
     @staticmethod
     def _by_node(devices: list[GpuDevice]) -> dict[str | None, list[GpuDevice]]:
         groups: dict[str | None, list[GpuDevice]] = {}
@@ -461,6 +553,7 @@ class GpuAllocator:
         Records keep their cards: a card that left is free again only once its server stops."""
         self.devices = [d for d in devices if d.gpu_type is not None]
 
+    @_locked
     def reassign(self, owner: str, uuids: list[str]) -> Allocation:
         """Record that ``owner``'s server got the cards ``uuids`` (same node, same count) rather
         than those the allocator picked: a cluster engine (Swarm) chooses which of a node's
@@ -506,6 +599,7 @@ class GpuAllocator:
             alloc.pid_start = process_start_time(pid)
             self._save()
 
+    @_locked
     def release(self, owner: str, alloc_id: str | None = None) -> Allocation | None:
         """Free ``owner``'s cards. With ``alloc_id``, only if it is still that allocation."""
         alloc = self._state.allocations.get(owner)
@@ -524,6 +618,7 @@ class GpuAllocator:
         self._adopted.add(alloc_id)
         return alloc
 
+    @_locked
     def restore(self, alloc: Allocation) -> bool:
         """Put back a record the ledger lost, found on a still-running server (container labels).
 
