@@ -30,6 +30,7 @@ from gpulab.spawners.activity import Observation
 from gpulab.spawners.apps import AppServersMixin
 from gpulab.spawners.courses import CourseRuleError, student_courses
 from gpulab.spawners.form import render_form
+from gpulab.spawners.jobs.launch import JobLaunch, is_job_server, launch_for
 from gpulab.spawners.market.admission import MarketAnswer
 from gpulab.spawners.market.hub import SpotMarket
 from gpulab.spawners.node import counters
@@ -65,6 +66,12 @@ class GpuSpawnerMixin(AppServersMixin, HasTraits):
     # its start, restored from its state after a hub restart, gone when the server stops.
     gpulab_request: SpawnRequest | None = None
     allocation: Allocation | None = None
+    # A job server's launch (spawners/jobs/launch.py): taken at its start from what the hub's
+    # job scheduler filed, restored from its state after a hub restart, gone when it stops.
+    gpulab_job: JobLaunch | None = None
+    # The job runner's exit code once its process ended, as the hub saw it (kept past the stop,
+    # for the scheduler; reset at the next start).
+    _job_exit: int | None = None
     # Human label of the running mode, e.g. "A100-80G x1 (simulated)" or "No GPU".
     mode_label: str = ""
     # Seconds per phase of the last launch, as the concrete spawner measured them.
@@ -260,6 +267,9 @@ class GpuSpawnerMixin(AppServersMixin, HasTraits):
         """Take this server's cards, once the spot market admits the spawn (the request's
         admission, when the hub's gate asked the market already: it is not asked again)."""
         opts = request.options
+        launch = self.gpulab_job
+        if launch is not None and launch.alloc_id:
+            return self._adopt_job_cards(launch.alloc_id)
         refusal = None
         if request.admission is not None:
             refusal = request.admission.refusal
@@ -283,6 +293,21 @@ class GpuSpawnerMixin(AppServersMixin, HasTraits):
             )
         except NoCapacity as e:
             raise SpawnError(409, str(e), e.human) from None
+        self.allocation = alloc
+        self.mode_label = self._label(alloc)
+        return alloc
+
+    def _adopt_job_cards(self, alloc_id: str) -> Allocation:
+        """A gang's rank runs on the cards the scheduler allocated ahead for all ranks at once
+        (all or nothing, the market asked for the whole gang): this server takes its own."""
+        self._spawn_stage = "allocator"
+        alloc = self.pool.allocator.adopt(self.owner, alloc_id)
+        if alloc is None:
+            raise SpawnError(
+                409,
+                f"The job's cards (allocation {alloc_id}) are no longer held for {self.owner}",
+                "The cards set aside for this job are gone; it waits for cards again.",
+            )
         self.allocation = alloc
         self.mode_label = self._label(alloc)
         return alloc
@@ -349,6 +374,64 @@ class GpuSpawnerMixin(AppServersMixin, HasTraits):
             env["NVIDIA_VISIBLE_DEVICES"] = "void"
         return env
 
+    # ---- jobs (issue 26) ---------------------------------------------------------------------
+
+    def _take_job_launch(self) -> JobLaunch | None:
+        """This start's job launch, for a ``job-*`` server: filed by the hub's job scheduler
+        (spawners/jobs/launch.py). A ``job-*`` server nobody filed a launch for is refused
+        (403 naming server_name): only the platform starts job servers."""
+        if not is_job_server(self.name or ""):
+            return None
+        launch = launch_for(self.owner)
+        if launch is None:
+            raise SpawnError(
+                403,
+                f"server_name: {self.name!r}: servers named job-* are started by the job "
+                "scheduler only; submit a job instead (POST /hub/api/gpulab/users/NAME/jobs)",
+                "Job servers are started by gpulab's job queue: submit a job instead.",
+                {"field": "server_name"},
+            )
+        return launch
+
+    def job_env(self, alloc: Allocation) -> dict[str, str]:
+        """What the job runner (spawners/inside/jobrunner.py) needs besides the GPU environment:
+        the command, the attempt, the rank, the server's CPUs, the rendezvous. Empty for a
+        server that is no job's."""
+        launch = self.gpulab_job
+        if launch is None:
+            return {}
+        cpus, _ = self.resource_limits(alloc)
+        return {
+            **launch.env,
+            "GPULAB_JOB_ID": str(launch.job_id),
+            "GPULAB_JOB_ATTEMPT": str(launch.attempt),
+            "GPULAB_JOB_COMMAND": launch.command,
+            "GPULAB_JOB_CWD": launch.cwd,
+            "GPULAB_JOB_NODES": str(launch.nodes),
+            "GPULAB_JOB_RANK": str(launch.rank),
+            "GPULAB_JOB_GPUS": str(len(alloc.uuids)),
+            "GPULAB_JOB_CPUS": str(max(1, int(cpus))),
+            "GPULAB_CHECKPOINT_SECONDS": f"{launch.checkpoint_seconds:g}",
+        }
+
+    def job_shm_bytes(self, per_card: int) -> int:
+        """A job's /dev/shm: the catalog's shm per card for each of its cards (data loaders
+        share batches through it), the catalog's one share for any other server."""
+        if self.gpulab_job is None or self.allocation is None:
+            return per_card
+        return per_card * max(1, len(self.allocation.uuids))
+
+    async def gpulab_exit_status(self) -> int | None:
+        """The job runner's exit code once its process ended (128+N when a signal N ended it),
+        from the hub's own observation of the process or container; None while it runs or
+        where the spawner cannot tell (e.g. a server adopted after a hub restart)."""
+        return self._job_exit
+
+    @staticmethod
+    def exit_code_of(status: int) -> int:
+        """A process's exit status as a shell shows it: 128+N for a process killed by N."""
+        return 128 - status if status < 0 else status
+
     # ---- progress ----------------------------------------------------------------------------
 
     def _progress_reset(self) -> None:
@@ -405,6 +488,8 @@ class GpuSpawnerMixin(AppServersMixin, HasTraits):
             state["options"] = self.gpulab_options.to_json()
         if self.mode_label:
             state["mode_label"] = self.mode_label
+        if self.gpulab_job is not None:
+            state["job"] = self.gpulab_job.to_json()
         return state
 
     def _launched(self) -> bool:
@@ -418,6 +503,7 @@ class GpuSpawnerMixin(AppServersMixin, HasTraits):
         if self.gpulab_request is not None:
             self._stopped_options = self.gpulab_request.options.to_json()
         self.gpulab_request = None
+        self.gpulab_job = None
         self.mode_label = ""
         super().clear_state()
 
@@ -449,6 +535,11 @@ class GpuSpawnerMixin(AppServersMixin, HasTraits):
             except OptionsError as e:
                 self.log.warning("%s: stored options no longer valid: %s", self.owner, e)
         self.mode_label = state.get("mode_label", "")
+        if state.get("job"):
+            try:
+                self.gpulab_job = JobLaunch.from_json(state["job"])
+            except (KeyError, TypeError, ValueError) as e:
+                self.log.warning("%s: stored job launch unreadable: %s", self.owner, e)
 
     def restored_request(self, options: dict[str, Any]) -> SpawnRequest:
         """The request of a server that runs already (its saved options; raises OptionsError)."""
@@ -462,7 +553,9 @@ class GpuSpawnerMixin(AppServersMixin, HasTraits):
         """Allocate, then launch; on any failure end what was launched, then give the GPUs back."""
         self._progress_reset()
         self._spawn_stage = "balance"  # who refuses, for the refusals' metric
+        self._job_exit = None
         try:
+            self.gpulab_job = self._take_job_launch()
             request = await self.check_affordable(self._start_request())
             self.gpulab_request = request
             refusal = request.admission.refusal if request.admission is not None else None
@@ -485,7 +578,7 @@ class GpuSpawnerMixin(AppServersMixin, HasTraits):
                 + (f": {', '.join(alloc.uuids)}" if alloc.uuids else ""),
             )
             t_alloc = time.perf_counter() - self._spawn_t0
-            request = request.launched(self.gpu_env(alloc))
+            request = request.launched({**self.gpu_env(alloc), **self.job_env(alloc)})
             self.gpulab_request = request
             self._spawn_stage = "launch"
             url = await self._launch(request)

@@ -30,6 +30,7 @@ from pathlib import Path
 ENV_RUN_AS = "GPULAB_RUN_AS"  # "uid:gid:name" of the account the server runs as
 ENV_CGROUP = "GPULAB_CGROUP_PROCS"  # os.pathsep-joined cgroup.procs files the server joins
 ENV_UMASK = "GPULAB_UMASK"  # octal umask of the user's processes
+ENV_JOB_ID = "GPULAB_JOB_ID"  # set for a job server: the job runner runs instead of JupyterLab
 # JSON of the server's jupyter-server-proxy apps (``c.ServerProxy.servers``), from the hub.
 ENV_APP_SERVERS = "GPULAB_APP_SERVERS"
 # JSON {"tmp": bytes, "shm": bytes, "homes": homes folder, "keep": [folders]}: the server's own
@@ -590,6 +591,11 @@ def main(argv: list[str] | None = None) -> None:
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     start_server_environment(dict(os.environ))
+    if os.environ.get(ENV_JOB_ID):
+        # A job server (issue 26): the job runner answers in JupyterLab's place.
+        from gpulab.spawners.inside import jobrunner
+
+        sys.exit(jobrunner.main(argv))
     if os.environ.get("GPULAB_TRIM_IMPORTS", "1") == "1":
         install_import_trimming()
     sys.argv = ["jupyterhub-singleuser", *argv]

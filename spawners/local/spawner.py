@@ -371,7 +371,11 @@ class GpuLocalSpawner(LocalIsolationMixin, GpuSpawnerMixin, LocalProcessSpawner)
         return await self.gpulab_start()
 
     def uses_forkserver(self) -> bool:
-        """Whether this spawner's servers are forked by the fork server (else started by Popen)."""
+        """Whether this spawner's servers are forked by the fork server (else started by Popen).
+        A job server never is: its runner imports no Jupyter (nothing to gain), and its exit
+        code must be the hub's own observation (Popen's wait), not a line in its log."""
+        if self.gpulab_job is not None:
+            return False
         if not self.use_forkserver or self.cmd != self._default_cmd():
             return False
         unforkable = [name for name in FORK_EXCLUDES if getattr(self, name)]
@@ -546,7 +550,7 @@ class GpuLocalSpawner(LocalIsolationMixin, GpuSpawnerMixin, LocalProcessSpawner)
         s = self.pool.catalog.storage
         return {
             "tmp": s.bytes_of(s.tmp_gb),
-            "shm": s.bytes_of(s.shm_gb),
+            "shm": self.job_shm_bytes(s.bytes_of(s.shm_gb)),
             "homes": str(self.pool.homes.homes_dir),
             # What the server runs from stays where it is, should it live below /tmp (a test
             # checkout, a throw-away venv): the data dir, the Python environment, this code.
@@ -664,6 +668,7 @@ class GpuLocalSpawner(LocalIsolationMixin, GpuSpawnerMixin, LocalProcessSpawner)
         return f"Server exited with {how} before it answered. Last log lines:\n" + "\n".join(tail)
 
     async def poll(self) -> int | None:
+        self._note_job_exit()
         if self.proc is None and self.pid and not pid_alive(self.pid):
             # kill(pid, 0) succeeds on a zombie nobody reaped; a forked server's parent is the
             # fork server (or, after a hub restart, init), not us.
@@ -671,6 +676,19 @@ class GpuLocalSpawner(LocalIsolationMixin, GpuSpawnerMixin, LocalProcessSpawner)
             self.clear_state()
             return 0
         return await super().poll()
+
+    def _note_job_exit(self) -> None:
+        """Keep the runner's exit code (Popen's wait: the hub's own observation) before
+        JupyterHub's poll clears the state; a server known only by its pid (a hub restart) has
+        none to give."""
+        if self.proc is not None and self._job_exit is None:
+            code = self.proc.poll()
+            if code is not None:
+                self._job_exit = self.exit_code_of(code)
+
+    async def gpulab_exit_status(self) -> int | None:
+        self._note_job_exit()
+        return self._job_exit
 
     def log_tail(self) -> list[str]:
         try:
@@ -689,6 +707,10 @@ class GpuLocalSpawner(LocalIsolationMixin, GpuSpawnerMixin, LocalProcessSpawner)
         account; without those, its process tree and any process carrying its allocation id)."""
         if self.allocation is None:
             return [], []
+        if self.gpulab_job is not None and self.pid:
+            # A job server: its runner forwards the signal to the processes that catch it (one
+            # delivery each; see spawners/inside/jobrunner.py).
+            return await asyncio.to_thread(signal_opted_in, [self.pid])
         sandbox = self.sandbox
         pids = await asyncio.to_thread(sandbox.pids, self.pid or self.allocation.pid)
         return signal_opted_in(pids)

@@ -1,0 +1,240 @@
+"""The job runner (spawners/inside/jobrunner.py), run for real as a subprocess (issue 26): what a
+job's command sees, how its exit and signals pass, and that the server still answers the hub."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from harness import free_port, wait_for
+
+RUNNER = [sys.executable, "-m", "gpulab.spawners.inside.jobrunner"]
+
+
+def start(home: Path, command: str, stderr=subprocess.PIPE, **env: str) -> subprocess.Popen:
+    full = {
+        "PATH": os.environ.get("PATH", os.defpath),
+        "HOME": str(home),
+        "GPULAB_JOB_ID": "17",
+        "GPULAB_JOB_COMMAND": command,
+        "GPULAB_JOB_LINGER": "0",
+        **env,
+    }
+    return subprocess.Popen(
+        RUNNER,
+        env=full,
+        cwd=str(home),
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        text=True,
+    )
+
+
+def run(home: Path, command: str, **env: str) -> tuple[int, str, str]:
+    proc = start(home, command, **env)
+    out, err = proc.communicate(timeout=60)
+    return proc.returncode, out, err
+
+
+def seen_env(out: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return False
+    return stat.rpartition(b")")[2].split()[0] not in (b"Z", b"X")
+
+
+@pytest.mark.parametrize(
+    ("command", "code"),
+    [("exit 0", 0), ("exit 7", 7), ("kill -TERM $$", 128 + 15), ("kill -KILL $$", 128 + 9)],
+)
+def test_exit_code_passes_through(tmp_path: Path, command: str, code: int) -> None:
+    """Issue 26 (Jobs: status, exit code): the runner exits with the command's exit code, 128+N
+    when a signal N killed it, and says so in the server's log."""
+    rc, _, err = run(tmp_path, command)
+    assert rc == code
+    assert f"[gpulab] job 17 exited with code {code}" in err
+
+
+def test_sigusr1_reaches_only_a_child_that_catches_it(tmp_path: Path) -> None:
+    """Issue 26 (Preemption: the checkpoint signal the job handles): SIGUSR1 to the runner goes
+    to the job's processes that catch it; one that does not catch it is not killed by it.
+    SIGTERM (the stop) then reaches the whole process group, and the exit is 128+15."""
+    catcher = tmp_path / "catcher.py"
+    catcher.write_text(
+        "import signal, time, pathlib\n"
+        "signal.signal(signal.SIGUSR1, lambda *a: pathlib.Path('got-usr1').write_text('yes'))\n"
+        "pathlib.Path('ready').write_text('ready')\n"
+        "while True: time.sleep(0.1)\n"
+    )
+    command = (
+        f"{sys.executable} catcher.py & echo $! > catcher.pid; "
+        "sleep 1000 & echo $! > sleep.pid; wait"
+    )
+    proc = start(tmp_path, command)
+    try:
+        wait_for(lambda: (tmp_path / "ready").exists(), what="the catcher to be ready")
+        wait_for(lambda: (tmp_path / "sleep.pid").exists(), what="sleep to start")
+        catcher_pid = int((tmp_path / "catcher.pid").read_text())
+        sleep_pid = int((tmp_path / "sleep.pid").read_text())
+        wait_for(lambda: alive(sleep_pid), what="sleep to run")
+
+        proc.send_signal(signal.SIGUSR1)
+        wait_for(lambda: (tmp_path / "got-usr1").exists(), what="the catcher to get SIGUSR1")
+        assert proc.poll() is None, "the runner itself must survive SIGUSR1"
+        assert alive(sleep_pid), "a process that does not catch SIGUSR1 was killed by it"
+        assert alive(catcher_pid)
+
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 128 + 15
+        wait_for(lambda: not alive(sleep_pid), what="SIGTERM to reach sleep")
+        wait_for(lambda: not alive(catcher_pid), what="SIGTERM to reach the catcher")
+        assert f"sent to {catcher_pid}" in err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        for name in ("catcher.pid", "sleep.pid"):
+            path = tmp_path / name
+            if path.exists():
+                try:
+                    os.kill(int(path.read_text()), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+
+def test_resume_is_the_newest_checkpoint(tmp_path: Path) -> None:
+    """Issue 26 (Preemption: GPULAB_RESUME pointing at the last checkpoint): the newest entry of
+    ~/.gpulab/jobs/<id>/checkpoints by modification time; a name starting with "." (still being
+    written) is not one; "" with none."""
+    rc, out, err = run(tmp_path, "env")
+    assert rc == 0
+    folder = tmp_path / ".gpulab" / "jobs" / "17" / "checkpoints"
+    env = seen_env(out)
+    assert env["GPULAB_CHECKPOINT_DIR"] == str(folder)
+    assert env["GPULAB_RESUME"] == ""
+    assert folder.is_dir(), "the runner makes the checkpoint folder"
+    assert "no checkpoint to resume from" in err
+
+    now = time.time()
+    for name, age in (("step-200.pt", 300), ("step-400.pt", 100), ("step-300.pt", 200)):
+        (folder / name).write_text(name)
+        os.utime(folder / name, (now - age, now - age))
+    (folder / ".step-500.pt.tmp").write_text("half")  # newest, unfinished
+    rc, out, err = run(tmp_path, "env", GPULAB_JOB_ATTEMPT="2")
+    env = seen_env(out)
+    assert env["GPULAB_RESUME"] == str(folder / "step-400.pt")
+    assert env["GPULAB_JOB_ATTEMPT"] == "2"
+    assert env["GPULAB_CHECKPOINT_SIGNAL"] == "SIGUSR1"
+    assert f"resuming from {folder / 'step-400.pt'}" in err
+
+
+def test_torch_environment_of_a_gang_rank(tmp_path: Path) -> None:
+    """Issue 26 (8 cards in one click, many nodes: the NCCL/torch environment for torchrun): a
+    rank of a 2-node x 4-card job sees LOCAL_WORLD_SIZE, WORLD_SIZE, NODE_RANK, MASTER_* and
+    torchrun's PET_* equivalents; OMP_NUM_THREADS shares the server's CPUs."""
+    rc, out, _ = run(
+        tmp_path,
+        "env",
+        GPULAB_JOB_NODES="2",
+        GPULAB_JOB_RANK="1",
+        GPULAB_JOB_GPUS="4",
+        GPULAB_JOB_CPUS="32",
+        MASTER_ADDR="gpulab-job-17-0",
+        MASTER_PORT="29500",
+        CUDA_VISIBLE_DEVICES="GPU-a,GPU-b,GPU-c,GPU-d",
+    )
+    assert rc == 0
+    env = seen_env(out)
+    expected = {
+        "LOCAL_WORLD_SIZE": "4",
+        "NNODES": "2",
+        "NODE_RANK": "1",
+        "WORLD_SIZE": "8",
+        "MASTER_ADDR": "gpulab-job-17-0",
+        "MASTER_PORT": "29500",
+        "PET_NNODES": "2",
+        "PET_NODE_RANK": "1",
+        "PET_NPROC_PER_NODE": "4",
+        "PET_MASTER_ADDR": "gpulab-job-17-0",
+        "PET_MASTER_PORT": "29500",
+        "OMP_NUM_THREADS": "8",
+        "CUDA_VISIBLE_DEVICES": "GPU-a,GPU-b,GPU-c,GPU-d",
+        "GPULAB_JOB_ID": "17",
+    }
+    assert {k: env.get(k) for k in expected} == expected
+    assert "GPULAB_JOB_COMMAND" not in env, "the runner's own settings stay the runner's"
+
+
+def test_one_node_rendezvous_is_local(tmp_path: Path) -> None:
+    """Issue 26: a one-node job gets 127.0.0.1 and a free port, one local process without
+    cards (LOCAL_WORLD_SIZE is at least 1)."""
+    rc, out, _ = run(tmp_path, "env", GPULAB_JOB_GPUS="0")
+    env = seen_env(out)
+    assert rc == 0
+    assert env["MASTER_ADDR"] == env["PET_MASTER_ADDR"] == "127.0.0.1"
+    assert env["MASTER_PORT"].isdigit() and env["MASTER_PORT"] == env["PET_MASTER_PORT"]
+    assert (env["LOCAL_WORLD_SIZE"], env["WORLD_SIZE"], env["NODE_RANK"]) == ("1", "1", "0")
+
+
+def get(url: str, method: str = "GET") -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, method=method), timeout=10) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def test_answers_http_while_running(tmp_path: Path) -> None:
+    """Issue 26 (a job needs no running server, yet runs as one): the runner answers the hub's
+    readiness check on the server's port (any GET: 200, anything else 405), while the job runs;
+    a job that ends before the hub asked waits for that first request, so its start is no
+    failed start."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/user/alice/job-17/"
+    proc = start(tmp_path, "sleep 1000", JUPYTERHUB_SERVICE_URL=url, GPULAB_JOB_LINGER="30")
+    try:
+        status, body = wait_for(lambda: _try(get, url), what="the runner to answer")
+        assert (status, body) == (200, b"gpulab job runner\n")
+        assert get(url + "api/contents", "POST")[0] == 405
+        assert proc.poll() is None
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=30)
+    assert proc.returncode == 128 + 15
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/user/alice/job-17/"
+    log = tmp_path / "server.log"
+    with open(log, "w") as err:
+        quick = start(
+            tmp_path, "exit 3", stderr=err, JUPYTERHUB_SERVICE_URL=url, GPULAB_JOB_LINGER="60"
+        )
+    try:
+        wait_for(lambda: "exited with code 3" in log.read_text(), what="the command's end")
+        assert quick.poll() is None, "a quick job's runner waits for the hub's first request"
+        assert wait_for(lambda: _try(get, url), what="the runner to answer")[0] == 200
+        assert quick.wait(timeout=30) == 3
+    finally:
+        if quick.poll() is None:
+            quick.kill()
+        quick.communicate()
+
+
+def _try(fn, *args):
+    try:
+        return fn(*args)
+    except OSError:
+        return None
