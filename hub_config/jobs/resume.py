@@ -60,10 +60,6 @@ log = logging.getLogger("gpulab.jobs")
 REQUEUED_ENDS = frozenset({PREEMPTED, NODE_FAILED, LOST})
 # Seconds a job gets after a checkpoint signal when no market says otherwise.
 DEFAULT_CHECKPOINT_SECONDS = 60.0
-# The most a job is promised after an automatic checkpoint signal, whatever the market's
-# checkpoint_timeout (a checkpoint of a running job does not stop it: this only bounds what
-# counts as "acknowledged").
-MAX_CHECKPOINT_SECONDS = 300.0
 # Slack when matching a preemption record's times to an attempt's (clocks are the hub's own).
 SLACK = 1.0
 PENDING = "compensation: not decided yet"
@@ -86,16 +82,14 @@ def _market(market: Any = None) -> Any:
 
 def checkpoint_seconds(market: Any = None) -> float:
     """Seconds a job gets after a checkpoint signal (``GPULAB_CHECKPOINT_SECONDS``): the
-    market's promise to a checkpoint command (``SpotMarket.checkpoint_timeout``), within its
-    warning period, capped at :data:`MAX_CHECKPOINT_SECONDS`."""
+    market's warning period (``SpotMarket.warning_seconds``), the time between a preemption's
+    SIGUSR1 and its stop; the same number bounds what counts as an acknowledged automatic
+    checkpoint. :data:`DEFAULT_CHECKPOINT_SECONDS` without a market."""
     m = _market(market)
-    if m is None:
-        return DEFAULT_CHECKPOINT_SECONDS
     try:
-        given = min(float(m.checkpoint_timeout), float(m.warning_seconds))
+        return max(1.0, float(m.warning_seconds)) if m is not None else DEFAULT_CHECKPOINT_SECONDS
     except Exception:
         return DEFAULT_CHECKPOINT_SECONDS
-    return max(1.0, min(given, MAX_CHECKPOINT_SECONDS))
 
 
 def _records(job: Job, attempt: Attempt, market: Any, owner_keys: list[str] | None = None):
@@ -128,10 +122,11 @@ def classify_end(job: Job, attempt: Attempt, info: dict[str, Any], *, market: An
 
     ``info`` is what the scheduler observed (see J3's notes): ``exit_code`` (the runner's, from
     the spawner), ``stopped_by`` (who DELETEd a server: "user", "billing", "market",
-    "scheduler", None), ``owner_keys``, ``start_error``, ``server_gone``. In order: a cancel
+    "scheduler", None), ``owner_keys``, ``start_error``, ``server_gone``, ``lost``. In order: a cancel
     asked by the owner; billing's stop; the market's preemption (its record of one of the
     servers, warned during this attempt, whose stop the market sent before the attempt ended
-    on its own); a start that failed; the command's own exit; else a node that failed.
+    on its own); an attempt the hub lost track of; a start that failed; the command's own exit;
+    else a node that failed.
     """
     stopped_by = info.get("stopped_by")
     if job.cancel_requested or stopped_by == "user":
@@ -146,6 +141,8 @@ def classify_end(job: Job, attempt: Attempt, info: dict[str, Any], *, market: An
             return PREEMPTED
     if stopped_by == "market":
         return PREEMPTED
+    if info.get("lost"):
+        return LOST
     if info.get("start_error"):
         return START_FAILED
     if info.get("exit_code") is not None:
@@ -268,6 +265,16 @@ def requeue_reason(job: Job, attempt: Attempt) -> str:
     if attempt.end == NODE_FAILED:
         return f"node failed at {at}; waiting for capacity"
     return f"lost at {at}; waiting for capacity"
+
+
+def waiting_reason(job: Job, plan_reason: str) -> str:
+    """Why a queued job waits, as the queue's plan says (``plan_reason``), led by why it is
+    waiting again when its last attempt was preempted or lost a node: "preempted at 14:05 UTC;
+    spot price CNY 0.60/h is above your bid CNY 0.40/h"."""
+    a = job.attempt
+    if a is None or a.end not in REQUEUED_ENDS or not plan_reason:
+        return plan_reason
+    return requeue_reason(job, a).split(";")[0] + "; " + plan_reason
 
 
 def requeue_event(job: Job) -> str | None:

@@ -22,6 +22,7 @@ from gpulab.spawners.jobs.model import (
     CANCELLED_END,
     EXITED,
     FAILED,
+    LOST,
     NODE_FAILED,
     PREEMPTED,
     QUEUED,
@@ -51,8 +52,8 @@ def market(tmp_path, records=(), prices=()) -> SimpleNamespace:
         history.record("rtx-4090", t, Decimal(price))
     return SimpleNamespace(
         preemptions=Records(list(records)),
-        checkpoint_timeout=30.0,
-        warning_seconds=60.0,
+        checkpoint_timeout=240.0,
+        warning_seconds=30.0,
         history=history,
         pool=SimpleNamespace(catalog=SimpleNamespace(currency="CNY")),
     )
@@ -135,6 +136,9 @@ def test_a_reclaimed_attempt_is_requeued_with_lost_work_and_the_markets_compensa
     resume.after_attempt(j, a, market=m)
     assert j.state == QUEUED and j.exit_code is None
     assert j.reason == "preempted at 08:06 UTC; waiting for a card within your bid"
+    # The queue's next pass says what it waits for now, still led by why it waits again.
+    plan = "spot price CNY 0.60/h is above your bid CNY 0.40/h"
+    assert resume.waiting_reason(j, plan) == f"preempted at 08:06 UTC; {plan}"
     assert resume.requeue_event(j) == "job-requeued"
     # Signalled at the warning and given its 30 s: what ran after the signal is lost.
     assert a.lost_seconds == 60.0
@@ -190,6 +194,7 @@ def test_a_cancelled_warning_or_another_attempts_record_is_no_preemption(tmp_pat
         ({"stopped_by": None, "exit_code": 143}, True, CANCELLED_END),
         ({"stopped_by": "billing", "exit_code": 143}, False, BALANCE),
         ({"server_gone": True}, False, NODE_FAILED),
+        ({"lost": True, "server_gone": True}, False, LOST),
     ],
 )
 def test_who_stopped_it_decides_before_the_exit_code(tmp_path, kw, cancel, end):
