@@ -41,6 +41,16 @@ pulled at spawn time) whose object is a service instead of a container (dockersp
   a running service's allocation from them (cards: those Swarm assigned to the task).
 - **Preemption agent and observed activity** go through the task's node's own engine
   (``SwarmCluster.node_engines``), since the manager cannot exec on other nodes.
+- **Training jobs** (issue 26). A job server (``job-<id>``, ``job-<id>-<rank>``; its
+  :class:`~gpulab.spawners.jobs.launch.JobLaunch` filed by the hub's scheduler) runs the job
+  runner (``spawners/inside/jobrunner.py``) as the container's command instead of JupyterLab.
+  A gang's rank (its cards allocated ahead for the whole gang, adopted here) is attached to the
+  job's own overlay network (``launch.network``, made by ``hub_config/jobs/gang.py``, not
+  attachable: only that job's services are on it) under its server name as an alias, with DNS
+  round-robin endpoints, so ``MASTER_ADDR=job-<id>-0`` reaches rank 0's container directly on
+  any port (``MASTER_PORT`` 29500). The runner's exit code is the task's container exit code as
+  the manager reports it (a task gone with its node has none: the job's attempt then ended by
+  node failure), and its output is the service's log, kept past the service's removal.
 
 Not carried over from gpulab-docker on Docker 20.10 engines (service API 1.41): the
 ``no-new-privileges`` flag (services get it from API 1.44), and the ulimits; a server still runs
@@ -60,6 +70,7 @@ from docker.types import (
     ContainerSpec,
     EndpointSpec,
     Mount,
+    NetworkAttachmentConfig,
     Placement,
     Resources,
     RestartPolicy,
@@ -73,6 +84,7 @@ from gpulab.spawners.docker.images import image_status
 from gpulab.spawners.docker.labels import L_ALLOC, L_GPUS, L_HUB, L_USER, LABEL_PREFIX
 from gpulab.spawners.docker.spawner import GpuDockerSpawner, _docker_reason
 from gpulab.spawners.images import ImageStatus
+from gpulab.spawners.inside import jobrunner
 from gpulab.spawners.mixin import SpawnError
 from gpulab.spawners.node.allocator import Allocation
 from gpulab.spawners.node.pool import GpuPool
@@ -81,6 +93,9 @@ from gpulab.spawners.swarm.cluster import SwarmCluster
 from gpulab.spawners.swarm.quota import apply_quota
 
 L_NODE = LABEL_PREFIX + "node"
+L_JOB = LABEL_PREFIX + "job"
+# Sent to the container's Python as its command for a job server (stdlib only, like the agent).
+RUNNER_SOURCE = Path(jobrunner.__file__).read_text()
 # Task states on the way to running (Swarm's own order), and those a server never leaves alive.
 STARTING = {"new", "pending", "assigned", "accepted", "preparing", "ready", "starting"}
 ENDED = {"complete", "failed", "shutdown", "rejected", "orphaned", "remove"}
@@ -108,6 +123,9 @@ def assigned_cards(task: dict[str, Any], kind: str) -> list[str]:
 
 class GpuSwarmSpawner(GpuDockerSpawner, SwarmSpawner):
     """Runs each server as a Swarm service on the node holding its cards (module docstring)."""
+
+    # The hub's job scheduler may run jobs over several nodes here (hub_config/jobs/gang.py).
+    supports_gangs = True
 
     shared_home_path = Unicode(
         "",
@@ -238,6 +256,9 @@ class GpuSwarmSpawner(GpuDockerSpawner, SwarmSpawner):
         cpus, mem = self.resource_limits(alloc)
         mem_bytes = ByteSpecification().validate(self, mem)
         labels = {**self.labels(alloc), L_NODE: node_id or ""}
+        launch = self.gpulab_job
+        if launch is not None:
+            labels[L_JOB] = str(launch.job_id)
         kind = self.cluster.gpu_resource
         pin = PIN_SOURCE.format(var=f"DOCKER_RESOURCE_{kind}")
         tmp, shm = self.scratch_sizes(mem_bytes)
@@ -270,13 +291,22 @@ class GpuSwarmSpawner(GpuDockerSpawner, SwarmSpawner):
             placement=Placement(constraints=constraints),
             # A server that dies is reported stopped, never restarted behind the hub's back.
             restart_policy=RestartPolicy(condition="none"),
+            # A gang's rank: on its job's own network, named there by its server name.
+            networks=(
+                [NetworkAttachmentConfig(launch.network, aliases=[self.name])]
+                if launch is not None and launch.network
+                else None
+            ),
             log_driver={
                 "Name": "json-file",
                 "Options": {"max-size": str(max(self.log_max_bytes // 2, 1024)), "max-file": "2"},
             },
         )
         endpoint = EndpointSpec(
-            ports=[{"TargetPort": self.port, "Protocol": "tcp", "PublishMode": "host"}]
+            # DNS round robin: a name on the job's network is the task's own address, reachable
+            # on every port (a virtual IP forwards only the service's published ports).
+            mode="dnsrr" if launch is not None and launch.network else None,
+            ports=[{"TargetPort": self.port, "Protocol": "tcp", "PublishMode": "host"}],
         )
         return {
             "task_template": task,
@@ -306,7 +336,7 @@ class GpuSwarmSpawner(GpuDockerSpawner, SwarmSpawner):
         if await self.get_object() is not None:
             self.log.warning("Removing leftover service %s", self.service_name)
             await self.remove_object()
-        cmd = await self.get_command()
+        cmd = await self.job_command() if self.gpulab_job is not None else await self.get_command()
         t0 = time.perf_counter()
         try:
             service = await self.docker("create_service", **self._service_spec(alloc, node_id, cmd))
@@ -346,6 +376,54 @@ class GpuSwarmSpawner(GpuDockerSpawner, SwarmSpawner):
             "python_startup_to_listen": time.perf_counter() - t2,
         }
         return f"http://{ip}:{port}"
+
+    async def job_command(self) -> list[str]:
+        """A job server's command: the job runner, answering on the server's port."""
+        return [self.exec_python, "-c", RUNNER_SOURCE, "--ip", "0.0.0.0", "--port", str(self.port)]
+
+    _job_log: bytes = b""  # a job server's output, kept when its service is removed
+
+    def _service_log(self) -> bytes:
+        """The service's output (stdout and stderr, in order; blocking), at most log_max_bytes:
+        the newest is kept."""
+        chunks = self.client.service_logs(
+            self.object_id, stdout=True, stderr=True, follow=False, timestamps=False
+        )
+        data = b"".join(chunks)
+        return data[-self.log_max_bytes :] if self.log_max_bytes else data
+
+    async def gpulab_read_log(self) -> bytes:
+        """What the job runner and its command printed (the hub's job log reads it)."""
+        if self.object_id:
+            try:
+                self._job_log = await asyncio.to_thread(self._service_log)
+            except docker.errors.DockerException as e:
+                self.log.debug("%s: service log unreadable: %s", self.service_name, e)
+        return self._job_log
+
+    async def stop(self, now: bool = False) -> None:
+        if self.gpulab_job is not None and self.object_id:
+            # The service's log and exit code go with its removal: read them first.
+            await self.gpulab_read_log()
+            await self._read_job_exit()
+        await super().stop(now)
+
+    async def _read_job_exit(self) -> None:
+        """Record the runner's exit code from the newest task, once its container exited."""
+        try:
+            tasks = await self._tasks()
+        except docker.errors.DockerException:
+            return
+        if not tasks:
+            return
+        status = tasks[0]["Status"]
+        code = (status.get("ContainerStatus") or {}).get("ExitCode")
+        if (
+            status["State"] in ("complete", "failed")
+            and code is not None
+            and self._job_exit is None
+        ):
+            self._job_exit = int(code)
 
     def _cpu_limit(self, cpus: float, node_id: str | None) -> int:
         """The catalog's CPU limit in nano-CPUs, at most the node's CPUs: Swarm rejects a task
@@ -595,6 +673,8 @@ class GpuSwarmSpawner(GpuDockerSpawner, SwarmSpawner):
         elif state != "running" or desired != "running":
             why = task["Status"].get("Err") or task["Status"].get("Message") or ""
             reason = f"its task is {state} (desired {desired}){': ' + why if why else ''}"
+        if reason is not None and self.gpulab_job is not None:
+            await self._read_job_exit()
         if reason is not None:
             self.log.warning("Server %s of %s stopped: %s", self.service_name, self.owner, reason)
             return f"stopped: {reason}"
