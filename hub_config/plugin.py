@@ -8,8 +8,8 @@ Two moments:
 - **hub start**, :func:`attach` (called by the authenticator's ``get_handlers``: JupyterHub asks
   only its authenticator for routes mounted *ahead* of its own, and hands it the app): the GPU pool
   and its orphan sweep, the spawner class's node hooks, the spot market's loop, the activity
-  observer (:mod:`.observer`), and the routes of :mod:`.api` (gpulab's JSON API) and
-  :mod:`.overrides` (JupyterHub pages gpulab changes).
+  observer (:mod:`.observer`), the job scheduler (:mod:`.jobs.scheduler`), and the routes of
+  :mod:`.api` (gpulab's JSON API) and :mod:`.overrides` (JupyterHub pages gpulab changes).
 
 Sweeps and the market wait until the hub answers on its own REST API: JupyterHub restores its
 spawners before it listens (``init_spawners_timeout = -1``, set here), so from then on an
@@ -36,6 +36,7 @@ from gpulab.hub_config.courses import groups as course_groups
 from gpulab.hub_config.courses import handlers as course_handlers
 from gpulab.hub_config.courses.assignments import configure_assignments
 from gpulab.hub_config.home import TEMPLATES as HOME_TEMPLATES
+from gpulab.hub_config.jobs.scheduler import JobScheduler
 from gpulab.hub_config.metrics.collector import install as install_metrics
 from gpulab.hub_config.metrics.sampler import CardSampler, cpu_by_card
 from gpulab.hub_config.origin import install_host_guard
@@ -134,6 +135,16 @@ def attach(app: Any) -> list[tuple[str, type]]:
             notices=notices_for(pool.data_dir),
         )
         observer.start(lambda: running_spawners(app), after=ready)
+        # Training jobs: queued jobs started as their owners' job-* servers (hub_config/jobs/).
+        scheduler = JobScheduler.instance(config=app.config)
+        scheduler.attach(
+            pool,
+            market,
+            HubClient(market.hub_api_url, market.api_token),
+            lambda owner: _find_spawner(app, owner),
+            notices=notices_for(pool.data_dir),
+        )
+        scheduler.start(after=ready)
         # The hub's metrics: every card read periodically (simulated ones follow their holder's
         # CPU, as the observer measures it), and gpulab's families on /hub/metrics.
         sampler = CardSampler.instance(config=app.config)

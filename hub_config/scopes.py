@@ -43,6 +43,10 @@ READ_GPU_USAGE_SCOPE = "custom:gpulab:read-gpu-usage"
 # ports (their log-in and their own tokens, !user), never a server's own token (staff who reach a
 # student's server could read it and make the student's app public).
 PUBLISH_PORTS_SCOPE = "custom:gpulab:publish-ports"
+# Training jobs (hub_config/api/jobs.py): each user submits, reads, follows and cancels their own
+# jobs (their log-in, their own tokens and their servers' tokens, !user; JupyterLab's Jobs panel
+# submits with the server's token); admins hold it for everyone.
+JOBS_SCOPE = "custom:gpulab:jobs"
 
 CUSTOM_SCOPES: dict[str, dict[str, str]] = {
     READ_POOL_SCOPE: {
@@ -89,6 +93,10 @@ CUSTOM_SCOPES: dict[str, dict[str, str]] = {
         "description": "List, publish and revoke published ports of a server (users hold it for "
         "themselves: !user; a server's own token never holds it).",
     },
+    JOBS_SCOPE: {
+        "description": "Submit, list, read the output of and cancel training jobs (users hold "
+        "it for themselves: !user, their servers' tokens too).",
+    },
     COURSE_MANAGE_SCOPE: {
         "description": "Manage a course: import its roster, set its limits and caps, book lab "
         "sessions (teachers hold it as !group=COURSE).",
@@ -116,6 +124,8 @@ SERVER_TOKEN_SCOPES = [
     f"{READ_STORAGE_SCOPE}!user",
     # JupyterLab's GPU item and panel: its own user's cards as the hub measures them, read-only.
     f"{READ_GPU_USAGE_SCOPE}!user",
+    # JupyterLab's Jobs panel and `gpulab jobs` in a terminal: its own user's jobs.
+    f"{JOBS_SCOPE}!user",
 ]
 
 MARKET_SERVICE = "gpulab-market"
@@ -143,6 +153,7 @@ def base_roles(admin_name: str, *, admin_service: bool) -> list[dict[str, Any]]:
                 f"{SSH_KEYS_SCOPE}!user",
                 f"{READ_GPU_USAGE_SCOPE}!user",
                 f"{PUBLISH_PORTS_SCOPE}!user",
+                f"{JOBS_SCOPE}!user",
                 # JupyterHub gives a server's token only what its owner holds, so the owner must
                 # hold the report scope for SERVER_TOKEN_SCOPES' `!server` grant to survive.
                 # Billing accepts only the `!server=USER/NAME` form, so the user's other tokens
@@ -161,7 +172,7 @@ def base_roles(admin_name: str, *, admin_service: bool) -> list[dict[str, Any]]:
     roles.append(
         {
             "name": "gpulab-market-admin",
-            "scopes": [SET_PRICE_SCOPE, SETTINGS_SCOPE, READ_POOL_SCOPE],
+            "scopes": [SET_PRICE_SCOPE, SETTINGS_SCOPE, READ_POOL_SCOPE, JOBS_SCOPE],
             "users": [admin_name],
             "services": [ADMIN_SERVICE] if admin_service else [],
         }

@@ -8,6 +8,7 @@ from gpulab.hub_config.api import (
     console,
     datasets,
     gpu_usage,
+    jobs,
     notices,
     pool,
     ports,
@@ -31,4 +32,5 @@ ROUTES = [
     *ports.ROUTES,
     *console.ROUTES,
     *ssh.ROUTES,
+    *jobs.ROUTES,
 ]

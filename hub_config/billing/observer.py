@@ -19,7 +19,9 @@ time everything in it consumed, the server's own process included. From those sa
   activity; an open notebook whose kernel sits idle is not, nor is a forged heartbeat;
 - **idle GPUs go back**: a GPU server that did no work for ``gpu_idle_timeout`` is moved to
   no-GPU mode through the switch endpoint (same home), and a no-GPU server idle for
-  ``idle_timeout`` is stopped. The user is told why (:mod:`.notices`).
+  ``idle_timeout`` is stopped. The user is told why (:mod:`.notices`). A training job's server
+  (``job-*``, :mod:`gpulab.hub_config.jobs`) is exempt: a job waiting on I/O or a data loader is
+  not idle, and it ends when its command does; it is observed and billed all the same.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from traitlets.config import SingletonConfigurable
 from gpulab.catalog import NO_GPU
 from gpulab.hub_config.billing.notices import Notices
 from gpulab.spawners.activity import ActivityTracker, Span
+from gpulab.spawners.jobs.launch import is_job_server
 from gpulab.spawners.market.hub_client import server_path
 from gpulab.spawners.node.counters import OBSERVER_CLOCK, OBSERVER_PASS, OBSERVER_SAMPLES
 
@@ -252,6 +255,8 @@ class ActivityObserver(SingletonConfigurable):
         if limit <= 0 or idle < limit:
             return
         owner = spawner.owner
+        if is_job_server(owner.partition("/")[2]):
+            return  # a job's server is never switched or stopped as idle (billed all the same)
         self._acting.add(owner)
         task = asyncio.ensure_future(self._reclaim(owner, gpu, idle))
         task.add_done_callback(lambda _: self._acting.discard(owner))

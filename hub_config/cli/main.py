@@ -16,6 +16,7 @@ from urllib.parse import urlparse
 from gpulab.catalog import CatalogError, load_catalog, settings
 from gpulab.hub_config import origin
 from gpulab.hub_config.cli.images import add_images_parser, cmd_images
+from gpulab.hub_config.cli.jobs import add_jobs_parser, cmd_jobs
 from gpulab.hub_config.cli.kubernetes import add_kubernetes_parser, cmd_kubernetes
 from gpulab.hub_config.cli.models import TINY, add_models_parser, cmd_models, make_tiny_sd
 from gpulab.hub_config.data_dir import admin_password, make_private_data_dir
@@ -94,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_images_parser(sub)
     add_models_parser(sub)
     add_kubernetes_parser(sub)
+    add_jobs_parser(sub)
     add_config_parser(sub)
     return parser
 
@@ -339,6 +341,8 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_kubernetes(args)
     if args.command == "config":
         return cmd_config(args)
+    if args.command == "jobs":
+        return cmd_jobs(args)
     return 2
 
 

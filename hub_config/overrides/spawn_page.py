@@ -29,6 +29,10 @@ spawn.
 :mod:`gpulab.hub_config.overrides.errors`), above the form as they filled it in (the form is
 rendered from the POST's choices, not the last server's); a max price that only needs
 confirming comes with a checkbox in the form that confirms it on the next Start.
+
+5. A server named ``job-*`` is a training job's (``hub_config/jobs/``): only the platform starts
+one, through the REST API, so its form is neither shown nor posted here (403 naming
+``server_name``; :func:`gpulab.hub_config.overrides.server_api.refuse_job_server`).
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from gpulab.hub_config.courses.groups import CourseError
 from gpulab.hub_config.courses.staff import check_staff_view
 from gpulab.hub_config.overrides.errors import confirm_field, for_people
 from gpulab.hub_config.overrides.queue import count_rate_limited, gate_start, idle_spawner
+from gpulab.hub_config.overrides.server_api import refuse_job_server
 
 # JupyterHub's own wait, for spawners that do not say.
 DEFAULT_WAIT = 1.0
@@ -96,6 +101,7 @@ class SpawnPageHandler(SpawnHandler):
 
     @needs_scope("servers")
     async def _get(self, user_name: str, server_name: str, display_name: str) -> None:
+        refuse_job_server(self, server_name)
         # JupyterHub's _get spawns when the query has options (or when there is no form): here
         # the options are taken out of the query and kept for the form to show (render_form reads
         # them through ``spawner.handler``, which JupyterHub sets to this handler before it asks
@@ -136,6 +142,7 @@ class SpawnPageHandler(SpawnHandler):
 
     @needs_scope("servers")
     async def _post(self, user_name: str, server_name: str, display_name: str) -> None:
+        refuse_job_server(self, server_name)
         user = self.current_user
         if user_name != user.name:
             user = self.find_user(user_name)

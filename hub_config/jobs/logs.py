@@ -1,0 +1,119 @@
+"""A job's output across its attempts, as the hub keeps it (never read from the user's home).
+
+Each attempt's output is what its server's spawner kept: a local server's bounded log
+(``DATA_DIR/logs/NAME.job-ID.log`` and its rotated half, written by a root keeper outside the
+user's reach, :mod:`gpulab.spawners.local.serverlog`), or what a container spawner returns from
+``gpulab_read_log()``. While an attempt runs, its live log is read; when it ends, the scheduler
+archives it into the job's own folder (``DATA_DIR/jobs/ID/attempt-N.log``, root 0600, at most
+``JobScheduler.log_max_bytes``: the newest output is kept) and removes the server's log, so the
+next attempt of the same server starts on an empty one. The API serves one byte stream: the
+archived attempts in order, then the live one, addressed by offsets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Any
+
+from gpulab.spawners.jobs.model import Job
+
+
+def _local_paths(spawner: Any) -> list[Path] | None:
+    path = getattr(spawner, "log_path", None)
+    if not isinstance(path, Path | str):
+        return None
+    path = Path(path)
+    return [path.with_name(path.name + ".1"), path]
+
+
+def _read_files(paths: list[Path]) -> bytes:
+    out = b""
+    for p in paths:
+        try:
+            fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        with os.fdopen(fd, "rb") as f:
+            out += f.read()
+    return out
+
+
+async def server_output(spawner: Any) -> bytes:
+    """What ``spawner``'s server printed, as its spawner kept it (b"" when nothing is known)."""
+    if spawner is None:
+        return b""
+    paths = _local_paths(spawner)
+    if paths is not None:
+        return await asyncio.to_thread(_read_files, paths)
+    reader = getattr(spawner, "gpulab_read_log", None)
+    if reader is None:
+        return b""
+    try:
+        data = await reader()
+    except Exception:
+        return b""
+    return data if isinstance(data, bytes) else str(data or "").encode()
+
+
+def attempt_file(log_dir: Path, n: int) -> Path:
+    return log_dir / f"attempt-{n}.log"
+
+
+def _write_archive(path: Path, data: bytes, max_bytes: int) -> None:
+    if len(data) > max_bytes:
+        data = data[-max_bytes:]
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _remove(paths: list[Path]) -> None:
+    for p in paths:
+        try:
+            p.unlink()
+        except FileNotFoundError:
+            pass
+
+
+async def archive_attempt(log_dir: Path, n: int, spawners: list[Any], max_bytes: int) -> None:
+    """Keep attempt ``n``'s output (rank 0 first, then the other ranks, each under a header)
+    in the job's folder, then clear the servers' own logs."""
+    parts: list[bytes] = []
+    for rank, spawner in enumerate(spawners):
+        data = await server_output(spawner)
+        if rank and data:
+            data = f"\n[gpulab] rank {rank}:\n".encode() + data
+        parts.append(data)
+    path = attempt_file(log_dir, n)
+    if not path.exists():
+        await asyncio.to_thread(_write_archive, path, b"".join(parts), max_bytes)
+    for spawner in spawners:
+        paths = _local_paths(spawner)
+        if paths is not None:
+            await asyncio.to_thread(_remove, paths)
+
+
+async def job_output(log_dir: Path, job: Job, live: Any) -> bytes:
+    """The job's whole output so far: every archived attempt, then the running attempt's live
+    log (rank 0's server, ``live``) when it is not archived yet."""
+
+    def archived() -> tuple[bytes, bool]:
+        out = b""
+        last_done = False
+        for attempt in job.attempts:
+            path = attempt_file(log_dir, attempt.n)
+            data = _read_files([path])
+            out += data
+            last_done = path.exists()
+        return out, last_done
+
+    data, last_done = await asyncio.to_thread(archived)
+    if job.attempts and not last_done and live is not None:
+        data += await server_output(live)
+    return data

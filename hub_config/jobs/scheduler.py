@@ -1,0 +1,680 @@
+"""The hub's job scheduler: queued jobs become running servers, and ended servers become
+finished (or requeued) jobs.
+
+A job attempt is one or more named servers of the job's owner (``job-<id>``, or
+``job-<id>-<rank>`` for a gang), started and stopped through the hub's own REST API with the
+platform's service token (:class:`~gpulab.spawners.market.hub_client.HubClient`, as the spot
+market does), so every check a server start passes (balance 402, the market's admission, the
+allocator's 409, the staff rule) applies to a job unchanged, and billing bills what it observes.
+
+One pass (:meth:`JobScheduler.tick`, every ``interval`` seconds, jittered, and at once after a
+submit or a cancel):
+
+1. every starting or running job is watched through its spawners: all ready -> running; the
+   runner's exit (``gpulab_exit_status``), a server that is gone, or a cancel -> the attempt ends
+   (:meth:`_end_attempt`): its servers are stopped (cards freed at once), its output archived
+   (:mod:`.logs`), why it ended is classified and what comes next decided (:mod:`.hooks`: J4's
+   ``resume.py``), the owner told (webhook, home-page notice);
+2. the queue is planned (:func:`gpulab.spawners.jobs.queue.plan`, pure) against the pool's free
+   cards, and each job that may start gets its :class:`~gpulab.spawners.jobs.launch.JobLaunch`
+   filed in the hub's memory before its server is asked for (:meth:`_start_attempt`); a job
+   that waits keeps the plain reason the plan gave.
+
+Everything the scheduler decides is saved in the job store (``DATA_DIR/jobs/jobs.jsonl``) before
+it acts, so a hub killed at any point neither loses a job nor starts one twice: a job saved as
+starting whose server never appeared is requeued as a lost attempt, and a running job whose
+server JupyterHub restored is watched on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections.abc import Callable
+from decimal import Decimal
+from typing import Any
+
+from traitlets import Dict, Float, Integer
+from traitlets.config import SingletonConfigurable
+
+from gpulab.catalog import NO_GPU
+from gpulab.hub_config.jobs import hooks, logs
+from gpulab.spawners.jobs import launch as launches
+from gpulab.spawners.jobs.model import (
+    ACTIVE,
+    CANCELLED,
+    QUEUED,
+    RUNNING,
+    STARTING,
+    TERMINAL,
+    Attempt,
+    Job,
+)
+from gpulab.spawners.jobs.queue import Decision, Free, Limits, plan
+from gpulab.spawners.jobs.spec import parse_job_spec
+from gpulab.spawners.jobs.store import JobStore
+from gpulab.spawners.market.hub_client import HubClient, server_path
+from gpulab.spawners.market.preemption import send_webhook
+from gpulab.spawners.node.allocator import owner_key
+
+# Answers to a start that mean "not now" (the job waits in the queue with the answer as reason).
+RETRY_STATUSES = (402, 403, 409, 429)
+
+
+class JobScheduler(SingletonConfigurable):
+    """Starts queued jobs as their owners' ``job-*`` servers and follows them to their end."""
+
+    interval = Float(
+        1.0,
+        help="""Seconds between two passes of the job scheduler (each pass watches starting and
+        running jobs and starts what the queue allows; +-20 % jitter). A submit or a cancel
+        runs a pass at once.""",
+    ).tag(config=True)
+    max_nodes = Integer(
+        8,
+        help="""The most nodes one job may span (a gang: one server per node). Only a spawner
+        that runs gangs (the Swarm spawner) accepts more than 1.""",
+    ).tag(config=True)
+    max_running_per_user = Integer(
+        4, help="How many jobs of one user may be starting or running at once."
+    ).tag(config=True)
+    max_cards_per_user = Integer(
+        16, help="How many cards one user's starting and running jobs may hold together."
+    ).tag(config=True)
+    course_max_cards = Dict(
+        help="""Per course (its slug): how many cards the jobs of that course may hold
+        together, e.g. {"ml101": 8}. Courses not named have no limit of their own.""",
+    ).tag(config=True)
+    course_max_running = Dict(
+        help="""Per course (its slug): how many of that course's jobs may be starting or running
+        at once, e.g. {"ml101": 4}.""",
+    ).tag(config=True)
+    checkpoint_interval = Integer(
+        1800,
+        help="""Seconds between the automatic checkpoints of a job that names no
+        checkpoint_interval of its own (the job is sent its checkpoint signal, SIGUSR1); 0 turns
+        them off for such jobs.""",
+    ).tag(config=True)
+    max_user_priority = Integer(
+        0,
+        help="""The highest priority a user may give their own job (-10..10; jobs of higher
+        priority start first). Admins may use up to 10.""",
+    ).tag(config=True)
+    log_max_bytes = Integer(
+        64 * 1024 * 1024,
+        help="""The most bytes of one attempt's output the hub keeps for a job (the newest
+        output is kept).""",
+    ).tag(config=True)
+    retry_seconds = Float(
+        15.0,
+        help="""Seconds a job waits before its start is tried again after the hub refused it
+        (balance, no free card, spot price above the bid).""",
+    ).tag(config=True)
+    stop_timeout = Float(
+        120.0,
+        help="Seconds the scheduler waits for an ended attempt's servers to stop.",
+    ).tag(config=True)
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.pool: Any = None
+        self.market: Any = None
+        self.store: JobStore | None = None
+        self.hub: HubClient | None = None
+        self.notices: Any = None
+        self.find_spawner: Callable[[str], Any] = lambda owner: None
+        self._busy: set[int] = set()  # jobs a start or an end task is working on
+        self._not_before: dict[int, float] = {}  # job -> no start tried before then
+        self._planned: dict[int, tuple[str, ...]] = {}  # starting job -> nodes planned for it
+        self._own_stops: set[str] = set()  # owner keys the scheduler itself is stopping
+        self._tasks: set[asyncio.Task] = set()
+        self._wake: asyncio.Event | None = None
+        self._loop_task: asyncio.Task | None = None
+
+    # ---- wiring -------------------------------------------------------------------------------
+
+    def attach(
+        self,
+        pool: Any,
+        market: Any,
+        hub: HubClient,
+        find_spawner: Callable[[str], Any],
+        notices: Any = None,
+    ) -> None:
+        """Give the scheduler the hub's pool, market, REST client and spawner lookup."""
+        self.pool = pool
+        self.market = market
+        self.hub = hub
+        self.find_spawner = find_spawner
+        self.notices = notices
+        self.store = JobStore.instance(pool.data_dir)
+
+    def start(self, after: Any = None) -> None:
+        """Run the passes on the hub's loop, from when ``after`` is done (the hub answers)."""
+        if self._loop_task is None:
+            self._loop_task = asyncio.ensure_future(self._loop(after))
+
+    async def _loop(self, after: Any) -> None:
+        self._wake = asyncio.Event()
+        if after is not None:
+            await after
+        while True:
+            try:
+                await self.tick()
+            except Exception:
+                self.log.exception("Job scheduler pass failed")
+            self._wake.clear()
+            delay = self.interval * random.uniform(0.8, 1.2)
+            try:
+                await asyncio.wait_for(self._wake.wait(), delay)
+            except TimeoutError:
+                pass
+
+    def wake(self) -> None:
+        """Run a pass now (after a submit or a cancel)."""
+        if self._wake is not None:
+            self._wake.set()
+
+    def _spawn_task(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # ---- what users do ------------------------------------------------------------------------
+
+    def max_gpus(self, gpu_type: str) -> int:
+        """The most cards of ``gpu_type`` any one node has."""
+        counter = getattr(self.pool, "max_cards_per_node", None)
+        if counter is not None:
+            return int(counter(gpu_type))
+        return sum(1 for d in self.pool.allocator.devices if d.gpu_type == gpu_type)
+
+    def nodes_allowed(self, spawner_class: Any) -> int:
+        """``max_nodes`` where the spawner runs gangs, else 1."""
+        return self.max_nodes if getattr(spawner_class, "supports_gangs", False) else 1
+
+    def submit(self, owner: str, raw: Any, *, admin: bool = False, gangs: bool = False) -> Job:
+        """Validate and queue ``owner``'s job (``JobSpecError``, 400, naming the field)."""
+        assert self.store is not None
+        spec = parse_job_spec(
+            raw,
+            self.pool.catalog,
+            max_nodes=self.max_nodes if gangs else 1,
+            max_gpus=self.max_gpus,
+            max_priority=10 if admin else self.max_user_priority,
+            checkpoint_interval=self.checkpoint_interval,
+        )
+        job = self.store.submit(owner, spec)
+        self.log.info("Job %s of %s queued: %s", job.id, owner, spec.command[:80])
+        self.wake()
+        return job
+
+    def cancel(self, job: Job) -> Job:
+        """Cancel ``job``: a queued job at once; a starting or running one has its servers stopped
+        by the next pass and ends cancelled. A finished job is left as it is."""
+        assert self.store is not None
+        current = self.store.get(job.id) or job
+        if current.terminal:
+            return current
+        current.cancel_requested = True
+        if current.state == QUEUED and current.id not in self._busy:
+            current.state, current.reason = CANCELLED, "cancelled before it started"
+            self._planned.pop(current.id, None)
+        elif current.stopped_by is None:
+            current.stopped_by = "user"
+        self.store.save(current)
+        if current.terminal:
+            self._notify(current, "job-cancelled")
+        self.wake()
+        return current
+
+    def note_stop(self, user: str, server: str, who: str) -> None:
+        """Record who asked to stop a job's server (the REST DELETE override calls this): the
+        owner or an admin ("user": cancel), billing ("billing": the balance ran out), the
+        market ("market": preemption), or the scheduler itself."""
+        from gpulab.spawners.jobs.model import parse_server_name
+
+        parsed = parse_server_name(server)
+        if parsed is None or self.store is None:
+            return
+        if who == "market" and owner_key(user, server) in self._own_stops:
+            who = "scheduler"
+        job = self.store.get(parsed[0])
+        if job is None or job.owner != user or job.state not in ACTIVE:
+            return
+        if who == "scheduler" or job.stopped_by is not None:
+            return
+        job.stopped_by = who
+        if who == "user":
+            job.cancel_requested = True
+        self.store.save(job)
+        self.wake()
+
+    # ---- one pass -----------------------------------------------------------------------------
+
+    async def tick(self) -> None:
+        """Watch active jobs, then start what the queue allows."""
+        if self.store is None:
+            return
+        now = time.time()
+        for job in self.store.list(states=ACTIVE):
+            if job.id not in self._busy:
+                await self._watch(job, now)
+        self._start_planned(now)
+
+    def spawner_of(self, job: Job, server: str) -> Any:
+        try:
+            return self.find_spawner(owner_key(job.owner, server))
+        except Exception:
+            return None
+
+    async def _watch(self, job: Job, now: float) -> None:
+        attempt = job.attempt
+        if attempt is None:
+            job.state, job.reason = QUEUED, "waiting to start"
+            self.store.save(job)
+            return
+        spawners = [self.spawner_of(job, name) for name in attempt.servers]
+        active = [s is not None and s.active for s in spawners]
+        if job.cancel_requested:
+            self._begin_end(job, {"stopped_by": job.stopped_by or "user"})
+            return
+        if job.state == STARTING:
+            if not all(active):
+                error, status = _start_error(spawners)
+                if status in RETRY_STATUSES:
+                    # The card went to someone else between the plan and the start, or the
+                    # balance fell: not an attempt, the job waits again.
+                    self._back_to_queue(job, error, now)
+                    return
+                info = {"start_error": error or "", "lost": not error}
+                self._begin_end(job, info)
+                return
+            if all(s.ready for s in spawners):
+                job.state, job.reason = RUNNING, ""
+                attempt.running_at = now
+                attempt.nodes = [self._node_of(job, s) for s in attempt.servers]
+                self._planned.pop(job.id, None)
+                hooks.on_running(job, attempt)
+                self.store.save(job)
+                self.log.info("Job %s of %s running (attempt %s)", job.id, job.owner, attempt.n)
+            return
+        codes = [await _exit_status(s) for s in spawners]
+        ended = any(c is not None and c != 0 for c in codes) or all(c is not None for c in codes)
+        if ended or not all(active):
+            self._begin_end(job, {"exit_codes": codes})
+            return
+        if hooks.checkpoint_due(job, now):
+            await hooks.signal_checkpoint(job, spawners, now)
+            self.store.save(job)
+
+    def _node_of(self, job: Job, server: str) -> str:
+        alloc = self.pool.allocator.get(owner_key(job.owner, server))
+        node = self.pool.allocator.node_of(alloc) if alloc is not None else None
+        return node or "local"
+
+    def _back_to_queue(self, job: Job, reason: str, now: float) -> None:
+        if job.attempts and job.attempts[-1].running_at is None:
+            job.attempts.pop()  # a refused start is not an attempt
+        for server in job.server_names():
+            launches.withdraw(owner_key(job.owner, server))
+        job.state, job.reason = QUEUED, reason or "waiting to start"
+        self._not_before[job.id] = now + self.retry_seconds
+        self._planned.pop(job.id, None)
+        self.store.save(job)
+
+    # ---- starting -----------------------------------------------------------------------------
+
+    def free_capacity(self, holding: dict[int, tuple[str, ...]] | None = None) -> Free:
+        """Free cards by node and type: held cards and what reservations and bookings claim
+        now are taken out (the allocator's own rule), and so are the cards of jobs started but
+        not yet allocated (``holding``: job -> nodes)."""
+        allocator = self.pool.allocator
+        held = allocator.held_uuids()
+        by_node: dict[str, dict[str, int]] = {}
+        for d in allocator.devices:
+            if d.uuid not in held:
+                types = by_node.setdefault(d.node or "local", {})
+                types[d.gpu_type] = types.get(d.gpu_type, 0) + 1
+        now = time.time()
+        for slug in {d.gpu_type for d in allocator.devices}:
+            claim = allocator.held_out(slug, now)
+            for node in sorted(by_node, key=lambda n: by_node[n].get(slug, 0)):
+                take = min(claim, by_node[node].get(slug, 0))
+                if take:
+                    by_node[node][slug] -= take
+                    claim -= take
+        for job_id, nodes in (holding or {}).items():
+            job = self.store.get(job_id)
+            if job is None or job.spec.gpu == NO_GPU:
+                continue
+            for node, server in zip(nodes, job.server_names(), strict=False):
+                if allocator.get(owner_key(job.owner, server)) is None and node in by_node:
+                    left = by_node[node].get(job.spec.gpu, 0) - job.spec.gpus
+                    by_node[node][job.spec.gpu] = max(left, 0)
+        return Free(by_node=by_node)
+
+    def limits(self) -> Limits:
+        return Limits(
+            max_running_per_user=self.max_running_per_user,
+            max_cards_per_user=self.max_cards_per_user,
+            course_max_cards={str(k): int(v) for k, v in self.course_max_cards.items()},
+            course_max_running={str(k): int(v) for k, v in self.course_max_running.items()},
+        )
+
+    def _spot_price(self, slug: str) -> Decimal | None:
+        try:
+            return self.market.current_price(slug) if self.market is not None else None
+        except Exception:
+            return None
+
+    def _start_planned(self, now: float) -> None:
+        queued = [
+            j
+            for j in self.store.list(states=[QUEUED])
+            if j.id not in self._busy and not j.cancel_requested
+        ]
+        if not queued:
+            return
+        running = self.store.list(states=ACTIVE)
+        decisions = plan(
+            queued,
+            running,
+            self.free_capacity(self._planned),
+            self.limits(),
+            spot_price=self._spot_price,
+        )
+        by_id = {j.id: j for j in queued}
+        for decision in decisions:
+            job = by_id.get(decision.job_id)
+            if job is None:
+                continue
+            waiting = self._not_before.get(job.id, 0) > now
+            if decision.start and not waiting:
+                self._not_before.pop(job.id, None)
+                self._begin_start(job, decision, now)
+            elif not decision.start and decision.reason:
+                reason = hooks.waiting_reason(job, decision.reason)
+                if reason != job.reason:
+                    job.reason = reason
+                    self.store.save(job)
+
+    def make_launch(
+        self,
+        job: Job,
+        attempt: Attempt,
+        rank: int,
+        *,
+        env: dict[str, str] | None = None,
+        alloc_id: str | None = None,
+        network: str | None = None,
+    ) -> launches.JobLaunch:
+        """Rank ``rank``'s launch for ``attempt``, filed under its server's owner key."""
+        launch = launches.JobLaunch(
+            job_id=job.id,
+            attempt=attempt.n,
+            rank=rank,
+            nodes=job.spec.nodes,
+            gpus=job.spec.gpus,
+            command=job.spec.command,
+            cwd=job.spec.cwd,
+            checkpoint_seconds=hooks.checkpoint_seconds(self.market),
+            env=dict(env or {}),
+            alloc_id=alloc_id,
+            network=network,
+        )
+        launches.offer(owner_key(job.owner, attempt.servers[rank]), launch)
+        return launch
+
+    async def start_rank(self, job: Job, rank: int) -> tuple[int, str]:
+        """Ask the hub to start rank ``rank``'s server (as the platform): (status, body)."""
+        assert self.hub is not None
+        server = job.server_names()[rank]
+        body = {"display_name": server, "user_options": job.spec.server_options()}
+        return await self.hub.request("POST", server_path(job.owner, server), body)
+
+    async def stop_rank(self, job: Job, rank: int) -> tuple[int, str]:
+        """Ask the hub to stop rank ``rank``'s server (as the platform)."""
+        assert self.hub is not None
+        server = job.server_names()[rank]
+        key = owner_key(job.owner, server)
+        self._own_stops.add(key)
+        try:
+            return await self.hub.request("DELETE", server_path(job.owner, server))
+        finally:
+            self._own_stops.discard(key)
+
+    def _begin_start(self, job: Job, decision: Decision, now: float) -> None:
+        attempt = Attempt(n=len(job.attempts) + 1, started_at=now, servers=job.server_names())
+        job.attempts.append(attempt)
+        job.state, job.reason, job.stopped_by = STARTING, "starting", None
+        self.store.save(job)  # before anything starts: a crash now requeues it as lost
+        self._planned[job.id] = tuple(decision.nodes)
+        self._busy.add(job.id)
+        self._spawn_task(self._start_attempt(job.id, decision))
+
+    async def _start_attempt(self, job_id: int, decision: Decision) -> None:
+        try:
+            job = self.store.get(job_id)
+            attempt = job.attempt
+            if job.spec.nodes > 1:
+                await self._start_gang(job, attempt, decision)
+                return
+            self.make_launch(job, attempt, 0)
+            code, body = await self.start_rank(job, 0)
+            job = self.store.get(job_id)
+            message, queued = _answer(body)
+            if queued and self.market is not None:
+                # The market would start it later on its own: the job queue waits instead.
+                self.market.cancel_queued(owner_key(job.owner, attempt.servers[0]))
+                self._back_to_queue(job, message, time.time())
+            elif code in RETRY_STATUSES:
+                self._back_to_queue(job, message, time.time())
+            elif code >= 300 or code == 0:
+                self.log.warning("Job %s could not start: %s %s", job_id, code, message)
+                self._busy.discard(job_id)
+                self._begin_end(job, {"start_error": message or f"HTTP {code}"})
+                return
+            self.log.info("Job %s of %s starting (attempt %s)", job.id, job.owner, attempt.n)
+        except Exception:
+            self.log.exception("Starting job %s failed", job_id)
+        finally:
+            self._busy.discard(job_id)
+            self.wake()
+
+    async def _start_gang(self, job: Job, attempt: Attempt, decision: Decision) -> None:
+        start_gang, _, not_started = hooks.gang_hooks()
+        if start_gang is None:
+            self._back_to_queue(job, "jobs over several nodes need the Swarm spawner", time.time())
+            return
+        try:
+            await start_gang(self, job, attempt, decision)
+        except Exception as e:
+            if not_started is not None and isinstance(e, not_started):
+                job = self.store.get(job.id)
+                if getattr(e, "requeue", True):
+                    self._back_to_queue(job, str(getattr(e, "reason", e)), time.time())
+                else:
+                    self._busy.discard(job.id)
+                    self._begin_end(job, {"start_error": str(getattr(e, "reason", e))})
+                return
+            raise
+
+    # ---- ending -------------------------------------------------------------------------------
+
+    def _begin_end(self, job: Job, info: dict[str, Any]) -> None:
+        if job.id in self._busy:
+            return
+        self._busy.add(job.id)
+        self._spawn_task(self._end_attempt(job.id, info))
+
+    async def _end_attempt(self, job_id: int, info: dict[str, Any]) -> None:
+        try:
+            await self._finish_attempt(job_id, info)
+        except Exception:
+            self.log.exception("Ending job %s's attempt failed", job_id)
+        finally:
+            self._busy.discard(job_id)
+            self.wake()
+
+    async def _finish_attempt(self, job_id: int, info: dict[str, Any]) -> None:
+        job = self.store.get(job_id)
+        attempt = job.attempt
+        ended_at = time.time()
+        codes = list(info.get("exit_codes") or [])
+        servers = list(attempt.servers)
+        spawners = [self.spawner_of(job, s) for s in servers]
+        for i, spawner in enumerate(spawners):
+            if i >= len(codes):
+                codes.append(None)
+            if codes[i] is None:
+                codes[i] = await _exit_status(spawner)
+        # Stop whatever still runs (the runner has exited, or it is cancelled): cards freed now.
+        for rank, spawner in enumerate(spawners):
+            if spawner is not None and (spawner.active or spawner.pending):
+                await self.stop_rank(job, rank)
+        await self._wait_stopped(job, servers)
+        await logs.archive_attempt(
+            self.store.log_dir(job.id), attempt.n, spawners, self.log_max_bytes
+        )
+        if job.spec.nodes > 1:
+            _, end_gang, _ = hooks.gang_hooks()
+            if end_gang is not None:
+                await end_gang(self, job, attempt)
+        for server in servers:
+            launches.withdraw(owner_key(job.owner, server))
+        self._planned.pop(job.id, None)
+        job = self.store.get(job_id)  # what arrived meanwhile (who stopped it, a cancel)
+        attempt = job.attempt
+        exit_code = _job_exit_code(codes)
+        details = {
+            "exit_code": exit_code,
+            "stopped_by": job.stopped_by or info.get("stopped_by"),
+            "owner_keys": [owner_key(job.owner, s) for s in servers],
+            "start_error": info.get("start_error", ""),
+            "server_gone": exit_code is None,
+            "lost": bool(info.get("lost")),
+        }
+        attempt.ended_at = ended_at
+        attempt.exit_code = exit_code
+        attempt.end = hooks.classify_end(job, attempt, details)
+        if details["start_error"] and not attempt.note:
+            attempt.note = details["start_error"]
+        hooks.after_attempt(job, attempt)
+        self.store.save(job)
+        self.log.info(
+            "Job %s of %s: attempt %s ended (%s, exit %s); job %s",
+            job.id,
+            job.owner,
+            attempt.n,
+            attempt.end,
+            exit_code,
+            job.state,
+        )
+        event = {
+            "succeeded": "job-succeeded",
+            "failed": "job-failed",
+            "cancelled": "job-cancelled",
+        }.get(job.state, "job-requeued")
+        self._notify(job, event)
+
+    async def _wait_stopped(self, job: Job, servers: list[str]) -> None:
+        deadline = time.monotonic() + self.stop_timeout
+        while time.monotonic() < deadline:
+            spawners = [self.spawner_of(job, s) for s in servers]
+            if all(s is None or not (s.active or s.pending) for s in spawners):
+                return
+            await asyncio.sleep(0.2)
+        self.log.warning("Job %s's servers did not stop in %ss", job.id, self.stop_timeout)
+
+    # ---- telling the owner --------------------------------------------------------------------
+
+    def _notify(self, job: Job, event: str) -> None:
+        text = {
+            "job-succeeded": f"Job {job.id} succeeded.",
+            "job-failed": f"Job {job.id} failed: {job.reason}.",
+            "job-cancelled": f"Job {job.id} was cancelled.",
+            "job-requeued": f"Job {job.id} is queued again: {job.reason}.",
+        }[event]
+        if self.notices is not None:
+            try:
+                self.notices.add(job.owner, "job", text, at=time.time())
+            except Exception:
+                self.log.exception("Could not note job %s's end", job.id)
+        if self.market is None:
+            return
+        settings = self.market.settings.get(job.owner, create_secret=False)
+        if not settings.get("webhook_url") or not settings.get("webhook_secret"):
+            return
+        n = job.attempt.n if job.attempt else 0
+        self._spawn_task(
+            send_webhook(
+                settings["webhook_url"],
+                settings["webhook_secret"],
+                event,
+                f"job-{job.id}-{n}-{event}",
+                {"job": job.to_api()},
+                self.market.webhook_networks,
+            )
+        )
+
+    # ---- the API's reads -----------------------------------------------------------------------
+
+    async def output(self, job: Job) -> bytes:
+        """The job's whole output so far (every attempt; see :mod:`.logs`)."""
+        live = None
+        if job.attempt is not None and job.state in ACTIVE | {STARTING}:
+            live = self.spawner_of(job, job.attempt.servers[0])
+        return await logs.job_output(self.store.log_dir(job.id), job, live)
+
+    def finished(self, job_id: int) -> bool:
+        """Whether the job has ended and its output is archived."""
+        job = self.store.get(job_id)
+        return job is None or (job.state in TERMINAL and job_id not in self._busy)
+
+
+def _answer(body: str) -> tuple[str, bool]:
+    """(the hub's message for a person, whether the market queued the start) of an answer."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return body.strip()[:500], False
+    if not isinstance(data, dict):
+        return str(data)[:500], False
+    message = str(data.get("human") or data.get("message") or "")
+    return message, bool(data.get("queued"))
+
+
+def _start_error(spawners: list[Any]) -> tuple[str, int | None]:
+    """The error of a spawn that failed (its message and HTTP status), or ("", None)."""
+    for spawner in spawners:
+        future = getattr(spawner, "_spawn_future", None)
+        if future is None or not future.done() or future.cancelled():
+            continue
+        error = future.exception()
+        if error is None:
+            continue
+        status = getattr(error, "status_code", None)
+        message = getattr(error, "jupyterhub_message", None) or getattr(error, "log_message", None)
+        return str(message or error), status
+    return "", None
+
+
+async def _exit_status(spawner: Any) -> int | None:
+    reader = getattr(spawner, "gpulab_exit_status", None)
+    if spawner is None or reader is None:
+        return None
+    try:
+        return await reader()
+    except Exception:
+        return None
+
+
+def _job_exit_code(codes: list[int | None]) -> int | None:
+    """A gang's exit code: the first rank's that failed, else rank 0's."""
+    failed = [c for c in codes if c is not None and c != 0]
+    if failed:
+        return failed[0]
+    return codes[0] if codes else None
