@@ -4,7 +4,8 @@ Every change to a job (submitted, started, an attempt ended, cancelled) appends 
 new version, fsynced before the call returns; on load the latest version of each id wins. A
 SIGKILL mid-append leaves at most a torn last line: it is skipped, and cut off before the next
 append so that the next version lands on a line of its own. Ids count from 1 and are never
-reused (the next id is one above the highest ever written).
+reused (the next id is one above the highest ever written). When old versions far outnumber the
+jobs, a load rewrites the file with the latest versions only (atomically).
 
 The folder is root's (0700) and the file 0600: jobs name users' commands and folders, and only the
 hub reads them (users see their own jobs through the API). Each job's folder
@@ -35,6 +36,8 @@ JOBS_FILE = "jobs.jsonl"
 class JobStore:
     """Jobs by id, loaded once from the file and kept in memory; writes go to both."""
 
+    # Old versions kept before a load rewrites the file with the latest ones only.
+    compact_after: ClassVar[int] = 10_000
     _instances: ClassVar[dict[Path, JobStore]] = {}
     _instances_lock: ClassVar[threading.Lock] = threading.Lock()
 
@@ -143,6 +146,27 @@ class JobStore:
         self._next_id = highest + 1
         if self.path.exists():
             os.chmod(self.path, 0o600)
+        lines = raw[:keep].count(b"\n")
+        if lines - len(self._jobs) > max(self.compact_after, 2 * len(self._jobs)):
+            self._compact()
+
+    def _compact(self) -> None:
+        """Rewrite the file with only the latest version of each job (at load, when old
+        versions outnumber the jobs): a temporary file, fsynced, renamed over the old one.
+        The highest id stays in it, so ids are still never reused."""
+        tmp = self.path.with_suffix(".jsonl.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            for _, job in sorted(self._jobs.items()):
+                f.write((json.dumps(job.to_json(), separators=(",", ":")) + "\n").encode())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+        dirfd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dirfd)
+        finally:
+            os.close(dirfd)
 
     def _append(self, job: Job) -> None:
         line = (json.dumps(job.to_json(), separators=(",", ":")) + "\n").encode()

@@ -256,3 +256,21 @@ def test_a_writer_killed_mid_stream_loses_no_acknowledged_job(tmp_path) -> None:
     assert set(acknowledged) <= set(ids) and ids == list(range(1, len(ids) + 1))
     assert store.submit("bob", spec()).id == len(ids) + 1
     assert JobStore(tmp_path).get(len(ids) + 1).owner == "bob"
+
+
+def test_old_versions_are_compacted_at_load_without_losing_a_job(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(JobStore, "compact_after", 5)
+    store = JobStore(tmp_path)
+    for owner in ("alice", "bob"):
+        job = store.submit(owner, spec())
+        for n in range(10):
+            job.reason = f"pass {n}"
+            store.save(job)
+    path = tmp_path / "jobs" / "jobs.jsonl"
+    assert len(path.read_bytes().splitlines()) == 22
+    again = JobStore(tmp_path)
+    assert len(path.read_bytes().splitlines()) == 2
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert [(j.id, j.reason) for j in again.list()] == [(1, "pass 9"), (2, "pass 9")]
+    assert again.submit("carol", spec()).id == 3
+    assert [j.id for j in JobStore(tmp_path).list()] == [1, 2, 3]
