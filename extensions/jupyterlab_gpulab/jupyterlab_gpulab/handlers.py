@@ -10,6 +10,7 @@
 - ``GET  storage`` this user's home against its quota, as the hub measured it (the status bar).
 - ``GET  gpu-usage`` this server's cards as the hub measures them (utilisation, memory, processes,
   idle time) and the hub's idle nudge with its prices (the GPU status item and panel).
+- ``jobs``, ``jobs/ID``, ``jobs/ID/log``: the user's training jobs (the Jobs panel), see ``jobs``.
 
 The browser never talks to the hub or billing itself: these handlers call them with this
 server's own token (``JUPYTERHUB_API_TOKEN``), so no hub credential ever reaches the page.
@@ -468,6 +469,8 @@ class GpusHandler(_Handler):
 
 
 def setup_handlers(server_app: Any) -> None:
+    from jupyterlab_gpulab.jobs import job_handlers  # it builds on this module's handlers
+
     web_app = server_app.web_app
     settings = GpulabSettings(parent=server_app)
     web_app.settings["gpulab_settings"] = settings
@@ -492,5 +495,6 @@ def setup_handlers(server_app: Any) -> None:
             (url_path_join(base, "notices"), NoticesHandler),
             (url_path_join(base, "storage"), StorageHandler),
             (url_path_join(base, "gpu-usage"), GpuUsageHandler),
+            *job_handlers(base),
         ],
     )

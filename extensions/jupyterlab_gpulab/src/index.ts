@@ -5,6 +5,7 @@ import { JupyterFrontEndPlugin } from '@jupyterlab/application';
 
 import { datasetsPlugin } from './datasets';
 import { gpuUsagePlugin } from './gpuitem';
+import { jobsPlugin } from './jobspanel';
 import { earlyLauncherPlugin } from './launcher';
 import { modeSwitchPlugin } from './modeswitch';
 import { sessionPlugin } from './session';
@@ -20,6 +21,7 @@ const plugins: JupyterFrontEndPlugin<any>[] = [
   datasetsPlugin,
   gpuUsagePlugin,
   spotPlugin,
+  jobsPlugin,
   earlyLauncherPlugin
 ];
 
