@@ -1,0 +1,232 @@
+"""Training jobs through the hub's REST API and the ``gpulab jobs`` CLI, with real parts (issue 26).
+
+A root hub with the local spawner runs each job as its owner's ``job-ID`` server (the job runner
+as the user's own account, in the server's cgroup), started by the hub's job scheduler with the
+platform's token; the tests act only as users would: their own tokens, the API, the CLI.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+import pytest
+from harness import PASSWORD, REPO, VENV_BIN, Hub, WebSession, approved_user, wait_for
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="job servers run as users' accounts")
+
+
+@pytest.fixture(scope="module")
+def hub(module_hub_factory) -> Hub:
+    return module_hub_factory(
+        "jobsapi",
+        simulate="RTX-4090:2",
+        extra_args=["--JobScheduler.interval=0.3", "--JobScheduler.retry_seconds=1"],
+    )
+
+
+class Jobs:
+    """One user's jobs, through the REST API with a token of their own."""
+
+    def __init__(self, hub: Hub, user: str) -> None:
+        self.hub, self.user = hub, user
+        r = hub.api("POST", f"/users/{user}/tokens", json={"expires_in": 3600, "note": "jobs"})
+        assert r.status_code == 201, r.text
+        self.token = r.json()["token"]
+
+    def call(self, method: str, path: str = "", **kw) -> object:
+        return self.hub.api(method, f"/gpulab/users/{self.user}/jobs{path}", token=self.token, **kw)
+
+    def submit(self, **spec) -> dict:
+        r = self.call("POST", json=spec)
+        assert r.status_code == 201, r.text
+        return r.json()
+
+    def get(self, job_id: int) -> dict:
+        r = self.call("GET", f"/{job_id}")
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    def wait_state(self, job_id: int, *states: str, timeout: float = 90) -> dict:
+        return wait_for(
+            lambda: (j := self.get(job_id))["state"] in states and j,
+            timeout,
+            0.2,
+            f"job {job_id} to be {' or '.join(states)}",
+        )
+
+    def log(self, job_id: int) -> str:
+        r = self.call("GET", f"/{job_id}/log")
+        assert r.status_code == 200, r.text
+        return r.text
+
+
+def job_servers(hub: Hub, user: str) -> dict:
+    return {k: v for k, v in hub.user(user)["servers"].items() if k.startswith("job-")}
+
+
+def cli(hub: Hub, token: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTERHUB_", "GPULAB_"))}
+    env["GPULAB_TOKEN"] = token
+    return subprocess.run(
+        [str(VENV_BIN / "gpulab"), "jobs", "--hub", hub.url, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+    )
+
+
+def test_a_job_runs_to_success_and_its_output_is_kept(hub: Hub) -> None:
+    """Issue 26, Jobs: submit -> running -> succeeded with exit code 0; stdout and stderr kept
+    and readable through the API and `gpulab jobs logs`; it needs no running server and no
+    browser; its cards are free again once it ended."""
+    user = hub.create_user()
+    jobs = Jobs(hub, user)
+    free = hub.free("rtx-4090")
+    job = jobs.submit(
+        command="echo hello from $GPULAB_JOB_ID; echo to-stderr >&2; "
+        'echo "cards=$CUDA_VISIBLE_DEVICES"; sleep 2',
+        gpu="rtx-4090",
+        gpus=1,
+        name="hello",
+    )
+    assert job["state"] == "queued" and job["owner"] == user
+    running = jobs.wait_state(job["id"], "running", "succeeded")
+    if running["state"] == "running":
+        assert hub.free("rtx-4090") == free - 1
+        assert list(job_servers(hub, user)) == [f"job-{job['id']}"]
+    done = jobs.wait_state(job["id"], "succeeded", "failed")
+    assert done["state"] == "succeeded", done
+    assert done["exit_code"] == 0 and done["attempts"][0]["end"] == "exited"
+    out = jobs.log(job["id"])
+    assert f"hello from {job['id']}" in out and "to-stderr" in out and "cards=" in out
+    wait_for(lambda: not job_servers(hub, user), 30, what="the job's server to be gone")
+    assert hub.free("rtx-4090") == free
+    r = cli(hub, jobs.token, "logs", str(job["id"]))
+    assert r.returncode == 0, r.stderr
+    assert f"hello from {job['id']}" in r.stdout
+    r = cli(hub, jobs.token, "list")
+    assert r.returncode == 0 and "succeeded" in r.stdout and "hello" in r.stdout, r.stdout
+
+
+def test_a_failing_command_fails_the_job_with_its_exit_code(hub: Hub) -> None:
+    """Issue 26, Jobs: exit code kept; a command that exits 3 is a failed job with exit_code 3
+    (and no second attempt: a failure of the command is not a preemption)."""
+    jobs = Jobs(hub, hub.create_user())
+    job = jobs.submit(command="echo about to fail; exit 3", gpu="none", gpus=0)
+    done = jobs.wait_state(job["id"], "succeeded", "failed")
+    assert done["state"] == "failed" and done["exit_code"] == 3, done
+    assert len(done["attempts"]) == 1
+    assert "about to fail" in jobs.log(job["id"])
+
+
+def test_cancel_a_running_job_and_a_queued_one(hub: Hub) -> None:
+    """Issue 26, Jobs: cancel. A running job's server is stopped and its cards are free at once,
+    the job is cancelled; a queued job is cancelled before it ever starts."""
+    user = hub.create_user()
+    jobs = Jobs(hub, user)
+    free = hub.free("rtx-4090")
+    long = jobs.submit(command="sleep 600", gpu="rtx-4090", gpus=1)
+    jobs.wait_state(long["id"], "running")
+    assert hub.free("rtx-4090") == free - 1
+    r = jobs.call("DELETE", f"/{long['id']}")
+    assert r.status_code == 202, r.text
+    done = jobs.wait_state(long["id"], "cancelled", "failed", "succeeded")
+    assert done["state"] == "cancelled" and done["attempts"][-1]["end"] == "cancelled", done
+    wait_for(lambda: not job_servers(hub, user), 30, what="the job's server to stop")
+    assert hub.free("rtx-4090") == free
+
+    # A job that cannot start (more cards than are free) waits; cancelled, it never starts.
+    other = hub.create_user()
+    hub.spawn_ready(other, {"gpu": "rtx-4090", "gpus": 2})
+    try:
+        queued = jobs.submit(command="echo never", gpu="rtx-4090", gpus=1)
+        time.sleep(1.0)  # a few scheduler passes: it must still wait (no card is free)
+        assert jobs.get(queued["id"])["state"] == "queued"
+        r = jobs.call("DELETE", f"/{queued['id']}")
+        assert r.status_code == 202 and r.json()["state"] == "cancelled", r.text
+    finally:
+        hub.stop_server(other)
+    time.sleep(1.0)  # passes with the cards free again: a cancelled job stays cancelled
+    j = jobs.get(queued["id"])
+    assert j["state"] == "cancelled" and j["attempts"] == [], j
+    assert not job_servers(hub, user)
+
+
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        ({"gpu": "rtx-4090", "gpus": 1}, "command"),
+        ({"command": "true", "gpu": "rtx-4090", "gpus": 9}, "gpus"),
+        ({"command": "true", "gpu": "h100-80g", "gpus": 1}, "gpu"),
+        ({"command": "true", "gpu": "rtx-4090", "gpus": 1, "cwd": "../bob"}, "cwd"),
+        ({"command": "true", "gpu": "rtx-4090", "gpus": 1, "nodes": 2}, "nodes"),
+        ({"command": "true", "gpu": "rtx-4090", "gpus": 1, "priority": 10}, "priority"),
+        ({"command": "true", "gpu": "rtx-4090", "gpus": 1, "sneaky": 1}, "sneaky"),
+    ],
+)
+def test_bad_input_is_400_naming_the_field_and_creates_nothing(
+    hub: Hub, spec: dict, field: str
+) -> None:
+    """Issue 26 (house rule): a bad job is 400 naming the field and what is allowed; no job, no
+    server, no card, no charge."""
+    user = hub.create_user()
+    jobs = Jobs(hub, user)
+    free = hub.free("rtx-4090")
+    r = jobs.call("POST", json=spec)
+    assert r.status_code == 400, r.text
+    body = r.json()
+    assert body.get("field") == field and body["message"].startswith(f"{field}:"), body
+    assert jobs.call("GET").json()["jobs"] == []
+    assert not job_servers(hub, user) and hub.free("rtx-4090") == free
+
+
+def test_only_the_platform_starts_job_servers(hub: Hub) -> None:
+    """Issue 26 (contract): a user's own start of a server named job-* (REST POST, PUT, a rename
+    by PATCH, the spawn form) is 403 naming server_name and starts or creates nothing, even for
+    an existing job's name; their token cannot make a job server run their own options."""
+    name = approved_user(hub, "jobguard")
+    web = WebSession(hub)
+    assert web.login(name, PASSWORD)
+    jobs = Jobs(hub, name)
+    free = hub.free("rtx-4090")
+    for path, method, body in (
+        (f"/users/{name}/servers/job-1", "POST", {"gpu": "rtx-4090"}),
+        (f"/users/{name}/servers/job-1-0", "POST", {}),
+        (f"/users/{name}/servers/job-7", "PUT", {}),
+        (f"/users/{name}/servers/lab", "PATCH", {"name": "job-9"}),
+    ):
+        r = hub.api(method, path, token=jobs.token, json=body)
+        assert r.status_code == 403, (method, path, r.status_code, r.text)
+        assert r.json().get("field") == "server_name", r.text
+    r = web.post(f"/hub/spawn/{name}/job-1", {"gpu": "rtx-4090"}, allow_redirects=False)
+    assert r.status_code == 403, r.status_code
+    assert web.get(f"/hub/spawn/{name}/job-1").status_code == 403
+    assert not job_servers(hub, name) and hub.free("rtx-4090") == free
+
+
+def test_jobs_list_says_why_a_job_waits(hub: Hub) -> None:
+    """Issue 26, Queues: `gpulab jobs list` says why each waits: here, the only free cards are
+    held by another user's server; when they are freed, the job starts by itself."""
+    user, other = hub.create_user(), hub.create_user()
+    jobs = Jobs(hub, user)
+    hub.spawn_ready(other, {"gpu": "rtx-4090", "gpus": 2})
+    try:
+        job = jobs.submit(command="echo ran", gpu="rtx-4090", gpus=1, name="waiter")
+
+        def waiting() -> str | None:
+            r = cli(hub, jobs.token, "list")
+            assert r.returncode == 0, r.stderr
+            line = next(ln for ln in r.stdout.splitlines() if "waiter" in ln)
+            return line if "queued" in line and "waiting for 1" in line else None
+
+        line = wait_for(waiting, 30, 0.5, "the list to say why the job waits")
+        assert "RTX" in line or "rtx" in line, line
+        assert jobs.get(job["id"])["state"] == "queued"
+    finally:
+        hub.stop_server(other)
+    done = jobs.wait_state(job["id"], "succeeded", "failed")
+    assert done["state"] == "succeeded", done
