@@ -277,7 +277,7 @@ class BillingSettings(_Model):
 class Catalog(_Model):
     currency: str = Field(pattern=r"^[A-Z]{3}$")
     trial_credit: Money
-    max_gpus_per_server: int = Field(ge=1, le=64)
+    max_gpus_per_server: int = Field(8, ge=1, le=64)
     no_gpu: NoGpuMode
     gpu_types: dict[str, GpuType]
     images: dict[str, Image]

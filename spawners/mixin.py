@@ -38,7 +38,13 @@ from gpulab.spawners.node.allocator import Allocation, NoCapacity, owner_key
 from gpulab.spawners.node.holds import accounts_for
 from gpulab.spawners.node.pool import GpuPool
 from gpulab.spawners.node.procs import ENV_ALLOC, ENV_HUB
-from gpulab.spawners.options import OptionsError, ServerOptions, options_from_form, parse_options
+from gpulab.spawners.options import (
+    OptionsError,
+    ServerOptions,
+    check_cards_fit,
+    options_from_form,
+    parse_options,
+)
 from gpulab.spawners.request import CourseSeat, SpawnRequest, make_request, take
 from gpulab.spawners.storage.datasets import is_private
 from gpulab.spawners.storage.homes import StorageError, home_name
@@ -150,8 +156,18 @@ class GpuSpawnerMixin(AppServersMixin, HasTraits):
             raise SpawnError(400, f"Invalid spawn option {e}", e.human, e.details()) from None
         except CourseRuleError as e:
             raise SpawnError(e.status, f"Not allowed: {e}") from None
+        self._check_cards_fit(request.options)
         self._check_private_datasets(request.options)
         return request
+
+    def _check_cards_fit(self, options: ServerOptions) -> None:
+        """No more cards than the largest node of the type has (400 naming gpus)."""
+        if options.gpu not in self.pool.catalog.gpu_types:
+            return
+        try:
+            check_cards_fit(options, self.pool.catalog, self.pool.max_cards_per_node(options.gpu))
+        except OptionsError as e:
+            raise SpawnError(400, f"Invalid spawn option {e}", e.human, e.details()) from None
 
     def _check_private_datasets(self, options: ServerOptions) -> None:
         """Users' own datasets (``@OWNER/NAME``) mount only for whom they are shared with (the

@@ -299,6 +299,22 @@ def _as_bool(field: str, value: Any) -> bool:
     )
 
 
+def check_cards_fit(options: ServerOptions, catalog: Catalog, most: int) -> None:
+    """A server's cards all sit on one node: refuse more than ``most``, the most cards of the
+    type that any one node has (the catalog's ``max_gpus_per_server`` is only the ceiling), as a
+    400 naming ``gpus`` that says the most there is. ``most`` 0 (no card of the type here at
+    all) refuses nothing here: the allocator or the spot queue answer that."""
+    if options.gpu == NO_GPU or most <= 0 or options.gpus <= most:
+        return
+    name = catalog.gpu_types[options.gpu].display_name
+    raise OptionsError(
+        "gpus",
+        f"at most {most} x {options.gpu} fit on one node here, not {options.gpus}",
+        f"The largest node here has {most} {name} cards; a server has at most {most} of them, "
+        f"not {options.gpus}.",
+    )
+
+
 def parse_options(raw: Any, catalog: Catalog) -> ServerOptions:
     """Validate raw spawn options (JSON body or converted form) against the catalog."""
     if raw is None:

@@ -120,6 +120,15 @@ class GpuPool(SingletonConfigurable):
                 f"; joined: {', '.join(sorted(after - before))}" if after - before else "",
             )
 
+    def max_cards_per_node(self, gpu_type: str) -> int:
+        """The most cards of ``gpu_type`` (a catalog slug) that any one node has in the pool,
+        held or free: the most one server can ask for (a server's cards sit on one node)."""
+        per_node: dict[str | None, int] = {}
+        for dev in self.inventory.rentable:
+            if dev.gpu_type == gpu_type:
+                per_node[dev.node] = per_node.get(dev.node, 0) + 1
+        return max(per_node.values(), default=0)
+
     # ---- orphan sweep ------------------------------------------------------------------------
 
     def start_reconciling(
