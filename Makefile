@@ -7,7 +7,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 ARGS ?=
 
-.PHONY: install run test lint format bench bench-apps bench-swarm bench-class bench-ssh bench-metrics clean labext-test
+.PHONY: install run test lint format bench bench-apps bench-swarm bench-class bench-ssh bench-metrics bench-jobs clean labext-test
 
 # The install steps print one line each: on a fresh machine their own output (Yarn's alone was
 # 2,361 lines) buried how to log in, which `make run` prints last. A step's whole output goes to
@@ -127,6 +127,11 @@ bench-swarm: install
 # JupyterHub's own scrape), the observer and card sampler per 100 servers (root: cgroups).
 bench-metrics: install
 	$(BIN)/python benchmarks/metrics.py $(ARGS)
+
+# Training jobs: submit-to-running (job vs a named server vs a bare process) and the resume
+# after a spot preemption against the reference's 4 minutes (root; --swarm adds 2x2-card gangs).
+bench-jobs: install
+	$(BIN)/python benchmarks/jobs.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) node_modules .gpulab .pytest_cache .ruff_cache
