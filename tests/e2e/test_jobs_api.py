@@ -8,11 +8,11 @@ platform's token; the tests act only as users would: their own tokens, the API, 
 from __future__ import annotations
 
 import os
-import subprocess
 import time
 
 import pytest
-from harness import PASSWORD, REPO, VENV_BIN, Hub, WebSession, approved_user, wait_for
+from harness import PASSWORD, Hub, WebSession, approved_user, wait_for
+from jobs_helpers import Jobs, cli, job_servers
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="job servers run as users' accounts")
 
@@ -23,59 +23,6 @@ def hub(module_hub_factory) -> Hub:
         "jobsapi",
         simulate="RTX-4090:2",
         extra_args=["--JobScheduler.interval=0.3", "--JobScheduler.retry_seconds=1"],
-    )
-
-
-class Jobs:
-    """One user's jobs, through the REST API with a token of their own."""
-
-    def __init__(self, hub: Hub, user: str) -> None:
-        self.hub, self.user = hub, user
-        r = hub.api("POST", f"/users/{user}/tokens", json={"expires_in": 3600, "note": "jobs"})
-        assert r.status_code == 201, r.text
-        self.token = r.json()["token"]
-
-    def call(self, method: str, path: str = "", **kw) -> object:
-        return self.hub.api(method, f"/gpulab/users/{self.user}/jobs{path}", token=self.token, **kw)
-
-    def submit(self, **spec) -> dict:
-        r = self.call("POST", json=spec)
-        assert r.status_code == 201, r.text
-        return r.json()
-
-    def get(self, job_id: int) -> dict:
-        r = self.call("GET", f"/{job_id}")
-        assert r.status_code == 200, r.text
-        return r.json()
-
-    def wait_state(self, job_id: int, *states: str, timeout: float = 90) -> dict:
-        return wait_for(
-            lambda: (j := self.get(job_id))["state"] in states and j,
-            timeout,
-            0.2,
-            f"job {job_id} to be {' or '.join(states)}",
-        )
-
-    def log(self, job_id: int) -> str:
-        r = self.call("GET", f"/{job_id}/log")
-        assert r.status_code == 200, r.text
-        return r.text
-
-
-def job_servers(hub: Hub, user: str) -> dict:
-    return {k: v for k, v in hub.user(user)["servers"].items() if k.startswith("job-")}
-
-
-def cli(hub: Hub, token: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTERHUB_", "GPULAB_"))}
-    env["GPULAB_TOKEN"] = token
-    return subprocess.run(
-        [str(VENV_BIN / "gpulab"), "jobs", "--hub", hub.url, *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=REPO,
     )
 
 
