@@ -14,7 +14,8 @@ nothing within the window costs nothing meanwhile.
   cannot be paid for ``start_minutes``). A no-GPU server is stopped when the balance reaches zero.
 - A server with no live kernel and no observed activity for ``idle_timeout`` is stopped.
 - A server the hub runs but that sends no heartbeat for ``silent_timeout`` (its reporter was
-  killed or is missing) is stopped: unmetered time is not given away.
+  killed or is missing) is stopped: unmetered time is not given away. A training job's server
+  (``job-*``) runs no reporter and is exempt: the hub's observed spans meter it.
 - A course session (``courses``) is paid by its course's pool up to the student's cap, then by
   the student: with ``overflow = "personal"`` the money it may still use is what the pool can
   pay for the student now (min(cap left, pool balance)) plus the student's balance, and the
@@ -62,6 +63,9 @@ from gpulab.billing_service.models import MICRO, Account, ServerSession
 from gpulab.billing_service.rating import bid_of, paid_by_course, rated_pricing
 from gpulab.billing_service.statements import session_options
 from gpulab.catalog import NO_GPU
+
+# Training jobs' servers (the hub's job-ID and job-ID-RANK): no reporter runs in them.
+JOB_SERVERS = "job-%"
 
 if TYPE_CHECKING:
     from gpulab.billing_service.app import BillingService
@@ -179,6 +183,10 @@ class Enforcer:
                         ServerSession.stopped_us.is_(None),
                         func.coalesce(ServerSession.last_heartbeat_us, ServerSession.started_us)
                         < now - silent,
+                        # A training job's server (job-ID[-RANK]) runs the job runner, not a
+                        # Jupyter server with a reporter: it never sends heartbeats, and is
+                        # metered from the hub's observed spans alone (issue 26).
+                        ServerSession.server.not_like(JOB_SERVERS),
                     )
                 ).all()
             for sess in quiet:
