@@ -194,7 +194,13 @@ def time_resumes(hub: Hub, gpu: str, count: int) -> tuple[list[float], list[floa
                 "training again",
             )
             seen.append(time.perf_counter() - t_free)
-            attempt = user.job(job_id)["attempts"][-1]
+            # The hub marks it running on its next pass (the command may print first).
+            attempt = wait_for(
+                lambda: (a := user.job(job_id)["attempts"][-1])["running_at"] and a,
+                60,
+                0.1,
+                "the hub to see it running",
+            )
             recorded.append(attempt["resume_seconds"])
             print(
                 f"  resume {n}/{count}: {seen[-1]:.2f}s to the first step "
