@@ -143,6 +143,7 @@ def attach(app: Any) -> list[tuple[str, type]]:
             HubClient(market.hub_api_url, market.api_token),
             lambda owner: _find_spawner(app, owner),
             notices=notices_for(pool.data_dir),
+            spawner_record=lambda owner: _find_spawner(app, owner, make=True),
         )
         scheduler.start(after=ready)
         # The hub's metrics: every card read periodically (simulated ones follow their holder's
@@ -180,7 +181,9 @@ def running_spawners(app: Any) -> list[Any]:
     ]
 
 
-def _find_spawner(app: Any, owner: str) -> Any:
+def _find_spawner(app: Any, owner: str, make: bool = False) -> Any:
+    """The hub's spawner of ``owner``'s server; ``make``: also of a stopped server JupyterHub
+    still has a record of (a wrapper made from its record, e.g. to read its log)."""
     name, _, server = owner.partition("/")
     user = app.users.get(name) if hasattr(app.users, "get") else None
     if user is None:
@@ -188,7 +191,10 @@ def _find_spawner(app: Any, owner: str) -> Any:
             user = app.users[name]
         except KeyError:
             return None
-    return user.spawners.get(server)
+    spawner = user.spawners.get(server)
+    if spawner is None and make and server in user.orm_spawners:
+        spawner = user.spawners[server]
+    return spawner
 
 
 async def _hub_answers(app: Any, interval: float = 0.2) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,11 @@ async def server_output(spawner: Any) -> bytes:
 
 def attempt_file(log_dir: Path, n: int) -> Path:
     return log_dir / f"attempt-{n}.log"
+
+
+async def archived(log_dir: Path, n: int) -> bytes:
+    """Attempt ``n``'s archived output (b"" before it is archived)."""
+    return await asyncio.to_thread(_read_files, [attempt_file(log_dir, n)])
 
 
 def _write_archive(path: Path, data: bytes, max_bytes: int) -> None:
@@ -117,3 +123,10 @@ async def job_output(log_dir: Path, job: Job, live: Any) -> bytes:
     if job.attempts and not last_done and live is not None:
         data += await server_output(live)
     return data
+
+
+def exit_code_in(output: bytes, job_id: int) -> int | None:
+    """The exit code the job runner printed last for job ``job_id`` ("[gpulab] job 17 exited
+    with code 3"), or None."""
+    found = re.findall(rb"^\[gpulab\] job %d exited with code (\d+)$" % job_id, output, re.M)
+    return int(found[-1]) if found else None

@@ -125,6 +125,7 @@ class JobScheduler(SingletonConfigurable):
         self.hub: HubClient | None = None
         self.notices: Any = None
         self.find_spawner: Callable[[str], Any] = lambda owner: None
+        self.spawner_record: Callable[[str], Any] = lambda owner: None
         self._busy: set[int] = set()  # jobs a start or an end task is working on
         self._not_before: dict[int, float] = {}  # job -> no start tried before then
         self._planned: dict[int, tuple[str, ...]] = {}  # starting job -> nodes planned for it
@@ -132,6 +133,7 @@ class JobScheduler(SingletonConfigurable):
         self._tasks: set[asyncio.Task] = set()
         self._wake: asyncio.Event | None = None
         self._loop_task: asyncio.Task | None = None
+        self._since = time.time()  # attempts running from before are restored servers
 
     # ---- wiring -------------------------------------------------------------------------------
 
@@ -142,8 +144,11 @@ class JobScheduler(SingletonConfigurable):
         hub: HubClient,
         find_spawner: Callable[[str], Any],
         notices: Any = None,
+        spawner_record: Callable[[str], Any] | None = None,
     ) -> None:
-        """Give the scheduler the hub's pool, market, REST client and spawner lookup."""
+        """Give the scheduler the hub's pool, market, REST client and spawner lookup
+        (``spawner_record``: also a stopped server's, made from JupyterHub's record)."""
+        self.spawner_record = spawner_record or find_spawner
         self.pool = pool
         self.market = market
         self.hub = hub
@@ -302,6 +307,12 @@ class JobScheduler(SingletonConfigurable):
                 self.log.info("Job %s of %s running (attempt %s)", job.id, job.owner, attempt.n)
             return
         codes = [await _exit_status(s) for s in spawners]
+        if self.restored(attempt) and all(c is None for c in codes):
+            # The hub restarted while it ran: it is no longer the runner's parent (no exit code
+            # of its own), so it asks the spawner whether the server still runs.
+            polled = [await _poll(s) for s in spawners]
+            if any(p is not None for p in polled):
+                active = [a and p is None for a, p in zip(active, polled, strict=True)]
         ended = any(c is not None and c != 0 for c in codes) or all(c is not None for c in codes)
         if ended or not all(active):
             self._begin_end(job, {"exit_codes": codes})
@@ -309,6 +320,10 @@ class JobScheduler(SingletonConfigurable):
         if hooks.checkpoint_due(job, now):
             await hooks.signal_checkpoint(job, spawners, now)
             self.store.save(job)
+
+    def restored(self, attempt: Attempt) -> bool:
+        """Whether ``attempt`` was started by an earlier hub process (its servers restored)."""
+        return attempt.started_at < self._since
 
     def _node_of(self, job: Job, server: str) -> str:
         alloc = self.pool.allocator.get(owner_key(job.owner, server))
@@ -536,6 +551,21 @@ class JobScheduler(SingletonConfigurable):
             if spawner is not None and (spawner.active or spawner.pending):
                 await self.stop_rank(job, rank)
         await self._wait_stopped(job, servers)
+        # A server JupyterHub found stopped (its wrapper dropped) still has its record and log.
+        spawners = [
+            s if s is not None else self.spawner_record(owner_key(job.owner, name))
+            for s, name in zip(spawners, servers, strict=True)
+        ]
+        note = ""
+        if self.restored(attempt) and codes and codes[0] is None:
+            # No exit code the hub saw itself (it restarted meanwhile): the runner's own last
+            # line in the server's log, the job's output (the user's to write: it decides only
+            # their own job's state, never what is billed).
+            output = await logs.server_output(spawners[0])
+            output = output or await logs.archived(self.store.log_dir(job.id), attempt.n)
+            codes[0] = logs.exit_code_in(output, job.id)
+            if codes[0] is not None:
+                note = "exit code read from the job's log (the hub restarted while it ran)"
         await logs.archive_attempt(
             self.store.log_dir(job.id), attempt.n, spawners, self.log_max_bytes
         )
@@ -562,6 +592,8 @@ class JobScheduler(SingletonConfigurable):
         attempt.end = hooks.classify_end(job, attempt, details)
         if details["start_error"] and not attempt.note:
             attempt.note = details["start_error"]
+        if note and not attempt.note:
+            attempt.note = note
         hooks.after_attempt(job, attempt)
         self.store.save(job)
         self.log.info(
@@ -660,6 +692,16 @@ def _start_error(spawners: list[Any]) -> tuple[str, int | None]:
         message = getattr(error, "jupyterhub_message", None) or getattr(error, "log_message", None)
         return str(message or error), status
     return "", None
+
+
+async def _poll(spawner: Any) -> int | None:
+    """The spawner's own poll: None while its server runs."""
+    if spawner is None:
+        return 0
+    try:
+        return await spawner.poll()
+    except Exception:
+        return None
 
 
 async def _exit_status(spawner: Any) -> int | None:
