@@ -384,12 +384,26 @@ class GpuSwarmSpawner(GpuDockerSpawner, SwarmSpawner):
     _job_log: bytes = b""  # a job server's output, kept when its service is removed
 
     def _service_log(self) -> bytes:
-        """The service's output (stdout and stderr, in order; blocking), at most log_max_bytes:
-        the newest is kept."""
-        chunks = self.client.service_logs(
-            self.object_id, stdout=True, stderr=True, follow=False, timestamps=False
-        )
-        data = b"".join(chunks)
+        """The job's output (stdout and stderr; blocking), at most log_max_bytes (the newest
+        kept): the newest task's container log from its node's own engine (the manager's
+        service log needs every node's agent to stream, and gives up on any it misses), else
+        the manager's service log."""
+        tasks = self.client.tasks(filters={"service": self.object_id})
+        tasks.sort(key=lambda t: t.get("CreatedAt", ""), reverse=True)
+        status = tasks[0]["Status"] if tasks else {}
+        container = (status.get("ContainerStatus") or {}).get("ContainerID")
+        data = None
+        if container:
+            try:
+                engine = self.cluster.engine(tasks[0]["NodeID"])
+                data = engine.logs(container, stdout=True, stderr=True, timestamps=False)
+            except (LookupError, docker.errors.DockerException):
+                data = None
+        if data is None:
+            chunks = self.client.service_logs(
+                self.object_id, stdout=True, stderr=True, follow=False, timestamps=False
+            )
+            data = b"".join(chunks)
         return data[-self.log_max_bytes :] if self.log_max_bytes else data
 
     async def gpulab_read_log(self) -> bytes:
@@ -418,6 +432,8 @@ class GpuSwarmSpawner(GpuDockerSpawner, SwarmSpawner):
             return
         status = tasks[0]["Status"]
         code = (status.get("ContainerStatus") or {}).get("ExitCode")
+        if status["State"] == "complete" and code is None:
+            code = 0  # the API leaves a zero exit code out
         if (
             status["State"] in ("complete", "failed")
             and code is not None
