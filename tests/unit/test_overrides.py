@@ -129,3 +129,29 @@ def test_the_spawn_page_get_gpulab_overrides_still_reads_options_from_the_query(
     assert "self.request.query_arguments.items()" in source
     assert "spawner.handler = self" in source
     assert "options_from_query" in source
+
+
+def test_the_job_server_guard_still_sits_where_jupyterhub_checks_named_servers() -> None:
+    """Issue 26: ServerAPIHandler lets the platform start and stop ``job-*`` servers where named
+    servers are off by answering ``allow_named_servers`` itself and by calling JupyterHub's
+    ``_check_named_server_request`` without the named-server limit; it refuses a user's start,
+    creation or rename (post, put, patch) before JupyterHub's own. Each relies on these."""
+    assert params(inspect.unwrap(UserServerAPIHandler.put)) == ["self", "user_name", "server_name"]
+    assert params(inspect.unwrap(UserServerAPIHandler.patch)) == [
+        "self",
+        "user_name",
+        "server_name",
+    ]
+    assert params(UserServerAPIHandler._check_named_server_request) == [
+        "self",
+        "user",
+        "server_name",
+        "display_name",
+        "check_limit",
+    ]
+    check = inspect.getsource(UserServerAPIHandler._check_named_server_request)
+    assert "self.allow_named_servers" in check and "check_limit" in check
+    assert "self.allow_named_servers" in inspect.getsource(UserServerAPIHandler.delete)
+    assert isinstance(inspect.getattr_static(ServerAPIHandler, "allow_named_servers"), property)
+    for method in ("post", "put", "patch"):
+        assert "refuse_job_server" in inspect.getsource(getattr(ServerAPIHandler, method))
