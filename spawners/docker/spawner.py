@@ -28,6 +28,7 @@ import asyncio
 import ipaddress
 import json
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,7 @@ from traitlets import Bool, Float, Integer, Unicode, default, validate
 from gpulab.catalog import App, gpu_choice
 from gpulab.spawners.docker.agent import ContainerAgentMixin
 from gpulab.spawners.docker.images import image_status
+from gpulab.spawners.docker.jobs import ContainerJobsMixin
 from gpulab.spawners.docker.labels import (
     L_ALLOC,
     L_CREATED,
@@ -110,7 +112,9 @@ def network_gateway(network: str) -> str:
     )
 
 
-class GpuDockerSpawner(ContainerAgentMixin, RecoveryMixin, GpuSpawnerMixin, DockerSpawner):
+class GpuDockerSpawner(
+    ContainerJobsMixin, ContainerAgentMixin, RecoveryMixin, GpuSpawnerMixin, DockerSpawner
+):
     """Runs each server in a container from the catalog image the user picked, with its GPUs."""
 
     gpu_device_requests = Unicode(
@@ -505,6 +509,9 @@ class GpuDockerSpawner(ContainerAgentMixin, RecoveryMixin, GpuSpawnerMixin, Dock
         # Runtime files (the server's and kernels' connection files) in /tmp, outside the quota:
         # a full home still starts and opens.
         env["JUPYTER_RUNTIME_DIR"] = SCRATCH_RUNTIME
+        if self.gpulab_job is not None:
+            # The runner's scope for the checkpoint signal: every process of the container.
+            env["GPULAB_JOB_SCOPE"] = "container"
         if self.allocation is not None and self.device_requests(self.allocation):
             # What the NVIDIA container toolkit injects: CUDA's driver library and nvidia-smi.
             env["NVIDIA_DRIVER_CAPABILITIES"] = "compute,utility"
@@ -582,7 +589,8 @@ class GpuDockerSpawner(ContainerAgentMixin, RecoveryMixin, GpuSpawnerMixin, Dock
         /dev/shm capped at shm_fraction of the memory limit and at least 64 MiB. Both are tmpfs:
         what they hold is memory charged to the container, so neither can pass its limit."""
         storage = self.pool.catalog.storage
-        shm = min(storage.bytes_of(storage.shm_gb), int(mem_bytes * self.shm_fraction))
+        shm = self.job_shm_bytes(storage.bytes_of(storage.shm_gb))
+        shm = min(shm, int(mem_bytes * self.shm_fraction))
         return storage.bytes_of(storage.tmp_gb), max(64 * 2**20, shm)
 
     # ---- lifecycle ---------------------------------------------------------------------------
@@ -718,6 +726,12 @@ class GpuDockerSpawner(ContainerAgentMixin, RecoveryMixin, GpuSpawnerMixin, Dock
 
     async def poll(self):
         status = await super().poll()
+        if isinstance(status, str) and self.gpulab_job is not None and self._job_exit is None:
+            # DockerSpawner's "ExitCode=N, Error=..., FinishedAt=...": kept before the container
+            # is removed below.
+            found = re.match(r"ExitCode=(-?\d+)", status)
+            if found:
+                self._job_exit = self.exit_code_of(int(found.group(1)))
         if status is None and self.allocation is None:
             # Running, yet no allocation claimed: the ledger lost the record, or the hub died
             # between starting the container and saving the server's state. The container's

@@ -283,6 +283,17 @@ def server_processes(env: dict[str, str]) -> list[int]:
     return sorted(pids)
 
 
+def prepare_container() -> None:
+    """In a container, what the image's launcher does before a server (links to the read-only
+    datasets, the apps' config), where the image has gpulab's launcher; a job runs without."""
+    try:
+        from gpulab.spawners.inside.launcher import start_server_environment
+    except ImportError:
+        say("this image has no gpulab launcher: datasets are not linked into the home")
+        return
+    start_server_environment(dict(os.environ))
+
+
 class Runner:
     def __init__(self, env: dict[str, str]) -> None:
         self.env = env
@@ -339,9 +350,11 @@ class Runner:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    env = dict(os.environ)
-    runner = Runner(env)
+    runner = Runner(dict(os.environ))
     runner.install()
+    if os.environ.get("GPULAB_JOB_SCOPE") == "container":
+        prepare_container()
+    env = runner.env = dict(os.environ)
     command = env.get("GPULAB_JOB_COMMAND", "")
     job_id = env.get("GPULAB_JOB_ID", "")
     if not command or not job_id:

@@ -592,10 +592,10 @@ def main(argv: list[str] | None = None) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     start_server_environment(dict(os.environ))
     if os.environ.get(ENV_JOB_ID):
-        # A job server (issue 26): the job runner answers in JupyterLab's place.
-        from gpulab.spawners.inside import jobrunner
-
-        sys.exit(jobrunner.main(argv))
+        # A job server (issue 26): the job runner answers in JupyterLab's place, in this
+        # process (its mounts, cgroup and account; the hub's Popen handle stays its own).
+        runner = [sys.executable, "-I", "-m", "gpulab.spawners.inside.jobrunner", *argv]
+        os.execve(sys.executable, runner, dict(os.environ))
     if os.environ.get("GPULAB_TRIM_IMPORTS", "1") == "1":
         install_import_trimming()
     sys.argv = ["jupyterhub-singleuser", *argv]

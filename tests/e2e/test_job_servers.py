@@ -3,106 +3,47 @@ the server ``job-ID`` started through the hub's REST API with the platform's own
 ``gpulab-market`` service's, as the job scheduler starts them) runs the job runner in
 JupyterLab's place, as the user's account in the server's cgroup; its output is the server's
 log, its exit code is the spawner's ``gpulab_exit_status``, and what it detached dies with the
-server's stop. The hub's config files each test's JobLaunch from a file at the server's start
-(``pre_spawn_hook``), standing in for the scheduler's ``offer``; a small test-only API handler
-reads ``gpulab_exit_status`` in the hub."""
+server's stop. The hub's config stands in for the scheduler's ``offer``
+(tests/job_server_helpers.py)."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 from pathlib import Path
 
 import pytest
 from conftest import require
-from harness import ConfigFileHub, wait_for
+from harness import wait_for
+from job_server_helpers import (
+    alive,
+    exit_status,
+    file_launch,
+    job_hub,
+    platform_token,
+    server_of,
+    signal_job,
+    start_job_server,
+)
 
 from gpulab.spawners.local.accounts import account_name
 from gpulab.spawners.storage.homes import home_name
-
-CONFIG = """\
-import os
-from jupyterhub.apihandlers.base import APIHandler
-from gpulab.hub_config.config import configure
-from gpulab.spawners.jobs.launch import JobLaunch, offer
-
-configure(c)
-LAUNCHES = {launches!r}
-
-
-def offer_filed_launch(spawner):
-    # Stands in for the job scheduler's offer() before its start request.
-    path = os.path.join(LAUNCHES, spawner.user.name + "." + spawner.name + ".json")
-    if os.path.exists(path):
-        with open(path) as f:
-            offer(spawner.owner, JobLaunch.from_json(f.read()))
-
-
-class ExitStatus(APIHandler):
-    async def get(self, name, server):
-        spawner = self.find_user(name).spawners[server]
-        self.finish({{"exit": await spawner.gpulab_exit_status()}})
-
-
-c.Spawner.pre_spawn_hook = offer_filed_launch
-c.JupyterHub.extra_handlers = [(r"/api/test-job-exit/([^/]+)/([^/]+)", ExitStatus)]
-"""
 
 
 @pytest.fixture(scope="module")
 def jhub(tmp_path_factory, chp_installed):
     require(os.geteuid() == 0, "root (job servers run as the users' own accounts)")
-    root = Path(tmp_path_factory.mktemp("job-servers"))
-    launches = root / "launches"
-    launches.mkdir()
-    config = root / "site" / "jupyterhub_config.py"
-    config.parent.mkdir()
-    config.write_text(CONFIG.format(launches=str(launches)))
-    hub = ConfigFileHub(root / "data", config)
-    hub.extra_env.update(GPULAB_ADMIN_TOKEN=hub.token, GPULAB_SIMULATE_GPUS="A100-80G:8,RTX-4090:4")
-    hub.launches = launches
+    hub = job_hub(
+        Path(tmp_path_factory.mktemp("job-servers")),
+        GPULAB_SIMULATE_GPUS="A100-80G:8,RTX-4090:4",
+    )
     hub.start()
     yield hub
     hub.stop()
 
 
-def platform_token(hub: ConfigFileHub) -> str:
-    return (hub.data_dir / "spot-market-token").read_text().strip()
-
-
-def file_launch(hub, user: str, job_id: int, command: str, gpus: int = 1) -> str:
-    server = f"job-{job_id}"
-    launch = {"job_id": job_id, "attempt": 1, "rank": 0, "nodes": 1, "gpus": gpus}
-    launch.update(command=command, cwd="", checkpoint_seconds=30)
-    (hub.launches / f"{user}.{server}.json").write_text(json.dumps(launch))
-    return server
-
-
-def start_job_server(hub, user: str, server: str, options: dict):
-    return hub.api("POST", f"/users/{user}/servers/{server}", platform_token(hub), json=options)
-
-
-def server_of(hub, user: str, server: str) -> dict | None:
-    return hub.user(user)["servers"].get(server)
-
-
 def log_of(hub, user: str, server: str) -> Path:
     return hub.data_dir / "logs" / f"{home_name(user)}.{home_name(server)}.log"
-
-
-def exit_status(hub, user: str, server: str):
-    r = hub.api("GET", f"/test-job-exit/{user}/{server}")
-    r.raise_for_status()
-    return r.json()["exit"]
-
-
-def alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
-        return False
-    return stat.rpartition(b")")[2].split()[0] not in (b"Z", b"X")
 
 
 A100 = {"gpu": "a100-80g", "gpus": 1, "image": "base", "pricing": "on-demand"}
@@ -157,6 +98,37 @@ def test_a_detached_process_dies_with_the_job_server(jhub) -> None:
     finally:
         if alive(pid):
             os.kill(pid, signal.SIGKILL)
+
+
+CATCHER = (
+    "printf '%s\\n' 'import pathlib, signal, sys, time' 'def h(*a):' "
+    "'    print(\"got-usr1\", flush=True); sys.exit(5)' 'signal.signal(signal.SIGUSR1, h)' "
+    "'print(\"ready\", flush=True)' 'while True: time.sleep(0.1)' > /tmp/catcher.py; "
+    "sleep 1000 & echo $! > /tmp/sleep.pid; exec python3 /tmp/catcher.py"
+)
+
+
+def test_the_checkpoint_signal_reaches_the_job_once(jhub) -> None:
+    """Issue 26 (Preemption: the checkpoint signal the job handles): the platform's SIGUSR1
+    (the spawner's gpulab_signal_processes, as the market and the checkpoint timer send it)
+    goes to the runner, which passes it to the job's process that catches it; the job then
+    ends as it chose (exit 5, seen by the hub)."""
+    user = jhub.create_user()
+    wait_for(lambda: jhub.free("a100-80g") == 8, 60, what="the cards of earlier tests")
+    server = file_launch(jhub, user, 106, CATCHER)
+    r = start_job_server(jhub, user, server, A100)
+    assert r.status_code in (201, 202), r.text
+    log = log_of(jhub, user, server)
+    wait_for(lambda: log.exists() and "ready" in log.read_text(), 90, what="the catcher")
+    sent = signal_job(jhub, user, server)
+    assert len(sent["signalled"]) == 1, sent
+    wait_for(lambda: exit_status(jhub, user, server) == 5, 60, what="the job's exit")
+    text = log.read_text()
+    assert text.count("got-usr1") == 1, text
+    assert "checkpoint signal (SIGUSR1) sent to" in text
+    assert "[gpulab] job 106 exited with code 5" in text
+    wait_for(lambda: server_of(jhub, user, server) is None, 60, what="the job server's stop")
+    wait_for(lambda: jhub.free("a100-80g") == 8, 30, what="its card to be free")
 
 
 def test_eight_cards_on_one_node(jhub) -> None:
