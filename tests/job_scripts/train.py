@@ -74,7 +74,10 @@ def save(ckdir: str, state: dict) -> str:
     the folder (never inside it, where the runner picks the newest entry), fsynced, renamed."""
     os.makedirs(ckdir, exist_ok=True)
     final = os.path.join(ckdir, f"step-{state['step']:08d}.pt")
-    tmp = os.path.join(os.path.dirname(os.path.abspath(ckdir)), f".ckpt-{os.getpid()}.tmp")
+    # Named by the global rank too: nodes that share a home (a Swarm gang) each write one, and
+    # their processes may have the same pid in their containers.
+    name = f".ckpt-{os.environ.get('RANK', '0')}-{os.getpid()}.tmp"
+    tmp = os.path.join(os.path.dirname(os.path.abspath(ckdir)), name)
     buf = io.BytesIO()
     torch.save(state, buf)
     with open(tmp, "wb") as f:
