@@ -9,6 +9,7 @@ server's stop. The hub's config stands in for the scheduler's ``offer``
 from __future__ import annotations
 
 import os
+import pwd
 import signal
 from pathlib import Path
 
@@ -72,6 +73,9 @@ def test_job_server_runs_the_command_as_the_user_and_reports_its_exit(jhub) -> N
     assert "[gpulab] job 101 attempt 1" in log
     assert "[gpulab] job 101 exited with code 3" in log
     assert "jupyterhub-singleuser" not in log and "Jupyter Server" not in log
+    # The runner made the checkpoint folder as the user (root never acts in the home).
+    folder = jhub.data_dir / "users" / home_name(user) / ".gpulab" / "jobs" / "101" / "checkpoints"
+    assert folder.stat().st_uid == pwd.getpwnam(account_name(user)).pw_uid
 
 
 def test_a_detached_process_dies_with_the_job_server(jhub) -> None:
@@ -134,9 +138,12 @@ def test_the_checkpoint_signal_reaches_the_job_once(jhub) -> None:
 def test_eight_cards_on_one_node(jhub) -> None:
     """Issue 26 (Up to 8 cards in one click): on a node with 8 cards of a type, a job gets all 8,
     CUDA_VISIBLE_DEVICES names 8 cards and LOCAL_WORLD_SIZE is 8 (the catalog's per-server
-    limit is 8 now)."""
+    limit is 8 now), with /dev/shm sized for 8 cards' data loaders."""
     user = jhub.create_user()
-    command = 'echo "CVD=$CUDA_VISIBLE_DEVICES"; echo "LWS=$LOCAL_WORLD_SIZE WS=$WORLD_SIZE"'
+    command = (
+        'echo "CVD=$CUDA_VISIBLE_DEVICES"; echo "LWS=$LOCAL_WORLD_SIZE WS=$WORLD_SIZE"; '
+        'echo "SHM=$(df -B1 --output=size /dev/shm | tail -1 | tr -d " ")"'
+    )
     server = file_launch(jhub, user, 103, command, gpus=8)
     r = start_job_server(jhub, user, server, {**A100, "gpus": 8})
     assert r.status_code in (201, 202), r.text
@@ -145,6 +152,8 @@ def test_eight_cards_on_one_node(jhub) -> None:
     cvd = next(line for line in log.splitlines() if line.startswith("CVD="))[4:]
     assert len(set(cvd.split(","))) == 8, cvd
     assert "LWS=8 WS=8" in log
+    # /dev/shm for data loaders: the catalog's shm_gb (2) per card.
+    assert "SHM=" + str(8 * 2 * 2**30) in log, log
     wait_for(lambda: jhub.free("a100-80g") == 8, 60, what="the 8 cards to be free")
 
 
