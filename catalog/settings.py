@@ -496,6 +496,15 @@ TABLE: tuple[Setting, ...] = (
         )
     ),
     _S(
+        "GPULAB_TOKEN",
+        "str",
+        "",
+        "gpulab jobs (the CLI, where a user runs it): a hub API token of their own; in their "
+        "server the CLI uses the server's JUPYTERHUB_API_TOKEN",
+        "read by the jobs CLI",
+        scope="internal",
+    ),
+    _S(
         "GPULAB_HUB_PID",
         "int",
         None,

@@ -66,7 +66,7 @@ def add_jobs_parser(sub: Any) -> None:
     s.add_argument("--max-attempts", type=int, default=None, help="attempts before giving up")
     s.add_argument("--name", default=None, help="a label")
     s.add_argument("--cwd", default=None, help="folder relative to your home")
-    s.add_argument("--follow", action="store_true", help="print its output until it ends")
+    s.add_argument("-f", "--follow", action="store_true", help="print its output until it ends")
     s.add_argument("words", nargs=argparse.REMAINDER, metavar="COMMAND", help="-- COMMAND...")
 
     jobs.add_parser("list", help="your jobs and why each waits")
@@ -75,7 +75,7 @@ def add_jobs_parser(sub: Any) -> None:
         c.add_argument("job_id", type=int)
     lg = jobs.add_parser("logs", help="a job's output across its attempts")
     lg.add_argument("job_id", type=int)
-    lg.add_argument("--follow", action="store_true", help="stream until the job ends")
+    lg.add_argument("-f", "--follow", action="store_true", help="stream until the job ends")
 
 
 class Client:
