@@ -551,6 +551,9 @@ class JobScheduler(SingletonConfigurable):
             if spawner is not None and (spawner.active or spawner.pending):
                 await self.stop_rank(job, rank)
         await self._wait_stopped(job, servers)
+        for i, spawner in enumerate(spawners):
+            if codes[i] is None:  # the ranks the stop ended have their exit codes now
+                codes[i] = await _exit_status(spawner)
         # A server JupyterHub found stopped (its wrapper dropped) still has its record and log.
         spawners = [
             s if s is not None else self.spawner_record(owner_key(job.owner, name))
@@ -579,6 +582,10 @@ class JobScheduler(SingletonConfigurable):
         job = self.store.get(job_id)  # what arrived meanwhile (who stopped it, a cancel)
         attempt = job.attempt
         exit_code = _job_exit_code(codes)
+        if job.spec.nodes > 1 and any(c is None for c in codes):
+            # A rank without an exit code vanished with its node; the others' failure (a lost
+            # peer) follows from it: the attempt is a node failure, not the command's.
+            exit_code = None
         details = {
             "exit_code": exit_code,
             "stopped_by": job.stopped_by or info.get("stopped_by"),
