@@ -7,8 +7,13 @@ platform's token; the tests act only as users would: their own tokens, the API, 
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import json
 import os
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from harness import PASSWORD, Hub, WebSession, approved_user, wait_for
@@ -22,7 +27,11 @@ def hub(module_hub_factory) -> Hub:
     return module_hub_factory(
         "jobsapi",
         simulate="RTX-4090:2",
-        extra_args=["--JobScheduler.interval=0.3", "--JobScheduler.retry_seconds=1"],
+        extra_args=[
+            "--JobScheduler.interval=0.3",
+            "--JobScheduler.retry_seconds=1",
+            "--SpotMarket.webhook_allowed_networks=127.0.0.0/8",
+        ],
     )
 
 
@@ -177,3 +186,62 @@ def test_jobs_list_says_why_a_job_waits(hub: Hub) -> None:
         hub.stop_server(other)
     done = jobs.wait_state(job["id"], "succeeded", "failed")
     assert done["state"] == "succeeded", done
+
+
+def test_the_owner_is_told_when_a_job_ends(hub: Hub) -> None:
+    """Issue 26, Jobs: notified on end: the user's own webhook gets a signed job-succeeded and a
+    job-failed event (X-Gpulab-Event, HMAC with their webhook secret), and the home page's
+    notices say how each job ended."""
+    deliveries: list[tuple[dict, bytes]] = []
+
+    class Hook(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            deliveries.append(
+                (dict(self.headers), self.rfile.read(int(self.headers["Content-Length"])))
+            )
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Hook)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        user = hub.create_user()
+        jobs = Jobs(hub, user)
+        url = f"http://127.0.0.1:{server.server_address[1]}/hook"
+        r = hub.api(
+            "PUT", f"/gpulab/spot/settings/{user}", token=jobs.token, json={"webhook_url": url}
+        )
+        assert r.status_code == 200, r.text
+        secret = r.json()["webhook_secret"]
+        good = jobs.submit(command="echo ok", gpu="none", gpus=0)
+        bad = jobs.submit(command="exit 5", gpu="none", gpus=0)
+        for job in (good, bad):
+            jobs.wait_state(job["id"], "succeeded", "failed")
+
+        def events() -> dict | None:
+            got = {}
+            for headers, body in deliveries:
+                data = json.loads(body)
+                got[data["job"]["id"]] = (headers, body, data)
+            return got if {good["id"], bad["id"]} <= set(got) else None
+
+        got = wait_for(events, 30, 0.2, "both webhooks")
+        for job, event, state in (
+            (good, "job-succeeded", "succeeded"),
+            (bad, "job-failed", "failed"),
+        ):
+            headers, body, data = got[job["id"]]
+            assert headers["X-Gpulab-Event"] == event and data["event"] == event
+            assert data["job"]["state"] == state and data["job"]["owner"] == user
+            sign = "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+            assert headers["X-Gpulab-Signature"] == sign
+        assert got[bad["id"]][2]["job"]["exit_code"] == 5
+    finally:
+        server.shutdown()
+    r = hub.api("GET", f"/gpulab/users/{user}/notices")
+    texts = [n["message"] for n in r.json()["notices"] if n["kind"] == "job"]
+    assert f"Job {good['id']} succeeded." in texts, texts
+    assert any(t.startswith(f"Job {bad['id']} failed") for t in texts), texts
