@@ -153,3 +153,35 @@ def test_a_job_is_not_stopped_as_silent(ihub: Hub) -> None:
     job = jobs.submit(command=f"sleep {3 * SILENT + 3}; echo slept", gpu="a100-80g", gpus=1)
     done = jobs.wait_state(job["id"], "succeeded", "failed", timeout=120)
     assert done["state"] == "succeeded" and done["stopped_by"] is None, done
+
+
+def test_billings_move_to_no_gpu_ends_a_job_and_never_reruns_it(hub_factory) -> None:
+    """Issue 26 + the guard: billing moves a GPU server whose balance cannot pay its margin to
+    no-GPU mode by stopping it and starting it again without a GPU. For a job's server that
+    restart would run the job's command a second time, unpaid for on the GPU it was given up for:
+    only the platform may start a job-* server, so the move is a stop, and the job ends failed,
+    "balance ran out", with no server of it left running."""
+    env = {
+        **FAST_BILLING_ENV,
+        "GPULAB_BILLING_ARGS": (
+            f"--BillingService.heartbeat_interval={HB} --BillingService.enforce_interval=1 "
+            "--BillingService.switch_margin=90 --BillingService.idle_timeout=600"
+        ),
+    }
+    hub = hub_factory("jobsnogpu", simulate="A100-80G:1", env=env, extra_args=OBSERVER)
+    billing = Billing(hub)
+    wait_for(billing.up, 30, 0.2, "the billing service")
+    user = new_user(hub)
+    jobs = Jobs(hub, user)
+    job = jobs.submit(command='echo "run-of-$GPULAB_JOB_ID"; sleep 600', gpu="a100-80g", gpus=1)
+    jobs.wait_state(job["id"], "running")
+    # Left: 0.02, which pays a minute of no-GPU (0.0015) but not 90 s of the A100 (0.0525).
+    balance = Decimal(billing.balance(user)["balance"]["exact"])
+    billing.credit(user, str(Decimal("0.02") - balance))
+    done = jobs.wait_state(job["id"], "failed", "cancelled", "succeeded", "queued", timeout=60)
+    assert done["state"] == "failed" and done["reason"] == "balance ran out", done
+    assert [a["end"] for a in done["attempts"]] == ["balance"], done
+    time.sleep(3.0)  # billing's restart attempt and scheduler passes: nothing runs again
+    assert not job_servers(hub, user), hub.user(user)["servers"]
+    assert jobs.log(job["id"]).count(f"run-of-{job['id']}") == 1
+    assert len(jobs.get(job["id"])["attempts"]) == 1
