@@ -210,17 +210,26 @@ def test_switch_to_no_gpu_and_back_keeps_files(hub: Hub, user: str) -> None:
 def test_switch_without_a_free_card_changes_nothing(hub: Hub, user: str) -> None:
     hub.spawn_ready(user, {"gpu": "none"})
     before = hub.server(user)["state"]["allocation"]["alloc_id"]
-    free = hub.free("rtx-4090")
-    r = ext(hub, user, "switch", "POST", json={"gpu": "rtx-4090", "gpus": 3})
-    assert r.status_code == 409, r.text
-    assert "free" in r.json()["message"]
+    # Another user holds one of the hub's 2 RTX 4090: 2 fit on the node but are not free.
+    holder = hub.create_user()
+    hub.spawn_ready(holder, {"gpu": "rtx-4090"})
+    try:
+        free = hub.free("rtx-4090")
+        r = ext(hub, user, "switch", "POST", json={"gpu": "rtx-4090", "gpus": 2})
+        assert r.status_code == 409, r.text
+        assert "free" in r.json()["message"]
+        # More than the largest node has (issue 26): 400 naming gpus.
+        r = ext(hub, user, "switch", "POST", json={"gpu": "rtx-4090", "gpus": 3})
+        assert r.status_code == 400 and "gpus" in r.json()["message"], r.text
+    finally:
+        hub.stop_server(holder)
     r = ext(hub, user, "switch", "POST", json={"gpu": "v100"})
     assert r.status_code == 400 and r.json()["message"].startswith("Invalid spawn option gpu:")
     time.sleep(1)
     assert hub.server(user)["ready"]
     assert hub.server(user)["state"]["allocation"]["alloc_id"] == before
     assert ext(hub, user, "status").json()["allocation_id"] == before
-    assert hub.free("rtx-4090") == free
+    assert hub.free("rtx-4090") == free + 1  # the holder's card is back; none taken
 
 
 def test_mount_dataset_by_switch(hub: Hub, user: str) -> None:
