@@ -12,6 +12,7 @@ Points of the issue this covers (each locator timed out on the page before the J
 - "gpulab jobs list says why each waits": a job waiting for the only card shows why.
 - "a job submitted by one user that another cannot see": another user's Jobs card lists nothing.
 - "billed per second as job-seconds on the statement": the statement lists the job as one line.
+- names and output go in as text: a job named with markup shows the markup and runs nothing.
 - no console errors on the pages. GPULAB_SCREENSHOTS=DIR keeps the pages as PNG files.
 """
 
@@ -27,6 +28,7 @@ from harness import PASSWORD, SLOW, Hub, approved_user, browser_log_in, wait_for
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="job servers run as users' accounts")
 
 # Prints a line a second, then a line with a non-ASCII character, and ends well.
+EVIL = '<img src=x onerror="window.gpulabPwned=1">'
 STEPS = "for i in 1 2 3 4; do echo step $i; sleep 1; done; echo 'loss 0.25 \u2192 done'"
 
 
@@ -95,7 +97,9 @@ def test_the_jobs_card_submits_follows_cancels_and_says_why_a_job_waits(jhub: Hu
         assert "at most 1" in refused, refused
         assert job_ids(hub, name) == []
 
-        # A job that prints a line a second: the log follows it to its end.
+        # A job that prints a line a second: the log follows it to its end. Its name is markup
+        # that would run if the page put it in as HTML.
+        page.fill("#gpulab-jobs-name", EVIL)
         submit(page, STEPS)
         assert "submitted" in answer(page)
         (first,) = job_ids(hub, name)
@@ -118,6 +122,7 @@ def test_the_jobs_card_submits_follows_cancels_and_says_why_a_job_waits(jhub: Hu
         card.locator(f"tr[data-job='{first}'][data-state='succeeded']").wait_for(timeout=SLOW)
         assert row.locator(".gpulab-job-exit").inner_text() == "0"
         assert row.locator(".gpulab-job-cancel").count() == 0  # an ended job has no Cancel
+        assert EVIL in row.inner_text() and page.evaluate("window.gpulabPwned") is None
         shot(page, "home-jobs-succeeded")
 
         # One job holds the only card; the next one waits and the card says why.
@@ -133,9 +138,7 @@ def test_the_jobs_card_submits_follows_cancels_and_says_why_a_job_waits(jhub: Hu
         third = max(job_ids(hub, name))
         waiting = card.locator(f"tr[data-job='{third}'][data-state='queued']")
         try:
-            waiting.locator(".gpulab-job-reason").filter(has_text="RTX 4090").wait_for(
-                timeout=SLOW
-            )
+            waiting.locator(".gpulab-job-reason").filter(has_text="RTX 4090").wait_for(timeout=SLOW)
         except Exception:
             raise AssertionError(card.locator("tbody").inner_html()) from None
         reason = waiting.locator(".gpulab-job-reason").inner_text()

@@ -141,9 +141,11 @@ def test_another_users_token_reaches_nothing_in_a_users_server(hub: Hub, user: s
     intruder = hub.create_user()
     token = token_for(hub, intruder)
     routes = [
-        ("GET", r) for r in ("status", "balance", "catalog", "pool", "gpus", "spot", "notices")
+        ("GET", r)
+        for r in ("status", "balance", "catalog", "pool", "gpus", "spot", "notices", "jobs")
     ]
-    for method, route in [*routes, ("POST", "switch")]:
+    routes += [("GET", "jobs/1"), ("GET", "jobs/1/log")]
+    for method, route in [*routes, ("POST", "switch"), ("POST", "jobs"), ("DELETE", "jobs/1")]:
         r = requests.request(
             method,
             hub.user_url(user, f"gpulab/api/{route}"),

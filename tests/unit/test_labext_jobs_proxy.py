@@ -33,9 +33,12 @@ def test_the_hubs_json_and_refusals_pass_as_they_are() -> None:
         "next_offset": 42,
         "done": True,
     }
-    # Bytes with the hub's next offset in a header.
-    chunk, _ = log_chunk(200, {"X-Gpulab-Next-Offset": "9"}, b"abc", 6)
-    assert chunk["next_offset"] == 9 and chunk["text"] == "abc"
+    # The hub's bytes, with where they end and the job's state in headers.
+    headers = {"X-Gpulab-Log-Offset": "9", "X-Gpulab-Job-State": "running"}
+    chunk, _ = log_chunk(200, headers, b"abc", 6)
+    assert chunk == {"text": "abc", "offset": 6, "next_offset": 9, "done": False}
+    headers["X-Gpulab-Job-State"] = "failed"
+    assert log_chunk(200, headers, b"abc", 6)[0]["done"] is True
     # Another user's job is a 404 from the hub: the panel gets the hub's message, not the log.
     chunk, status = log_chunk(404, {}, b'{"status": 404, "message": "no job 7"}', 0)
     assert (status, chunk) == (404, {"message": "no job 7"})

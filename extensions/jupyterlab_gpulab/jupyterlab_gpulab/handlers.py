@@ -469,7 +469,8 @@ class GpusHandler(_Handler):
 
 
 def setup_handlers(server_app: Any) -> None:
-    from jupyterlab_gpulab.jobs import job_handlers  # it builds on this module's handlers
+    # The Jobs panel's handlers build on this module's: imported here, not at the top.
+    from jupyterlab_gpulab.jobs import JobHandler, JobLogHandler, JobsHandler
 
     web_app = server_app.web_app
     settings = GpulabSettings(parent=server_app)
@@ -495,6 +496,9 @@ def setup_handlers(server_app: Any) -> None:
             (url_path_join(base, "notices"), NoticesHandler),
             (url_path_join(base, "storage"), StorageHandler),
             (url_path_join(base, "gpu-usage"), GpuUsageHandler),
-            *job_handlers(base),
+            # The Jobs panel (``jobs``): a job id is a whole number from 1.
+            (url_path_join(base, "jobs"), JobsHandler),
+            (url_path_join(base, "jobs/([1-9][0-9]{0,17})"), JobHandler),
+            (url_path_join(base, "jobs/([1-9][0-9]{0,17})/log"), JobLogHandler),
         ],
     )

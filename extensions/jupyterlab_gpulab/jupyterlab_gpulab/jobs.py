@@ -7,8 +7,8 @@ the hub's jobs API (``/hub/api/gpulab/users/NAME/jobs``) with this server's own 
   server's root), turned here into the folder relative to the home that the hub expects;
 - ``GET    jobs/ID``          one job; ``DELETE jobs/ID``: cancel it;
 - ``GET    jobs/ID/log?offset=N`` its output from byte N, always as JSON
-  ``{"text", "offset", "next_offset", "done"}``: whatever way the hub answers (JSON, or the
-  bytes themselves), a UTF-8 character cut by the read is left for the next one.
+  ``{"text", "offset", "next_offset", "done"}`` (``done``: the job had ended when the hub read
+  it, so nothing follows these bytes); a UTF-8 character cut by the read is left for the next.
 
 The hub decides everything (whose job, what is allowed); nothing here widens what this server's
 token may do, and no hub credential reaches the page.
@@ -25,6 +25,9 @@ from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 from jupyterlab_gpulab.handlers import _Handler
+
+# A job's states after which its output grows no more (the hub's spawners/jobs/model.py).
+TERMINAL = ("succeeded", "failed", "cancelled")
 
 
 def whole_utf8(data: bytes) -> int:
@@ -163,8 +166,11 @@ def log_chunk(status: int, headers: Any, body: bytes | None, offset: int) -> tup
             "next_offset": nxt if isinstance(nxt, int) else offset + len(raw),
             "done": done if isinstance(done, bool) else None,
         }, 200
+    # The hub's bytes: where they end (X-Gpulab-Log-Offset) and the job's state when it read
+    # them (X-Gpulab-Job-State; the output of a job that had ended then is all there is).
     keep = whole_utf8(body)
-    header = headers.get("X-Gpulab-Next-Offset") if headers is not None else None
+    header = headers.get("X-Gpulab-Log-Offset") if headers is not None else None
+    state = headers.get("X-Gpulab-Job-State") if headers is not None else None
     nxt = offset + keep
     if header is not None and str(header).isdigit() and keep == len(body):
         nxt = int(header)
@@ -172,14 +178,6 @@ def log_chunk(status: int, headers: Any, body: bytes | None, offset: int) -> tup
         "text": body[:keep].decode("utf-8", "replace"),
         "offset": offset,
         "next_offset": nxt,
-        "done": None,
+        "done": None if state is None else state in TERMINAL,
     }, 200
 
-
-def job_handlers(base: str) -> list[tuple[str, type]]:
-    """The routes of this module under the extension's ``base`` (``{base_url}gpulab/api``)."""
-    return [
-        (f"{base}/jobs", JobsHandler),
-        (rf"{base}/jobs/([1-9][0-9]{{0,17}})", JobHandler),
-        (rf"{base}/jobs/([1-9][0-9]{{0,17}})/log", JobLogHandler),
-    ]

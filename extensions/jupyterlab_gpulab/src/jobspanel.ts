@@ -91,19 +91,20 @@ export class JobForm extends Widget {
     this.bid.inputMode = 'decimal';
     this.name.placeholder = 'optional';
     this.name.maxLength = 64;
-    const where = el('div', 'jp-gpulab-note', `Runs in ~/${cwd}${cwd ? '' : '(your home)'}`);
-    const row = (label: string, input: HTMLElement) => {
-      const l = el('label', 'jp-gpulab-job-field', label);
+    const where = el(
+      'div',
+      'jp-gpulab-note jp-gpulab-job-wide',
+      cwd ? `Runs in ~/${cwd}, with no server or browser open.` : 'Runs in your home.'
+    );
+    const row = (label: string, input: HTMLElement, wide = false) => {
+      const l = el('label', `jp-gpulab-job-field${wide ? ' jp-gpulab-job-wide' : ''}`, label);
       l.appendChild(input);
       return l;
     };
     const spotLabel = el('label', 'jp-gpulab-job-field jp-gpulab-job-spot-label');
-    spotLabel.append(
-      this.spot,
-      document.createTextNode(' Spot (cheaper; preempted jobs resume by themselves)')
-    );
+    spotLabel.append(this.spot, document.createTextNode(' Spot (cheaper; if preempted, resumed)'));
     this.node.append(
-      row('Command', this.command),
+      row('Command', this.command, true),
       where,
       row('GPU type', this.gpu),
       row('Cards per node', this.gpus),
