@@ -81,7 +81,8 @@ def test_a_failing_command_fails_the_job_with_its_exit_code(hub: Hub) -> None:
 
 def test_cancel_a_running_job_and_a_queued_one(hub: Hub) -> None:
     """Issue 26, Jobs: cancel. A running job's server is stopped and its cards are free at once,
-    the job is cancelled; a queued job is cancelled before it ever starts."""
+    the job is cancelled (through the jobs API, or by stopping its server through JupyterHub's
+    API); a queued job is cancelled before it ever starts."""
     user = hub.create_user()
     jobs = Jobs(hub, user)
     free = hub.free("rtx-4090")
@@ -94,6 +95,15 @@ def test_cancel_a_running_job_and_a_queued_one(hub: Hub) -> None:
     assert done["state"] == "cancelled" and done["attempts"][-1]["end"] == "cancelled", done
     wait_for(lambda: not job_servers(hub, user), 30, what="the job's server to stop")
     assert hub.free("rtx-4090") == free
+
+    # Stopping a job's server through JupyterHub's own API (the owner's token) cancels it too.
+    other_long = jobs.submit(command="sleep 600", gpu="rtx-4090", gpus=1)
+    jobs.wait_state(other_long["id"], "running")
+    r = hub.api("DELETE", f"/users/{user}/servers/job-{other_long['id']}", token=jobs.token)
+    assert r.status_code in (202, 204), r.text
+    done = jobs.wait_state(other_long["id"], "cancelled", "failed", "succeeded", "queued")
+    assert done["state"] == "cancelled" and done["stopped_by"] == "user", done
+    wait_for(lambda: not job_servers(hub, user), 30, what="the job's server to stop")
 
     # A job that cannot start (more cards than are free) waits; cancelled, it never starts.
     other = hub.create_user()

@@ -83,6 +83,9 @@ def test_another_user_cannot_see_read_cancel_or_be_billed_for_my_job(ihub: Hub) 
     assert his.call("GET").json()["jobs"] == []
     r = ihub.api("DELETE", f"/users/{alice}/servers/job-{jid}", token=his.token)
     assert r.status_code in (403, 404), r.text
+    assert ihub.api("GET", "/gpulab/admin/jobs", token=his.token).status_code == 403
+    every = ihub.api("GET", "/gpulab/admin/jobs?state=running").json()["jobs"]  # the admin
+    assert [j["owner"] for j in every if j["id"] == jid] == [alice]
     done = mine.wait_state(jid, "succeeded", "failed", "cancelled")
     assert done["state"] == "succeeded" and done["stopped_by"] is None, done
     assert "alices-secret" in mine.log(jid)
