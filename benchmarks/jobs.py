@@ -204,7 +204,7 @@ def time_resumes(hub: Hub, gpu: str, count: int) -> tuple[list[float], list[floa
             recorded.append(attempt["resume_seconds"])
             print(
                 f"  resume {n}/{count}: {seen[-1]:.2f}s to the first step "
-                f"(hub: card free -> running {attempt['resume_seconds']}s; "
+                f"(hub: card free -> running {attempt['resume_seconds']:.2f}s; "
                 f"lost work {user.job(job_id)['attempts'][-2]['lost_seconds']}s)",
                 flush=True,
             )
