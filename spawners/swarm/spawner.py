@@ -62,6 +62,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +97,20 @@ L_NODE = LABEL_PREFIX + "node"
 L_JOB = LABEL_PREFIX + "job"
 # Sent to the container's Python as its command for a job server (stdlib only, like the agent).
 RUNNER_SOURCE = Path(jobrunner.__file__).read_text()
+# What ended job servers left (exit code, output), by owner key ("alice/job-17-0"), in the hub's
+# memory: JupyterHub drops a stopped named server's spawner object, and the scheduler may ask
+# after that (through a new object made from its record). The newest ENDED_KEPT servers'.
+ENDED_KEPT = 64
+_ended: OrderedDict[str, tuple[int | None, bytes]] = OrderedDict()
+
+
+def _remember(owner: str, code: int | None = None, output: bytes | None = None) -> None:
+    old_code, old_output = _ended.pop(owner, (None, b""))
+    _ended[owner] = (old_code if code is None else code, old_output if output is None else output)
+    while len(_ended) > ENDED_KEPT:
+        _ended.popitem(last=False)
+
+
 # Task states on the way to running (Swarm's own order), and those a server never leaves alive.
 STARTING = {"new", "pending", "assigned", "accepted", "preparing", "ready", "starting"}
 ENDED = {"complete", "failed", "shutdown", "rejected", "orphaned", "remove"}
@@ -407,13 +422,24 @@ class GpuSwarmSpawner(GpuDockerSpawner, SwarmSpawner):
         return data[-self.log_max_bytes :] if self.log_max_bytes else data
 
     async def gpulab_read_log(self) -> bytes:
-        """What the job runner and its command printed (the hub's job log reads it)."""
-        if self.object_id:
+        """What the job runner and its command printed (the hub's job log reads it), also
+        once the service is gone (kept at its stop)."""
+        if self.object_id and self.gpulab_job is not None:
             try:
                 self._job_log = await asyncio.to_thread(self._service_log)
+                _remember(self.owner, output=self._job_log)
             except docker.errors.DockerException as e:
                 self.log.debug("%s: service log unreadable: %s", self.service_name, e)
-        return self._job_log
+        return self._job_log or _ended.get(self.owner, (None, b""))[1]
+
+    async def gpulab_exit_status(self) -> int | None:
+        """The runner's exit code: the task's container exit code as the manager records it,
+        read when asked (the scheduler asks every pass), kept past the service's removal."""
+        if self._job_exit is None and self.gpulab_job is not None and self.object_id:
+            await self._read_job_exit()
+        if self._job_exit is not None:
+            return self._job_exit
+        return _ended.get(self.owner, (None, b""))[0]
 
     async def stop(self, now: bool = False) -> None:
         if self.gpulab_job is not None and self.object_id:
@@ -440,6 +466,7 @@ class GpuSwarmSpawner(GpuDockerSpawner, SwarmSpawner):
             and self._job_exit is None
         ):
             self._job_exit = int(code)
+            _remember(self.owner, code=self._job_exit)
 
     def _cpu_limit(self, cpus: float, node_id: str | None) -> int:
         """The catalog's CPU limit in nano-CPUs, at most the node's CPUs: Swarm rejects a task
@@ -518,6 +545,8 @@ class GpuSwarmSpawner(GpuDockerSpawner, SwarmSpawner):
     _pinned_node: str | None = None
 
     async def start(self) -> str:
+        _ended.pop(self.owner, None)  # an earlier attempt's exit code and output
+        self._job_log = b""
         # Where the server may run, decided before anything is allocated: the nodes holding its
         # image (a refusal changes nothing when none does), and without shared_home_path the
         # node holding the user's home volume. The allocator takes cards only there.
