@@ -49,12 +49,18 @@ def is_platform(handler: Any) -> bool:
 def refuse_job_server(handler: Any, server_name: str) -> None:
     """403 naming ``server_name`` unless the platform itself starts the job server."""
     if is_job_server(server_name) and not is_platform(handler):
-        raise http_error(
+        error = http_error(
             403,
             f"server_name: names starting with 'job-' are the platform's training-job servers "
             f"({server_name!r}); submit a job instead (POST /hub/api/gpulab/users/NAME/jobs)",
             field="server_name",
         )
+        error.human = (  # type: ignore[attr-defined]
+            f"“{server_name}” is the name of a training job's server, which only the platform "
+            "starts. To run a job, submit it from the home page's Jobs card or with "
+            "gpulab jobs submit."
+        )
+        raise error
 
 
 def stopper(handler: Any) -> str:

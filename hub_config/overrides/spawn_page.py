@@ -50,6 +50,17 @@ from gpulab.hub_config.overrides.errors import confirm_field, for_people
 from gpulab.hub_config.overrides.queue import count_rate_limited, gate_start, idle_spawner
 from gpulab.hub_config.overrides.server_api import refuse_job_server
 
+
+def refuse_job_server_for_people(handler: SpawnHandler, server_name: str) -> None:
+    """The job-server guard (5.), its refusal in plain words for the page."""
+    try:
+        refuse_job_server(handler, server_name)
+    except web.HTTPError as e:
+        error = for_people(e)
+        error.reason = "Reserved for training jobs"  # the page's heading (JupyterHub's error page)
+        raise error from None
+
+
 # JupyterHub's own wait, for spawners that do not say.
 DEFAULT_WAIT = 1.0
 
@@ -101,7 +112,7 @@ class SpawnPageHandler(SpawnHandler):
 
     @needs_scope("servers")
     async def _get(self, user_name: str, server_name: str, display_name: str) -> None:
-        refuse_job_server(self, server_name)
+        refuse_job_server_for_people(self, server_name)
         # JupyterHub's _get spawns when the query has options (or when there is no form): here
         # the options are taken out of the query and kept for the form to show (render_form reads
         # them through ``spawner.handler``, which JupyterHub sets to this handler before it asks
@@ -142,7 +153,7 @@ class SpawnPageHandler(SpawnHandler):
 
     @needs_scope("servers")
     async def _post(self, user_name: str, server_name: str, display_name: str) -> None:
-        refuse_job_server(self, server_name)
+        refuse_job_server_for_people(self, server_name)
         user = self.current_user
         if user_name != user.name:
             user = self.find_user(user_name)
