@@ -105,6 +105,14 @@ async def archive_attempt(log_dir: Path, n: int, spawners: list[Any], max_bytes:
             await asyncio.to_thread(_remove, paths)
 
 
+async def clear(spawners: list[Any]) -> None:
+    """Remove the servers' own logs (a start that did not count as an attempt)."""
+    for spawner in spawners:
+        paths = _local_paths(spawner)
+        if paths is not None:
+            await asyncio.to_thread(_remove, paths)
+
+
 async def job_output(log_dir: Path, job: Job, live: Any) -> bytes:
     """The job's whole output so far: every archived attempt, then the running attempt's live
     log (rank 0's server, ``live``) when it is not archived yet."""

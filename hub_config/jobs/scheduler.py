@@ -289,12 +289,14 @@ class JobScheduler(SingletonConfigurable):
         if job.state == STARTING:
             if not all(active):
                 error, status = _start_error(spawners)
-                if status in RETRY_STATUSES:
+                if status in RETRY_STATUSES and job.spec.nodes == 1:
                     # The card went to someone else between the plan and the start, or the
                     # balance fell: not an attempt, the job waits again.
                     self._back_to_queue(job, error, now)
                     return
-                info = {"start_error": error or "", "lost": not error}
+                # A gang's other ranks are stopped first (all or nothing), then it waits again.
+                retry = status in RETRY_STATUSES
+                info = {"start_error": error or "", "lost": not error, "retry": retry}
                 self._begin_end(job, info)
                 return
             if all(s.ready for s in spawners):
@@ -386,11 +388,16 @@ class JobScheduler(SingletonConfigurable):
             return None
 
     def _start_planned(self, now: float) -> None:
-        queued = [
-            j
-            for j in self.store.list(states=[QUEUED])
-            if j.id not in self._busy and not j.cancel_requested
-        ]
+        queued = []
+        for job in self.store.list(states=[QUEUED]):
+            if job.id in self._busy:
+                continue
+            if job.cancel_requested:  # cancelled while its start was being refused
+                job.state, job.reason = CANCELLED, "cancelled before it started"
+                self.store.save(job)
+                self._notify(job, "job-cancelled")
+                continue
+            queued.append(job)
         if not queued:
             return
         running = self.store.list(states=ACTIVE)
@@ -554,6 +561,18 @@ class JobScheduler(SingletonConfigurable):
         for i, spawner in enumerate(spawners):
             if codes[i] is None:  # the ranks the stop ended have their exit codes now
                 codes[i] = await _exit_status(spawner)
+        if info.get("retry"):
+            # A gang whose rank was refused for now (a card taken, the balance): its started
+            # ranks are stopped, nothing is archived, and it waits again.
+            await logs.clear(spawners)
+            for server in servers:
+                launches.withdraw(owner_key(job.owner, server))
+            if job.spec.nodes > 1:
+                _, end_gang, _ = hooks.gang_hooks()
+                if end_gang is not None:
+                    await end_gang(self, job, attempt)
+            self._back_to_queue(self.store.get(job_id), info.get("start_error", ""), time.time())
+            return
         # A server JupyterHub found stopped (its wrapper dropped) still has its record and log.
         spawners = [
             s if s is not None else self.spawner_record(owner_key(job.owner, name))
