@@ -16,8 +16,11 @@ servers; it calls the plain functions of this module at the points where a decis
   ``max_attempts`` of them happened; records ``lost_seconds`` (work since the last checkpoint
   the platform asked for and gave its time, or since the attempt ran) and a note with the
   market's preemption record: the reason, the processes signalled, the checkpoint and the
-  compensation decided by the market's existing rule
-  (:func:`gpulab.spawners.market.preemption.compensation_decision`).
+  compensation: the market's existing rule
+  (:func:`gpulab.spawners.market.preemption.compensation_decision`) for a user's checkpoint
+  command; for a job without one, the checkpoint the platform asked for is the warning's
+  SIGUSR1 with ``checkpoint_seconds`` to act on it, credited (through the market's own
+  ``compensation_hook``, keyed by the preemption) when the stop came before that time.
 - :func:`on_running` when the next attempt runs: ``card_free_at`` (when a card within the bid
   was free again: the later of the previous attempt's end and the spot price's return under the
   bid, from the durable price history) so that the attempt's ``resume_seconds`` is the platform's
@@ -32,6 +35,7 @@ Every function tolerates a missing market (a hub without spot) and never raises 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from datetime import UTC, datetime
@@ -63,6 +67,9 @@ DEFAULT_CHECKPOINT_SECONDS = 60.0
 # Slack when matching a preemption record's times to an attempt's (clocks are the hub's own).
 SLACK = 1.0
 PENDING = "compensation: not decided yet"
+# Seconds of slack before a checkpoint signal counts as cut short (the market's own).
+CUT_SHORT_GRACE = 1.0
+_TASKS: set[asyncio.Task] = set()  # compensation posts in flight (kept from the collector)
 
 
 # ---- the market, if any ----------------------------------------------------------------------
@@ -202,9 +209,59 @@ def _preemption_note(job: Job, attempt: Attempt, market: Any) -> str:
     ck = p.checkpoint or {}
     if ck:
         parts.append(f"checkpoint command {ck.get('state', 'ran')}")
-    comp = p.compensation
-    parts.append(comp["reason"] if comp else PENDING)
+        comp = p.compensation  # the user's command: the market's own rule decides
+        parts.append(comp["reason"] if comp else PENDING)
+    else:
+        parts.append(signal_compensation(p, market)[1])
     return "; ".join(parts)
+
+
+def signal_compensation(p: Any, market: Any = None) -> tuple[bool, str]:
+    """For a preempted job with no checkpoint command of its own, the checkpoint the platform
+    asked for is the warning's SIGUSR1 with ``checkpoint_seconds`` to act on it (what
+    ``GPULAB_CHECKPOINT_SECONDS`` promised). Owed only when the market's stop came before that
+    time, by the market's own clock; a job none of whose processes handle the signal did not
+    take part (the user's doing)."""
+    promised = checkpoint_seconds(market)
+    given = (p.stop_sent_at or p.deadline) - p.warned_at
+    if not p.signalled_pids:
+        return False, "no compensation: no process of the job handles the checkpoint signal"
+    if given + CUT_SHORT_GRACE < promised:
+        return True, (
+            f"compensated: the job was stopped {max(0.0, given):.0f} s after its checkpoint "
+            f"signal; it was promised {promised:.0f} s"
+        )
+    return False, f"no compensation: the job had its {promised:.0f} s after the checkpoint signal"
+
+
+def _compensate_cut_short(job: Job, attempt: Attempt, market: Any) -> None:
+    """Post the credit for a checkpoint signal not given its time (once: billing keys it by the
+    preemption's id, the key the market itself would use)."""
+    m = _market(market)
+    hook = getattr(m, "compensation_hook", None) if m is not None else None
+    records = [p for p in _records(job, attempt, market) if p.stop_sent_at is not None]
+    if hook is None or not records or records[-1].checkpoint:
+        return
+    p = records[-1]
+    due, _ = signal_compensation(p, market)
+    if not due:
+        return
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    task = loop.create_task(
+        hook(
+            user=p.user,
+            server=p.server,
+            at=p.deadline,
+            reason="spot-preemption",
+            checkpoint="cut-short",
+            key=f"preemption-{p.id}",
+        )
+    )
+    _TASKS.add(task)
+    task.add_done_callback(_TASKS.discard)
 
 
 def after_attempt(job: Job, attempt: Attempt, *, market: Any = None) -> None:
@@ -219,6 +276,7 @@ def after_attempt(job: Job, attempt: Attempt, *, market: Any = None) -> None:
         note = _preemption_note(job, attempt, market)
         if note:
             attempt.note = note
+        _compensate_cut_short(job, attempt, market)
     elif end == NODE_FAILED and not attempt.note:
         attempt.note = f"a node failed at {_hhmm(now)} (the server went away without an exit code)"
     elif end == LOST and not attempt.note:

@@ -125,11 +125,7 @@ def test_a_reclaimed_attempt_is_requeued_with_lost_work_and_the_markets_compensa
     the note carries the market's compensation decision."""
     j = job()
     a = attempt(j, T0, end=T0 + 400, exit_code=143)
-    rec = preemption(
-        T0 + 340,
-        T0 + 400,
-        compensation={"due": False, "reason": "no compensation: no checkpoint command was set"},
-    )
+    rec = preemption(T0 + 340, T0 + 400)
     m = market(tmp_path, [rec])
     a.end = resume.classify_end(j, a, info(exit_code=143, stopped_by="scheduler"), market=m)
     assert a.end == PREEMPTED
@@ -144,17 +140,22 @@ def test_a_reclaimed_attempt_is_requeued_with_lost_work_and_the_markets_compensa
     assert a.lost_seconds == 60.0
     assert "price-above-max, spot CNY 0.60/h, your bid CNY 0.40/h" in a.note
     assert "checkpoint signal to 1 process(es)" in a.note
-    assert a.note.endswith("no compensation: no checkpoint command was set")
+    # No checkpoint command: the signal was the checkpoint asked for, and it had its time.
+    assert a.note.endswith("no compensation: the job had its 30 s after the checkpoint signal")
 
 
 def test_the_compensation_decided_after_the_end_completes_the_note_later(tmp_path):
+    """The market decides a checkpoint command's compensation once the cards are released,
+    possibly after the scheduler saw the end: the note is completed when the next attempt runs."""
     j = job()
     a = attempt(j, T0, end=T0 + 400, exit_code=143)
-    rec = preemption(T0 + 340, T0 + 400)
+    # The user's checkpoint command still ran: the market decides once the cards are back.
+    rec = preemption(T0 + 340, T0 + 400, checkpoint={"command": "save", "state": "running"})
     m = market(tmp_path, [rec])
     a.end = resume.classify_end(j, a, info(exit_code=143), market=m)
     resume.after_attempt(j, a, market=m)
     assert a.note.endswith(resume.PENDING)
+    assert "checkpoint command running" in a.note
     m.preemptions.records = [
         rec.model_copy(update={"compensation": {"due": True, "reason": "compensated: cut"}})
     ]
@@ -277,3 +278,47 @@ def test_the_time_to_resume_starts_when_a_card_within_the_bid_is_free(tmp_path):
     second = attempt(j, T0 + 401)
     resume.on_running(j, second, market=m)
     assert second.card_free_at == T0 + 400
+
+
+def test_a_checkpoint_signal_cut_short_is_compensated_once_through_the_markets_hook(tmp_path):
+    """Issue 26: "compensation applies when a checkpoint the platform asked for was not given
+    time". A job with no checkpoint command was promised ``checkpoint_seconds`` (the warning
+    period, 30 s here) after SIGUSR1; stopped 10 s after it, the credit is posted through the
+    market's compensation hook with the key the market uses (billing credits it once). Given
+    its time, or with no process handling the signal, nothing is posted."""
+    posted = []
+
+    async def hook(**kw):
+        posted.append(kw)
+
+    async def run(rec: Preemption) -> Attempt:
+        m = market(tmp_path, [rec])
+        m.compensation_hook = hook
+        j = job()
+        a = attempt(j, T0, end=T0 + 400, exit_code=143)
+        a.end = resume.classify_end(j, a, info(exit_code=143), market=m)
+        resume.after_attempt(j, a, market=m)
+        await asyncio.sleep(0)
+        return a
+
+    cut = asyncio.run(run(preemption(T0 + 390, T0 + 400)))
+    assert cut.end == PREEMPTED
+    assert cut.note.endswith(
+        "compensated: the job was stopped 10 s after its checkpoint signal; it was promised 30 s"
+    )
+    assert posted == [
+        {
+            "user": "alice",
+            "server": "job-7",
+            "at": T0 + 390 + 60,
+            "reason": "spot-preemption",
+            "checkpoint": "cut-short",
+            "key": f"preemption-p-{int(T0 + 390)}",
+        }
+    ]
+    posted.clear()
+    given = asyncio.run(run(preemption(T0 + 340, T0 + 400)))
+    assert given.note.endswith("no compensation: the job had its 30 s after the checkpoint signal")
+    deaf = asyncio.run(run(preemption(T0 + 390, T0 + 400, signalled_pids=[])))
+    assert deaf.note.endswith("no process of the job handles the checkpoint signal")
+    assert posted == []
