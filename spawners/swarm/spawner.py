@@ -719,7 +719,10 @@ class GpuSwarmSpawner(GpuDockerSpawner, SwarmSpawner):
             why = task["Status"].get("Err") or task["Status"].get("Message") or ""
             reason = f"its task is {state} (desired {desired}){': ' + why if why else ''}"
         if reason is not None and self.gpulab_job is not None:
+            # JupyterHub does not call stop() for a server its poll found stopped: it clears
+            # the state and drops this object. Keep the exit code and output now.
             await self._read_job_exit()
+            await self.gpulab_read_log()
         if reason is not None:
             self.log.warning("Server %s of %s stopped: %s", self.service_name, self.owner, reason)
             return f"stopped: {reason}"
