@@ -12,7 +12,8 @@ how it stops.
    not delivered yet: billing unreachable"), so billing never recorded when those sessions
    ended. Here each running server is stopped first, its stop reported to billing through the
    spawner's ``post_stop_hook`` while billing still answers; JupyterHub's own cleanup then finds
-   no server left and stops the services and the proxy as before.
+   no server left and stops the services and the proxy as before. The job scheduler stops
+   first: a training job stopped by the shutdown is requeued by the next hub, not failed.
 
 A hand-written config run with plain ``jupyterhub -f`` gets JupyterHub's own order; with an
 external billing service (docker-compose) the order does not matter.
@@ -46,6 +47,12 @@ class GpulabHub(JupyterHub):
 
     async def cleanup(self) -> None:
         if self.cleanup_servers:
+            # Training jobs: no more starts, and the running ones are requeued by the next hub
+            # (the stop below is the platform's, not their command's failure).
+            from gpulab.hub_config.jobs.scheduler import JobScheduler
+
+            if JobScheduler.initialized():
+                JobScheduler.instance().shutdown()
             await self.stop_servers()
         await super().cleanup()
 

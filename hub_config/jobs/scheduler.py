@@ -134,6 +134,7 @@ class JobScheduler(SingletonConfigurable):
         self._wake: asyncio.Event | None = None
         self._loop_task: asyncio.Task | None = None
         self._since = time.time()  # attempts running from before are restored servers
+        self._stopping = False
 
     # ---- wiring -------------------------------------------------------------------------------
 
@@ -176,6 +177,20 @@ class JobScheduler(SingletonConfigurable):
                 await asyncio.wait_for(self._wake.wait(), delay)
             except TimeoutError:
                 pass
+
+    def shutdown(self) -> None:
+        """The hub is stopping (and stops every server): no more passes, and the jobs running
+        now are marked stopped by the hub, so that the next hub requeues them (their command
+        did not fail: the platform stopped it) instead of reading the stop's exit code."""
+        self._stopping = True
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+        if self.store is None:
+            return
+        for job in self.store.list(states=ACTIVE):
+            if job.stopped_by is None:
+                job.stopped_by = "hub"
+                self.store.save(job)
 
     def wake(self) -> None:
         """Run a pass now (after a submit or a cancel)."""
@@ -598,9 +613,14 @@ class JobScheduler(SingletonConfigurable):
         for server in servers:
             launches.withdraw(owner_key(job.owner, server))
         self._planned.pop(job.id, None)
+        if self._stopping:
+            return  # the hub is stopping: the next one decides from the saved record
         job = self.store.get(job_id)  # what arrived meanwhile (who stopped it, a cancel)
         attempt = job.attempt
         exit_code = _job_exit_code(codes)
+        if job.stopped_by == "hub":
+            # Stopped by the hub's own shutdown: the command's exit is the stop's, not its own.
+            exit_code, info = None, {**info, "lost": True}
         if job.spec.nodes > 1 and any(c is None for c in codes):
             # A rank without an exit code vanished with its node; the others' failure (a lost
             # peer) follows from it: the attempt is a node failure, not the command's.

@@ -73,3 +73,26 @@ def test_queued_and_starting_jobs_are_neither_lost_nor_started_twice(hub_factory
     assert sorted(j["id"] for j in listed) == sorted(ids)
     wait_for(lambda: not job_servers(hub, user), 30, what="the job servers to be gone")
     assert hub.free("rtx-4090") == 1
+
+
+def test_a_job_stopped_by_the_hubs_own_shutdown_is_requeued_not_failed(hub_factory) -> None:
+    """Issue 26 (restart): `gpulab up` stopped (SIGTERM, Ctrl-C) stops every server before it
+    exits, a running job's included; the job's command did not fail (its exit code is the stop's
+    143): the next hub requeues it as lost work and runs it to its end."""
+    hub: Hub = hub_factory("jobsshutdown", simulate="RTX-4090:1", extra_args=FAST)
+    user = hub.create_user()
+    jobs = Jobs(hub, user)
+    job = jobs.submit(
+        command='echo "run-of-$GPULAB_JOB_ID"; [ "$GPULAB_JOB_ATTEMPT" = 1 ] && sleep 600; true',
+        gpu="rtx-4090",
+        gpus=1,
+    )
+    jid = job["id"]
+    jobs.wait_state(jid, "running")
+    wait_for(lambda: runs_of(jobs.log(jid), jid) == 1, 30, 0.2, "the command to print")
+    hub.stop()
+    hub.start()
+    done = jobs.wait_state(jid, "succeeded", "failed", "cancelled", timeout=120)
+    assert done["state"] == "succeeded", done
+    assert [a["end"] for a in done["attempts"]] == ["lost", "exited"], done["attempts"]
+    assert runs_of(jobs.log(jid), jid) == 2
