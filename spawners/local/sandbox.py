@@ -4,7 +4,8 @@ Three levels, the strongest the node allows:
 
 1. **hub runs as root with cgroups**: the server runs as its user's own account
    (:mod:`.accounts`) inside its own cgroup (:mod:`.cgroup`). Its processes are exactly the
-   group's; a stop kills the group.
+   group's; a stop kills the group (and once the group is gone, the server has no process:
+   the account's other servers, e.g. a training job's, are never touched).
 2. **root without a writable cgroup tree**: its own account; its processes are that account's
    processes (one server per user at a time on a node, so the account is the server).
 3. **not root** (a laptop): the hub's own user; its processes are the server's process tree plus
@@ -56,8 +57,11 @@ class Sandbox:
 
     def _found(self, server_pid: int | None) -> list[int]:
         """The pids of this server, some perhaps gone or zombies already."""
-        if self.cgroup is not None and self.cgroup.exists():
-            return self.cgroup.pids()
+        if self.cgroup is not None:
+            # A server's processes are its group's; a group already emptied and removed (the
+            # stop's first sweep) has none. Never the whole account then: the user's other
+            # servers (a training job's among them) run as the same account.
+            return self.cgroup.pids() if self.cgroup.exists() else []
         if self.account is not None:
             return [p for p in procs.pids() if procs.uid_of(p) == self.account.uid]
         return procs.server_processes(server_pid, self.alloc_id)

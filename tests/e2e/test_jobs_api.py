@@ -255,3 +255,21 @@ def test_the_owner_is_told_when_a_job_ends(hub: Hub) -> None:
     texts = [n["message"] for n in r.json()["notices"] if n["kind"] == "job"]
     assert f"Job {good['id']} succeeded." in texts, texts
     assert any(t.startswith(f"Job {bad['id']} failed") for t in texts), texts
+
+
+def test_a_job_outlives_the_users_own_server(hub: Hub) -> None:
+    """Issue 26, Jobs: a job needs no running server. The user also has their notebook server
+    (same account); stopping it, which ends every process of that server, leaves the job
+    running on its card to its end (the stop's last sweep used to kill every process of the
+    account once the server's cgroup was gone: the job died with exit 137)."""
+    user = hub.create_user()
+    jobs = Jobs(hub, user)
+    hub.spawn_ready(user, {"gpu": "none"})
+    job = jobs.submit(command="echo start; sleep 6; echo end", gpu="rtx-4090", gpus=1)
+    jobs.wait_state(job["id"], "running")
+    hub.stop_server(user)
+    time.sleep(1.5)  # the stop's sweeps are synchronous; give the scheduler passes to see them
+    assert jobs.get(job["id"])["state"] == "running"
+    done = jobs.wait_state(job["id"], "succeeded", "failed")
+    assert done["state"] == "succeeded" and done["exit_code"] == 0, done
+    assert "end" in jobs.log(job["id"])
