@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import http.server
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -50,6 +51,16 @@ BANNER = b"gpulab job runner\n"
 def say(message: str) -> None:
     sys.stderr.write(f"{PREFIX} {message}\n")
     sys.stderr.flush()
+
+
+def login_command(command: str, path: str) -> str:
+    """``command`` as ``bash -lc`` runs it with the server's own ``PATH`` in front: a login
+    shell reads /etc/profile, which on Debian sets PATH anew and drops the image's or venv's bin
+    where the server's ``python``, ``torchrun`` and ``jupyter`` are (``python train.py`` was
+    "command not found"); what the profiles add stays after it."""
+    if not path:
+        return command
+    return f'export PATH={shlex.quote(path)}"${{PATH:+:$PATH}}"\n{command}'
 
 
 # ---- the HTTP answer --------------------------------------------------------------------------
@@ -333,7 +344,7 @@ class Runner:
 
     def run(self, command: str, cwd: str, env: dict[str, str]) -> int:
         self.proc = subprocess.Popen(
-            ["bash", "-lc", command],
+            ["bash", "-lc", login_command(command, env.get("PATH", ""))],
             cwd=cwd,
             env=env,
             stdin=subprocess.DEVNULL,

@@ -273,3 +273,18 @@ def test_a_job_outlives_the_users_own_server(hub: Hub) -> None:
     done = jobs.wait_state(job["id"], "succeeded", "failed")
     assert done["state"] == "succeeded" and done["exit_code"] == 0, done
     assert "end" in jobs.log(job["id"])
+
+
+def test_a_job_finds_the_servers_own_python(hub: Hub) -> None:
+    """Issue 26, Jobs: "runs a command ... in the user's account and image": `python train.py`
+    (what JupyterLab's Jobs panel submits) finds the server's own Python and its packages, as
+    the user's terminal does (bash -l's /etc/profile used to reset PATH: command not found)."""
+    jobs = Jobs(hub, hub.create_user())
+    job = jobs.submit(
+        command="python -c 'import sys, jupyterhub; print(\"prefix\", sys.prefix)'",
+        gpu="none",
+        gpus=0,
+    )
+    done = jobs.wait_state(job["id"], "succeeded", "failed")
+    assert done["state"] == "succeeded", (done, jobs.log(job["id"]))
+    assert "prefix " in jobs.log(job["id"])
