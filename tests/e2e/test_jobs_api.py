@@ -30,6 +30,7 @@ def hub(module_hub_factory) -> Hub:
         extra_args=[
             "--JobScheduler.interval=0.3",
             "--JobScheduler.retry_seconds=1",
+            "--JobScheduler.max_running_per_user=2",
             "--SpotMarket.webhook_allowed_networks=127.0.0.0/8",
         ],
     )
@@ -288,3 +289,23 @@ def test_a_job_finds_the_servers_own_python(hub: Hub) -> None:
     done = jobs.wait_state(job["id"], "succeeded", "failed")
     assert done["state"] == "succeeded", (done, jobs.log(job["id"]))
     assert "prefix " in jobs.log(job["id"])
+
+
+def test_a_users_jobs_over_the_limit_wait_and_say_why(hub: Hub) -> None:
+    """Issue 26, Queues: per-user limits on running jobs (here 2): a third job waits, its reason
+    naming the limit, while another user's job is not held back by it; it starts by itself when
+    one of the two ends."""
+    user, other = hub.create_user(), hub.create_user()
+    jobs, theirs = Jobs(hub, user), Jobs(hub, other)
+    first = [jobs.submit(command="sleep 10", gpu="none", gpus=0) for _ in range(2)]
+    third = jobs.submit(command="echo third", gpu="none", gpus=0)
+    for job in first:
+        jobs.wait_state(job["id"], "running")
+    waiting = jobs.get(third["id"])
+    assert waiting["state"] == "queued", waiting
+    assert "you have 2 jobs running (the limit is 2 at once)" in waiting["reason"], waiting
+    own = theirs.submit(command="echo theirs", gpu="none", gpus=0)
+    assert theirs.wait_state(own["id"], "succeeded", "failed")["state"] == "succeeded"
+    assert jobs.get(third["id"])["state"] == "queued"
+    done = jobs.wait_state(third["id"], "succeeded", "failed", timeout=60)
+    assert done["state"] == "succeeded", done
