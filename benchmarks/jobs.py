@@ -41,7 +41,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from harness import REPO, Hub, wait_for
+from harness import REPO, Hub, passable_for_accounts, wait_for
 
 REFERENCE_RESUME = 240.0  # the reference cloud's resume after a failure, "cut from 40 minutes to 4"
 WARNING = 5  # the spot market's warning period for this run (the default is 300 s)
@@ -220,13 +220,18 @@ def swarm_gangs(runs: int, base: Path) -> list[float]:
     from swarm_helpers import remove_hub_services, start_cluster, swarm_hub_settings, teardown
 
     image = test_image()
+    base.mkdir(parents=True, exist_ok=True)
     catalog = write_catalog(base / "catalog.toml", image)
     print("starting a 2-node swarm (2 simulated A100-80G each) ...", flush=True)
     cluster = start_cluster([("a100-80g", 2), ("a100-80g", 2)], image, base)
     hub = None
     times: list[float] = []
     try:
-        hub = Hub(base / "swarm" / "data", **swarm_hub_settings(cluster, catalog, None))
+        # A gang needs homes every node shares (its checkpoints): a host folder stands in.
+        homes = base / "homes"
+        homes.mkdir(mode=0o711)
+        passable_for_accounts(homes)
+        hub = Hub(base / "swarm" / "data", **swarm_hub_settings(cluster, catalog, homes))
         hub.start(timeout=180)
         user = User(hub)
         spec = {"command": "sleep 600", "gpu": "a100-80g", "gpus": 2, "nodes": 2}
@@ -253,6 +258,7 @@ def main() -> int:
     parser.add_argument("--resumes", type=int, default=5, help="preemptions to resume from")
     parser.add_argument("--warmup", type=int, default=1, help="untimed starts of each kind first")
     parser.add_argument("--swarm", action="store_true", help="also 2x2-card gangs on a swarm")
+    parser.add_argument("--swarm-only", action="store_true", help="only the swarm's gangs")
     args = parser.parse_args()
     if os.geteuid() != 0:
         print("jobs.py: needs root (job servers run as users' own accounts)")
@@ -261,6 +267,12 @@ def main() -> int:
         f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
     )
     base = Path(tempfile.mkdtemp(prefix="gpulab-jobs-bench-"))
+    if args.swarm_only:
+        gangs = swarm_gangs(args.runs, base / "swarm")
+        print(f"\nsubmit-to-running over {args.runs} gangs (simulated cards)")
+        print(f"  {'':34s} {'p50':>7s} {'p95':>7s}")
+        print(row("job, 2 nodes x 2 cards (swarm)", gangs))
+        return 0
     gpu = "rtx-4090"
     hub = Hub(
         base / "hub" / "data",
