@@ -495,6 +495,26 @@ TABLE: tuple[Setting, ...] = (
             ("GPULAB_UNSAFE_AUTOGRADE", "nbgrader in a server: 1 lets staff autograde anyway"),
         )
     ),
+    # --- internal: a training job's server (the hub's spawner -> the job runner -> the command)
+    *(
+        _S(n, "str", "", h, "a training job's server", scope="internal")
+        for n, h in (
+            ("GPULAB_JOB_ID", "job server: the job's id"),
+            ("GPULAB_JOB_ATTEMPT", "job server: the attempt, 1, 2, ..."),
+            ("GPULAB_JOB_RANK", "job server: this server's node rank in the job"),
+            ("GPULAB_JOB_NODES", "job server: the job's nodes"),
+            ("GPULAB_JOB_GPUS", "job server: cards per node"),
+            ("GPULAB_JOB_CPUS", "job server: the server's CPUs (OMP_NUM_THREADS per process)"),
+            ("GPULAB_JOB_COMMAND", "job runner: the command, run as bash -lc COMMAND"),
+            ("GPULAB_JOB_CWD", "job runner: the folder below the home the command runs in"),
+            ("GPULAB_JOB_LINGER", "job runner: seconds a quick command waits for the hub's check"),
+            ("GPULAB_JOB_SCOPE", "job runner: container: signal every catcher in the container"),
+            ("GPULAB_CHECKPOINT_DIR", "job: the folder to write checkpoints into"),
+            ("GPULAB_CHECKPOINT_SIGNAL", "job: the checkpoint signal (SIGUSR1)"),
+            ("GPULAB_CHECKPOINT_SECONDS", "job: seconds it gets after the checkpoint signal"),
+            ("GPULAB_RESUME", "job: the newest checkpoint to resume from, or empty"),
+        )
+    ),
     _S(
         "GPULAB_TOKEN",
         "str",
