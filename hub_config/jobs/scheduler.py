@@ -593,6 +593,9 @@ class JobScheduler(SingletonConfigurable):
             s if s is not None else self.spawner_record(owner_key(job.owner, name))
             for s, name in zip(spawners, servers, strict=True)
         ]
+        for i, spawner in enumerate(spawners):
+            if codes[i] is None:  # a spawner that keeps its exit code past the drop (Swarm)
+                codes[i] = await _exit_status(spawner)
         note = ""
         if self.restored(attempt) and codes and codes[0] is None:
             # No exit code the hub saw itself (it restarted meanwhile): the runner's own last
