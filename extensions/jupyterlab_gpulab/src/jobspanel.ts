@@ -102,7 +102,7 @@ export class JobForm extends Widget {
       return l;
     };
     const spotLabel = el('label', 'jp-gpulab-job-field jp-gpulab-job-spot-label');
-    spotLabel.append(this.spot, document.createTextNode(' Spot (cheaper; if preempted, resumed)'));
+    spotLabel.append(this.spot, el('span', '', 'Spot (cheaper; resumed if preempted)'));
     this.node.append(
       row('Command', this.command, true),
       where,
