@@ -398,21 +398,26 @@ class GpuSwarmSpawner(GpuDockerSpawner, SwarmSpawner):
 
     _job_log: bytes = b""  # a job server's output, kept when its service is removed
 
-    def _service_log(self) -> bytes:
+    def _service_log(self) -> bytes | None:
         """The job's output (stdout and stderr; blocking), at most log_max_bytes (the newest
         kept): the newest task's container log from its node's own engine (the manager's
         service log needs every node's agent to stream, and gives up on any it misses), else
-        the manager's service log."""
+        the manager's service log; None when neither answers (a node that is down)."""
         tasks = self.client.tasks(filters={"service": self.object_id})
         tasks.sort(key=lambda t: t.get("CreatedAt", ""), reverse=True)
-        status = tasks[0]["Status"] if tasks else {}
+        if not tasks:
+            return None
+        status = tasks[0]["Status"]
         container = (status.get("ContainerStatus") or {}).get("ContainerID")
+        node = self.cluster.node(tasks[0].get("NodeID", "")) or {}
+        if node.get("state") != "ready":
+            return None  # its engine is gone with it: keep what was read before
         data = None
         if container:
             try:
                 engine = self.cluster.engine(tasks[0]["NodeID"])
                 data = engine.logs(container, stdout=True, stderr=True, timestamps=False)
-            except (LookupError, docker.errors.DockerException):
+            except Exception:  # no engine URL, or it does not answer: ask the manager
                 data = None
         if data is None:
             chunks = self.client.service_logs(
@@ -423,13 +428,17 @@ class GpuSwarmSpawner(GpuDockerSpawner, SwarmSpawner):
 
     async def gpulab_read_log(self) -> bytes:
         """What the job runner and its command printed (the hub's job log reads it), also
-        once the service is gone (kept at its stop)."""
+        once the service is gone (kept at its stop). Never raises: a node that died keeps the
+        output read before."""
         if self.object_id and self.gpulab_job is not None:
             try:
-                self._job_log = await asyncio.to_thread(self._service_log)
-                _remember(self.owner, output=self._job_log)
-            except docker.errors.DockerException as e:
+                data = await asyncio.to_thread(self._service_log)
+            except Exception as e:
                 self.log.debug("%s: service log unreadable: %s", self.service_name, e)
+                data = None
+            if data is not None:
+                self._job_log = data
+                _remember(self.owner, output=data)
         return self._job_log or _ended.get(self.owner, (None, b""))[1]
 
     async def gpulab_exit_status(self) -> int | None:
