@@ -58,6 +58,7 @@ from gpulab.spawners.jobs.store import JobStore
 from gpulab.spawners.market.hub_client import HubClient, server_path
 from gpulab.spawners.market.preemption import send_webhook
 from gpulab.spawners.node.allocator import owner_key
+from gpulab.spawners.node.holds import accounts_for
 
 # Answers to a start that mean "not now" (the job waits in the queue with the answer as reason).
 RETRY_STATUSES = (402, 403, 409, 429)
@@ -422,6 +423,7 @@ class JobScheduler(SingletonConfigurable):
             self.free_capacity(self._planned),
             self.limits(),
             spot_price=self._spot_price,
+            catalog=self.pool.catalog,
         )
         by_id = {j.id: j for j in queued}
         for decision in decisions:
@@ -429,6 +431,10 @@ class JobScheduler(SingletonConfigurable):
             if job is None:
                 continue
             waiting = self._not_before.get(job.id, 0) > now
+            if not decision.start and self._on_its_own_hold(job, decision):
+                # Cards reserved or booked for the owner (or their course) are kept out of
+                # what everyone may take, and are theirs: the allocator takes them from the hold.
+                decision = Decision(job.id, True, "starting on cards held for you")
             if decision.start and not waiting:
                 self._not_before.pop(job.id, None)
                 self._begin_start(job, decision, now)
@@ -437,6 +443,15 @@ class JobScheduler(SingletonConfigurable):
                 if reason != job.reason:
                     job.reason = reason
                     self.store.save(job)
+
+    def _on_its_own_hold(self, job: Job, decision: Decision) -> bool:
+        """Whether a job that waits for cards (not for a limit or its bid) may start on a
+        reservation or lab-session booking of its owner's or its course's right now."""
+        spec = job.spec
+        if spec.nodes != 1 or spec.gpu == NO_GPU or not decision.reason.startswith("waiting for"):
+            return False
+        accounts = accounts_for(job.owner, spec.course)
+        return self.pool.allocator.usable_hold(accounts, spec.gpu, spec.gpus) is not None
 
     def make_launch(
         self,

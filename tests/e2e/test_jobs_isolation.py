@@ -188,3 +188,40 @@ def test_billings_move_to_no_gpu_ends_a_job_and_never_reruns_it(hub_factory) -> 
     assert not job_servers(hub, user), hub.user(user)["servers"]
     assert jobs.log(job["id"]).count(f"run-of-{job['id']}") == 1
     assert len(jobs.get(job["id"])["attempts"]) == 1
+
+
+def test_a_reservation_is_honoured_for_its_holders_job_and_against_others(ihub: Hub) -> None:
+    """Issue 26, Queues: reservations are honoured. Alice reserved an A100 for the month; with
+    the other card held by someone's server, Bob's job waits (the reserved card is not his, and
+    the reason says none is free), while Alice's job starts on her own reserved card."""
+    billing = Billing(ihub)
+    alice, bob, carol = new_user(ihub), new_user(ihub), new_user(ihub)
+    billing.credit(alice, "5000")
+    mine, his = Jobs(ihub, alice), Jobs(ihub, bob)
+    month = time.strftime("%Y-%m", time.gmtime())
+    r = ihub.api(
+        "POST",
+        "/gpulab/reservations",
+        token=mine.token,
+        json={
+            "account": f"user:{alice}",
+            "gpu_type": "a100-80g",
+            "cards": 1,
+            "month": month,
+            "idempotency_key": f"{alice}-{month}",
+        },
+    )
+    assert r.status_code in (200, 201), r.text
+    ihub.spawn_ready(carol, {"gpu": "a100-80g"})
+    try:
+        waiting = his.submit(command="echo bob", gpu="a100-80g", gpus=1)
+        job = mine.submit(command="echo alice; sleep 2", gpu="a100-80g", gpus=1)
+        done = mine.wait_state(job["id"], "succeeded", "failed")
+        assert done["state"] == "succeeded", done
+        assert "alice" in mine.log(job["id"])
+        bobs = his.get(waiting["id"])
+        assert bobs["state"] == "queued", bobs
+        assert "waiting for 1 x A100" in bobs["reason"] and "(0 free" in bobs["reason"], bobs
+    finally:
+        ihub.stop_server(carol)
+    his.call("DELETE", f"/{waiting['id']}")
