@@ -96,6 +96,9 @@ def test_the_jobs_card_submits_follows_cancels_and_says_why_a_job_waits(jhub: Hu
         assert "gpus" in refused.lower() or "card" in refused.lower(), refused
         assert "at most 1" in refused, refused
         assert job_ids(hub, name) == []
+        # (The browser logs that refusal as a failed load: the one error this page may show.)
+        assert [e for e in errors if "status of 400" not in e] == [], errors
+        errors.clear()
 
         # A job that prints a line a second: the log follows it to its end. Its name is markup
         # that would run if the page put it in as HTML.

@@ -248,7 +248,8 @@ export class JobsPanel extends Widget {
       el('code', 'jp-gpulab-job-cmd', job.command),
       el('div', 'jp-gpulab-note', jobOn(job, this.actions.typeName))
     );
-    if (job.reason) {
+    if (job.reason && job.reason !== job.state) {
+      // Why it waits or how it ended (a reason that only repeats the state is left out).
       node.appendChild(el('div', 'jp-gpulab-job-reason', job.reason));
     }
     const tries = attemptsText(job);
