@@ -508,11 +508,14 @@ class JobScheduler(SingletonConfigurable):
         self._spawn_task(self._start_attempt(job.id, decision))
 
     async def _start_attempt(self, job_id: int, decision: Decision) -> None:
+        # A start that fails ends its attempt, but only after this task's busy mark is gone: the
+        # end task sets its own (clearing it here afterwards let a second pass end it again).
+        failed: dict[str, Any] | None = None
         try:
             job = self.store.get(job_id)
             attempt = job.attempt
             if job.spec.nodes > 1:
-                await self._start_gang(job, attempt, decision)
+                failed = await self._start_gang(job, attempt, decision)
                 return
             self.make_launch(job, attempt, 0)
             code, body = await self.start_rank(job, 0)
@@ -526,21 +529,25 @@ class JobScheduler(SingletonConfigurable):
                 self._back_to_queue(job, message, time.time())
             elif code >= 300 or code == 0:
                 self.log.warning("Job %s could not start: %s %s", job_id, code, message)
-                self._busy.discard(job_id)
-                self._begin_end(job, {"start_error": message or f"HTTP {code}"})
+                failed = {"start_error": message or f"HTTP {code}"}
                 return
             self.log.info("Job %s of %s starting (attempt %s)", job.id, job.owner, attempt.n)
         except Exception:
             self.log.exception("Starting job %s failed", job_id)
         finally:
             self._busy.discard(job_id)
+            if failed is not None:
+                self._begin_end(self.store.get(job_id), failed)
             self.wake()
 
-    async def _start_gang(self, job: Job, attempt: Attempt, decision: Decision) -> None:
+    async def _start_gang(
+        self, job: Job, attempt: Attempt, decision: Decision
+    ) -> dict[str, Any] | None:
+        """Start a gang's ranks; the end info of a start that failed for good, else None."""
         start_gang, _, not_started = hooks.gang_hooks()
         if start_gang is None:
             self._back_to_queue(job, "jobs over several nodes need the Swarm spawner", time.time())
-            return
+            return None
         try:
             await start_gang(self, job, attempt, decision)
         except Exception as e:
@@ -548,11 +555,10 @@ class JobScheduler(SingletonConfigurable):
                 job = self.store.get(job.id)
                 if getattr(e, "requeue", True):
                     self._back_to_queue(job, str(getattr(e, "reason", e)), time.time())
-                else:
-                    self._busy.discard(job.id)
-                    self._begin_end(job, {"start_error": str(getattr(e, "reason", e))})
-                return
+                    return None
+                return {"start_error": str(getattr(e, "reason", e))}
             raise
+        return None
 
     # ---- ending -------------------------------------------------------------------------------
 
