@@ -27,6 +27,8 @@ import urllib.request
 from typing import Any
 from urllib.parse import quote
 
+from gpulab.catalog.no_gpu import NO_GPU
+
 TIMEOUT = 60.0
 
 
@@ -140,7 +142,7 @@ def job_spec(args: argparse.Namespace) -> dict[str, Any]:
     }
     spec.update({k: v for k, v in optional.items() if v is not None})
     if "gpus" not in spec:
-        spec["gpus"] = 0 if args.gpu == "none" else 1
+        spec["gpus"] = 0 if args.gpu == NO_GPU else 1
     if args.dataset:
         spec["datasets"] = list(args.dataset)
     if args.spot:
@@ -166,7 +168,7 @@ def print_list(jobs: list[dict[str, Any]], out: Any) -> None:
         return
     print(f"{'ID':>5}  {'STATE':<10} {'CARDS':<16} {'TRIES':>5}  {'JOB':<28} WHY", file=out)
     for j in jobs:
-        cards = "no GPU" if j["gpu"] == "none" else f"{j['gpu']} x{j['gpus']}"
+        cards = "no GPU" if j["gpu"] == NO_GPU else f"{j['gpu']} x{j['gpus']}"
         if j.get("nodes", 1) > 1:
             cards += f" x{j['nodes']}n"
         label = j.get("name") or j["command"]
