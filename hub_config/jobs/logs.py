@@ -8,6 +8,10 @@ archives it into the job's own folder (``DATA_DIR/jobs/ID/attempt-N.log``, root 
 ``JobScheduler.log_max_bytes``: the newest output is kept) and removes the server's log, so the
 next attempt of the same server starts on an empty one. The API serves one byte stream: the
 archived attempts in order, then the live one, addressed by offsets.
+
+The same copy tells which checkpoint an attempt resumed from: the runner's ``[gpulab] resuming
+from PATH`` line (the user's own text, kept only for display: control characters stripped, length
+capped), read from the head of the live log once the attempt runs, else from its archive at the end.
 """
 
 from __future__ import annotations
@@ -15,10 +19,20 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import unicodedata
 from pathlib import Path
 from typing import Any
 
-from gpulab.spawners.jobs.model import Job
+from gpulab.spawners.jobs.model import Attempt, Job
+
+# The runner prints its resume line before the command runs: it is in the output's head.
+RESUME_HEAD_BYTES = 64 * 1024
+RESUME_MAX_CHARS = 512
+# How long after an attempt runs its live log is looked at for the runner's resume line.
+RESUME_WATCH_SECONDS = 120.0
+_RESUME_RE = re.compile(
+    rb"^\[gpulab\] (?:resuming from (.*)|no checkpoint to resume from: .*)$", re.M
+)
 
 
 def _local_paths(spawner: Any) -> list[Path] | None:
@@ -29,15 +43,17 @@ def _local_paths(spawner: Any) -> list[Path] | None:
     return [path.with_name(path.name + ".1"), path]
 
 
-def _read_files(paths: list[Path]) -> bytes:
+def _read_files(paths: list[Path], limit: int | None = None) -> bytes:
     out = b""
     for p in paths:
+        if limit is not None and len(out) >= limit:
+            break
         try:
             fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW)
         except OSError:
             continue
         with os.fdopen(fd, "rb") as f:
-            out += f.read()
+            out += f.read() if limit is None else f.read(limit - len(out))
     return out
 
 
@@ -138,3 +154,49 @@ def exit_code_in(output: bytes, job_id: int) -> int | None:
     with code 3"), or None."""
     found = re.findall(rb"^\[gpulab\] job %d exited with code (\d+)$" % job_id, output, re.M)
     return int(found[-1]) if found else None
+
+
+def display_text(raw: bytes, limit: int = RESUME_MAX_CHARS) -> str:
+    """``raw`` (a user's bytes) as text that is safe to show: invalid UTF-8 replaced, control and
+    format characters (escapes, bidi overrides) dropped, at most ``limit`` characters."""
+    text = raw.decode("utf-8", "replace")
+    text = "".join(ch for ch in text if not unicodedata.category(ch).startswith("C")).strip()
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
+
+
+def resumed_from_in(output: bytes) -> str | None:
+    """The checkpoint the job runner said the attempt resumed from (its first ``[gpulab]
+    resuming from PATH`` line in ``output``'s head), "" when it said it started fresh, None when
+    it said neither (yet)."""
+    found = _RESUME_RE.search(output[:RESUME_HEAD_BYTES])
+    if found is None:
+        return None
+    return display_text(found.group(1)) if found.group(1) is not None else ""
+
+
+async def note_resumed(attempt: Attempt, spawner: Any, now: float) -> bool:
+    """Fill ``attempt.resumed_from`` from the head of its running server's own log (rank 0's,
+    ``spawner``) in the first ``RESUME_WATCH_SECONDS`` it runs; True when it was filled."""
+    if attempt.resumed_from is not None or spawner is None:
+        return False
+    if attempt.running_at is None or now - attempt.running_at > RESUME_WATCH_SECONDS:
+        return False
+    paths = _local_paths(spawner)
+    if paths is not None:
+        head = await asyncio.to_thread(_read_files, paths, RESUME_HEAD_BYTES)
+    else:
+        head = await server_output(spawner)
+    found = resumed_from_in(head)
+    if found is None:
+        return False
+    attempt.resumed_from = found
+    return True
+
+
+async def archived_resume(log_dir: Path, attempt: Attempt) -> str | None:
+    """``attempt.resumed_from``, or what its archived output says (an attempt that ended before
+    a pass saw the runner's line)."""
+    if attempt.resumed_from is not None:
+        return attempt.resumed_from
+    path = attempt_file(log_dir, attempt.n)
+    return resumed_from_in(await asyncio.to_thread(_read_files, [path], RESUME_HEAD_BYTES))

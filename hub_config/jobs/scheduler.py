@@ -335,6 +335,8 @@ class JobScheduler(SingletonConfigurable):
         if ended or not all(active):
             self._begin_end(job, {"exit_codes": codes})
             return
+        if await logs.note_resumed(attempt, spawners[0], now):  # display only: the user's text
+            self.store.save(job)
         if hooks.checkpoint_due(job, now):
             await hooks.signal_checkpoint(job, spawners, now)
             self.store.save(job)
@@ -641,6 +643,7 @@ class JobScheduler(SingletonConfigurable):
             return  # the hub is stopping: the next one decides from the saved record
         job = self.store.get(job_id)  # what arrived meanwhile (who stopped it, a cancel)
         attempt = job.attempt
+        attempt.resumed_from = await logs.archived_resume(self.store.log_dir(job.id), attempt)
         exit_code = _job_exit_code(codes)
         if job.stopped_by == "hub":
             # Stopped by the hub's own shutdown: the command's exit is the stop's, not its own.

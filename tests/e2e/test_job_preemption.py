@@ -165,6 +165,15 @@ def test_a_spot_job_preempted_twice_finishes_by_itself_with_the_uninterrupted_lo
             assert jobs.get(job_id)["state"] == "running"
             if n == 2:
                 assert "resumed from " in text[offset:], text[offset:]
+                # The API shows the checkpoint this attempt resumed from while it runs.
+                named = re.findall(r"^resumed from (\S+) at step", text[offset:], re.M)[0]
+                running = wait_for(
+                    lambda: (a := jobs.get(job_id)["attempts"][-1])["resumed_from"] and a,
+                    timeout=30,
+                    interval=0.3,
+                    what="attempt 2's resumed_from",
+                )
+                assert running["n"] == 2 and running["resumed_from"] == named, running
             before = max(steps_after(text, offset))
             preempt(hub, jobs, job_id, n)
             text = jobs.log(job_id)
@@ -194,6 +203,8 @@ def test_a_spot_job_preempted_twice_finishes_by_itself_with_the_uninterrupted_lo
         assert FINAL_RE.findall(text) == [reference_loss]
 
         first, second, third = job["attempts"]
+        # Which checkpoint each attempt resumed from, as the runner named it ("": a fresh start).
+        assert [a["resumed_from"] for a in job["attempts"]] == ["", *(p for p, _ in resumed)]
         for a in (first, second):
             assert a["lost_seconds"] is not None and 0 <= a["lost_seconds"] < 60, a
             assert "preempted at" in a["note"] and "price-above-max" in a["note"], a
