@@ -72,6 +72,18 @@ def jobs_of(hub: Hub, user: str) -> list[dict]:
     return r.json()["jobs"]
 
 
+def shown_as(panel, hub: Hub, user: str, job_id: int, state: str):
+    """The panel's entry of job ``job_id`` once it shows ``state`` (on a timeout, the hub's own
+    record of the job says why)."""
+    entry = panel.locator(f".jp-gpulab-job[data-job='{job_id}'][data-state='{state}']")
+    try:
+        entry.wait_for(timeout=SLOW)
+    except Exception:
+        job = next((j for j in jobs_of(hub, user) if j["id"] == job_id), None)
+        raise AssertionError(f"job {job_id} not shown {state}; the hub has {job}") from None
+    return entry
+
+
 def dialog_submit(page, gpu: str) -> None:
     """Choose ``gpu`` in the open "Run as job" dialog and submit (the panel says so once the
     hub has answered)."""
@@ -137,8 +149,7 @@ def test_the_jobs_panel_runs_the_open_script_and_a_notebook(lhub: Hub, browser) 
             "epoch 3 loss 0.333",
             "epoch 4 loss 0.250",
         ]
-        done = panel.locator(f".jp-gpulab-job[data-job='{job['id']}'][data-state='succeeded']")
-        done.wait_for(timeout=SLOW)
+        done = shown_as(panel, hub, name, job["id"], "succeeded")
         assert "succeeded (exit 0)" in done.inner_text()
         shot(page, "lab-jobs-succeeded")
 
@@ -154,39 +165,38 @@ def test_the_jobs_panel_runs_the_open_script_and_a_notebook(lhub: Hub, browser) 
         dialog_submit(page, "none")
         nb_job = max(jobs_of(hub, name), key=lambda j: j["id"])
         assert (nb_job["command"], nb_job["cwd"]) == (command, "work/nb")
-        row = panel.locator(f".jp-gpulab-job[data-job='{nb_job['id']}'][data-state='succeeded']")
-        row.wait_for(timeout=SLOW)
+        shown_as(panel, hub, name, nb_job["id"], "succeeded")
         ran = home / "work" / "nb" / "nb-ran.txt"
         assert ran.read_text() == str(home / "work" / "nb")
 
         # A long job, then the JupyterLab server stops: the job keeps running on its own.
-        page.goto(hub.user_url(name, "lab/tree/work/train.py"), timeout=SLOW)
-        page.locator(".jp-FileEditor .cm-content", has_text="trained on").wait_for(timeout=SLOW)
         write_in_home(
             home, "work/long.py", "import time\nprint('long', flush=True)\ntime.sleep(300)\n"
         )
         page.goto(hub.user_url(name, "lab/tree/work/long.py"), timeout=SLOW)
         page.locator(".jp-FileEditor .cm-content", has_text="time.sleep").wait_for(timeout=SLOW)
-        page.locator(".lm-TabBar-tab[data-id='gpulab-jobs']").click()
+        # The open file is the main area's current tab (the workspace also reopens train.py).
+        page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab", has_text="long.py").click()
+        if not panel.is_visible():
+            page.locator(".lm-TabBar-tab[data-id='gpulab-jobs']").click()
         panel.locator(".jp-gpulab-jobs-run").click()
+        command = page.locator(".jp-Dialog .jp-gpulab-job-command")
+        command.wait_for(timeout=SLOW)
+        assert command.input_value() == "python long.py"
         dialog_submit(page, "rtx-4090")
         long_job = max(jobs_of(hub, name), key=lambda j: j["id"])
-        running = panel.locator(
-            f".jp-gpulab-job[data-job='{long_job['id']}'][data-state='running']"
-        )
-        running.wait_for(timeout=SLOW)
+        running = shown_as(panel, hub, name, long_job["id"], "running")
         hub.stop_server(name)
+        after = next(j for j in jobs_of(hub, name) if j["id"] == long_job["id"])
+        assert after["state"] == "running", after
         assert hub.free("rtx-4090") == 0
-        assert [j["state"] for j in jobs_of(hub, name) if j["id"] == long_job["id"]] == ["running"]
 
         # Back in JupyterLab: the job is still there; Cancel ends it and frees its card.
         hub.spawn_ready(name, {"gpu": "none"}, timeout=120)
         page.goto(hub.user_url(name, "lab"), timeout=SLOW)
         page.locator(".lm-TabBar-tab[data-id='gpulab-jobs']").click()
         running.locator(".jp-gpulab-job-cancel").click()
-        panel.locator(
-            f".jp-gpulab-job[data-job='{long_job['id']}'][data-state='cancelled']"
-        ).wait_for(timeout=SLOW)
+        shown_as(panel, hub, name, long_job["id"], "cancelled")
         wait_for(lambda: hub.free("rtx-4090") == 1, 60, what="the job's card to be free again")
         shot(page, "lab-jobs-cancelled")
         assert not errors, errors
