@@ -186,6 +186,8 @@ def test_the_jobs_panel_runs_the_open_script_and_a_notebook(lhub: Hub, browser) 
         dialog_submit(page, "rtx-4090")
         long_job = max(jobs_of(hub, name), key=lambda j: j["id"])
         running = shown_as(panel, hub, name, long_job["id"], "running")
+        # The person closes JupyterLab and their server is stopped.
+        page.goto(f"{hub.url}/hub/home", timeout=SLOW)
         hub.stop_server(name)
         after = next(j for j in jobs_of(hub, name) if j["id"] == long_job["id"])
         assert after["state"] == "running", after

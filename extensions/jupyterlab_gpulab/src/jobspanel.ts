@@ -156,6 +156,7 @@ export class JobsPanel extends Widget {
   private logText = el('pre', 'jp-gpulab-job-log');
   private logState = el('div', 'jp-gpulab-note jp-gpulab-job-log-state');
   private timer: number | undefined;
+  private failures = 0;
   private following: { id: number; follower: LogFollower; timer?: number } | null = null;
   jobs: IJob[] = [];
 
@@ -217,12 +218,17 @@ export class JobsPanel extends Widget {
       const answer = await listJobs();
       this.jobs = [...(answer.jobs || [])].sort((a, b) => b.id - a.id);
       this.render();
+      this.failures = 0;
     } catch (e) {
+      // This server did not answer (it stopped, or restarts): the jobs run on regardless; ask
+      // again less and less often rather than every few seconds.
+      this.failures += 1;
       const message = `Jobs unavailable: ${(e as Error).message}`;
       this.list.replaceChildren(el('p', 'jp-gpulab-note', message));
     }
     if (this.isVisible) {
-      this.timer = window.setTimeout(() => void this.refresh(), LIST_POLL_MS);
+      const delay = LIST_POLL_MS * 2 ** Math.min(this.failures, 6);
+      this.timer = window.setTimeout(() => void this.refresh(), delay);
     }
   }
 
@@ -323,6 +329,15 @@ export class JobsPanel extends Widget {
       } catch (e) {
         if (e instanceof ApiError && e.status === 404) {
           this.logState.textContent = e.message;
+          return;
+        }
+        if (!(e instanceof ApiError && e.answered)) {
+          // This server is gone (stopped, restarting): the job is not; its log can be followed
+          // again from the list once the server answers.
+          this.logBox.dataset.done = 'paused';
+          this.logState.textContent =
+            'This server does not answer: the job runs on without it. Follow its log again ' +
+            'once JupyterLab is back.';
           return;
         }
         const message = (e as Error).message;
