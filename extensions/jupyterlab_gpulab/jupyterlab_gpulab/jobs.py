@@ -180,4 +180,3 @@ def log_chunk(status: int, headers: Any, body: bytes | None, offset: int) -> tup
         "next_offset": nxt,
         "done": None if state is None else state in TERMINAL,
     }, 200
-
