@@ -15,7 +15,7 @@ from __future__ import annotations
 import bisect
 import re
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, time
 from decimal import ROUND_HALF_UP, Decimal
@@ -228,13 +228,22 @@ def utilization(total: int, free: int, queued_cards: int) -> float:
 
 
 def decide(
-    book: TypeBook, free: int, price: Decimal, low_window: bool, held_need: int = 0
+    book: TypeBook,
+    free: int,
+    price: Decimal,
+    low_window: bool,
+    held_need: int = 0,
+    price_without: Callable[[int], Decimal] | None = None,
 ) -> Decisions:
     """One market tick for one GPU type. Pure: reads ``book``, changes nothing.
 
-    1. Spot servers bidding below ``price`` are preempted; window-only ones are preempted when the
-       low-price window ends. A preemption for price (or window end) is cancelled when the
-       condition holds again before its deadline.
+    1. Spot servers bidding below the price they are measured against are preempted; window-only
+       ones are preempted when the low-price window ends. A preemption for price (or window end)
+       is cancelled when the condition holds again before its deadline.
+       ``price_without(cards)`` is the price were ``cards`` held cards free again: a spot holder
+       is measured against ``price_without(its own cards)``, so a price that only its own cards
+       raise (the last free card of a type, taken by itself) never preempts it; other holders'
+       cards and queued demand still do. Without it every holder is measured against ``price``.
     2. Queued on-demand requests start first, in arrival order, on free cards; if cards are still
        missing, the lowest-bid spot servers not already leaving are preempted to make room. A
        reclaim no longer needed (the request was cancelled, a card freed) is cancelled.
@@ -246,10 +255,19 @@ def decide(
     """
     d = Decisions()
     orders = book.orders
+    bars: dict[int, Decimal] = {}
+
+    def bar(o: Order) -> Decimal:
+        """The price ``o`` is measured against: ``price`` less what its own cards add."""
+        if price_without is None:
+            return price
+        if o.cards not in bars:
+            bars[o.cards] = min(price, price_without(o.cards))
+        return bars[o.cards]
 
     def keeps_running(o: Order) -> bool:
         return (
-            o.max_price is not None and o.max_price >= price and (low_window or not o.windows_only)
+            o.max_price is not None and o.max_price >= bar(o) and (low_window or not o.windows_only)
         )
 
     incoming = 0  # cards that servers leaving for price or window end will give back
@@ -265,10 +283,14 @@ def decide(
     cancelled = set(d.cancel)
     leaving = {owner for owner in book.preempting if owner not in cancelled}
 
-    # Bids below the price are a prefix of the sorted running list.
+    # Bids below the price are a prefix of the sorted running list; a holder's own bar is at
+    # most the price, so only that prefix can be out-bid.
     cut = bisect.bisect_left(book.running, (price,))
     for _bid, _, owner in book.running[:cut]:
         if owner not in leaving and owner not in cancelled:
+            o = orders[owner]
+            if o.max_price is not None and o.max_price >= bar(o):
+                continue  # only its own cards raise the price above its bid
             d.preempt.append((owner, REASON_PRICE))
             leaving.add(owner)
             incoming += orders[owner].cards

@@ -110,13 +110,17 @@ class SpotMarket(SpotMarketConfig):
         """Whether ``t`` (default: now) is inside a low-price window."""
         return self.schedule.is_low(self.local_now(time.time() if t is None else t))
 
-    def compute_price(self, slug: str, t: float) -> Decimal:
-        """The spot price of GPU type ``slug`` at ``t``: its pin, else from its utilization."""
+    def compute_price(self, slug: str, t: float, without: int = 0) -> Decimal:
+        """The spot price of GPU type ``slug`` at ``t``: its pin, else from its utilization.
+
+        ``without``: held cards counted as free (the price a spot holder of that many cards is
+        measured against: its own cards never out-bid it; the published price counts them)."""
         gt = self.pool.catalog.gpu_types[slug]
         if slug in self.pins:
             return self.pins[slug]
         c = self.pool.allocator.counts().get(slug, {"total": 0, "free": 0})
-        u = utilization(c["total"], c["free"], self.books[slug].queued_cards)
+        free = min(c["total"], c["free"] + without)
+        u = utilization(c["total"], free, self.books[slug].queued_cards)
         return spot_price(
             gt.spot_floor_price,
             gt.on_demand_price,
@@ -183,7 +187,14 @@ class SpotMarket(SpotMarketConfig):
             self.log.info("Spot price of %s is now %s", slug, price)
         low = self.in_low_window(now)
         held_need = self.pool.allocator.hold_deficit(slug, now)
-        d = decide(self.books[slug], c["free"], price, low, held_need)
+        d = decide(
+            self.books[slug],
+            c["free"],
+            price,
+            low,
+            held_need,
+            price_without=lambda cards: self.compute_price(slug, now, without=cards),
+        )
         for owner in d.cancel:
             self._cancel(owner, price)
         for owner, reason in d.preempt:
