@@ -1,7 +1,9 @@
 """Training jobs' REST API (issue 26): thin handlers over :class:`JobScheduler`.
 
 - ``POST /hub/api/gpulab/users/NAME/jobs`` (a JSON job spec): 201 with the job, queued; a bad
-  field is 400 naming it, and nothing is created.
+  field is 400 naming it, and nothing is created; so is a job its owner's courses do not allow
+  (the course rules of a server start: a course the owner is not a student of is 400 naming
+  ``course``).
 - ``GET /hub/api/gpulab/users/NAME/jobs``: NAME's jobs, newest first, each with ``reason`` (why it
   waits, or how it ended).
 - ``GET /hub/api/gpulab/users/NAME/jobs/ID``: one job, its attempts and their timings.
@@ -32,6 +34,7 @@ from gpulab.hub_config.api.base import GpulabAPIHandler
 from gpulab.hub_config.jobs.scheduler import JobScheduler
 from gpulab.hub_config.overrides.errors import http_error
 from gpulab.hub_config.scopes import JOBS_SCOPE
+from gpulab.spawners.courses import student_courses
 from gpulab.spawners.jobs.model import STATES, Job
 from gpulab.spawners.jobs.spec import JobSpecError
 
@@ -75,13 +78,18 @@ class JobsHandler(JobsBase):
 
     @needs_scope(JOBS_SCOPE)
     def post(self, user_name: str) -> None:
-        if self.find_user(user_name) is None:
+        user = self.find_user(user_name)
+        if user is None:
             raise web.HTTPError(404, NOT_FOUND)
         body = self.json_object_body()
         gangs = bool(getattr(self.settings.get("spawner_class"), "supports_gangs", False))
         try:
             job = self.scheduler.submit(
-                user_name, body, admin=self.has_scope("admin:servers"), gangs=gangs
+                user_name,
+                body,
+                admin=self.has_scope("admin:servers"),
+                gangs=gangs,
+                courses=student_courses(user),
             )
         except JobSpecError as e:
             raise http_error(400, str(e), e, field=e.field) from None

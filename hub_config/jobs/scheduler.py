@@ -32,7 +32,7 @@ import asyncio
 import json
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from decimal import Decimal
 from typing import Any
 
@@ -41,6 +41,7 @@ from traitlets.config import SingletonConfigurable
 
 from gpulab.catalog import NO_GPU
 from gpulab.hub_config.jobs import hooks, logs
+from gpulab.spawners.courses import Course
 from gpulab.spawners.jobs import launch as launches
 from gpulab.spawners.jobs.model import (
     ACTIVE,
@@ -53,15 +54,18 @@ from gpulab.spawners.jobs.model import (
     Job,
 )
 from gpulab.spawners.jobs.queue import Decision, Free, Limits, plan
-from gpulab.spawners.jobs.spec import parse_job_spec
+from gpulab.spawners.jobs.spec import check_course_rules, parse_job_spec
 from gpulab.spawners.jobs.store import JobStore
 from gpulab.spawners.market.hub_client import HubClient, server_path
 from gpulab.spawners.market.preemption import send_webhook
 from gpulab.spawners.node.allocator import owner_key
 from gpulab.spawners.node.holds import accounts_for
 
-# Answers to a start that mean "not now" (the job waits in the queue with the answer as reason).
-RETRY_STATUSES = (402, 403, 409, 429)
+# Answers to a start that mean "not now" (the job waits in the queue with the answer as reason):
+# the balance (402), no free card (409), too many spawns (429). Any other refusal (a bad option's
+# 400, a course rule's 403) will not change by waiting: the job ends failed with it, instead of
+# waiting forever in its place in the queue (issue 26, F0).
+RETRY_STATUSES = (402, 409, 429)
 
 
 class JobScheduler(SingletonConfigurable):
@@ -112,6 +116,15 @@ class JobScheduler(SingletonConfigurable):
         15.0,
         help="""Seconds a job waits before its start is tried again after the hub refused it
         (balance, no free card, spot price above the bid).""",
+    ).tag(config=True)
+    reserve_after_seconds = Float(
+        900.0,
+        help="""Seconds a queued job that cannot start yet must have waited before it keeps the
+        free cards of its type from other users' later jobs (so that a stream of small jobs does
+        not starve a big one). Even then it keeps them only on nodes where the jobs running now
+        will give it the cards it needs by ending: cards in notebook servers are never waited
+        for at other users' expense. Until then, later jobs of other users that fit start
+        (backfill); the owner's own later jobs always wait behind it.""",
     ).tag(config=True)
     stop_timeout = Float(
         120.0,
@@ -216,8 +229,18 @@ class JobScheduler(SingletonConfigurable):
         """``max_nodes`` where the spawner runs gangs, else 1."""
         return self.max_nodes if getattr(spawner_class, "supports_gangs", False) else 1
 
-    def submit(self, owner: str, raw: Any, *, admin: bool = False, gangs: bool = False) -> Job:
-        """Validate and queue ``owner``'s job (``JobSpecError``, 400, naming the field)."""
+    def submit(
+        self,
+        owner: str,
+        raw: Any,
+        *,
+        admin: bool = False,
+        gangs: bool = False,
+        courses: Sequence[Course] = (),
+    ) -> Job:
+        """Validate and queue ``owner``'s job (``JobSpecError``, 400, naming the field).
+        ``courses``: the owner's courses as a student; the job must pass their rules exactly as
+        its server's start will (a course not theirs is refused here, not at every start)."""
         assert self.store is not None
         spec = parse_job_spec(
             raw,
@@ -227,6 +250,7 @@ class JobScheduler(SingletonConfigurable):
             max_priority=10 if admin else self.max_user_priority,
             checkpoint_interval=self.checkpoint_interval,
         )
+        check_course_rules(spec, list(courses), self.pool.catalog)
         job = self.store.submit(owner, spec)
         self.log.info("Job %s of %s queued: %s", job.id, owner, spec.command[:80])
         self.wake()
@@ -425,6 +449,8 @@ class JobScheduler(SingletonConfigurable):
             self.free_capacity(self._planned),
             self.limits(),
             spot_price=self._spot_price,
+            now=now,
+            reserve_after=self.reserve_after_seconds,
             catalog=self.pool.catalog,
         )
         by_id = {j.id: j for j in queued}

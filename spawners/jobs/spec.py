@@ -17,6 +17,11 @@ nothing is "fixed" quietly.
 A job is run as ``bash -lc COMMAND`` in ``$HOME/CWD`` of the owner's own account, inside the
 job's server(s): the command is the user's to choose and runs with only their rights, so it is
 checked for what would break the runner (length, NUL), not for what it does.
+
+The course rules (:func:`check_course_rules`) are checked at submission too, by the same function
+a server start uses: a job its owner's courses do not allow (a course they are not a student of,
+a GPU type or image their course does not allow) is refused with 400 naming the field, never
+queued to wait for a start that will always be refused (issue 26, F0/F3).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from gpulab.catalog import NO_GPU, Catalog
+from gpulab.spawners.courses import Course, CourseRuleError, apply_course_rules
 from gpulab.spawners.options import OptionsError, parse_options
 
 COMMAND_MAX = 4096
@@ -290,3 +296,16 @@ def parse_job_spec(
         checkpoint_interval=interval,
         max_attempts=attempts,
     )
+
+
+def check_course_rules(spec: JobSpec, courses: list[Course], catalog: Catalog) -> None:
+    """Refuse (:class:`JobSpecError`, 400 naming the field) a job its owner's ``courses`` (their
+    courses as a student, :func:`gpulab.spawners.courses.student_courses`) do not allow, by the
+    rules every server start applies (:func:`~gpulab.spawners.courses.apply_course_rules`):
+    a user in no course may name none; a student's job must fit one of their courses."""
+    opts = parse_options(spec.server_options(), catalog)
+    try:
+        apply_course_rules(opts, list(courses), catalog)
+    except CourseRuleError as e:
+        message = str(e).split(": ", 1)[1] if ": " in str(e) else str(e)
+        raise JobSpecError(e.field, message, message) from None
