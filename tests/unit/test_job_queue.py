@@ -38,6 +38,14 @@ def job(
     return Job(id=id, owner=owner, spec=spec, submitted_at=t, updated_at=t, state=state)
 
 
+def on(j: Job, *nodes: str) -> Job:
+    """``j`` running on ``nodes`` (one per rank), as the scheduler records it."""
+    j.state = model.RUNNING
+    j.attempts = [model.Attempt(n=1, started_at=j.submitted_at, servers=j.server_names())]
+    j.attempts[0].nodes = list(nodes)
+    return j
+
+
 def free(**nodes: int | dict[str, int]) -> Free:
     return Free({n: v if isinstance(v, dict) else {A100: v} for n, v in nodes.items()})
 
@@ -45,8 +53,14 @@ def free(**nodes: int | dict[str, int]) -> Free:
 DEFAULT_LIMITS = Limits()
 
 
+# Jobs in these tests are submitted at t = their id (or ``at``): at NOW every one of them has
+# waited longer than RESERVE_AFTER (the tests of that bound pass their own ``now``).
+NOW = 10_000.0
+RESERVE_AFTER = 900.0
+
+
 def decide(
-    queued, running=(), pool=None, limits=DEFAULT_LIMITS, prices=None
+    queued, running=(), pool=None, limits=DEFAULT_LIMITS, prices=None, now=NOW
 ) -> dict[int, Decision]:
     out = plan(
         list(queued),
@@ -54,6 +68,8 @@ def decide(
         pool if pool is not None else free(n1=8),
         limits,
         spot_price=lambda gpu: (prices or {}).get(gpu),
+        now=now,
+        reserve_after=RESERVE_AFTER,
         catalog=CATALOG,
     )
     assert [d.job_id for d in out] == [
@@ -179,8 +195,10 @@ def test_a_line_of_big_jobs_cannot_hold_the_whole_pool() -> None:
     """A user's waiting jobs that hold a place count towards their limits: alice's long line of
     8-card jobs holds at most two nodes' worth (16 cards), and bob's job still starts."""
     pool = free(n1=7, n2=7, n3=7)
+    # The eighth card of each node is in carol's jobs: it comes back when they end.
+    carol = [on(job(100 + i, "carol"), n) for i, n in enumerate(("n1", "n2", "n3"))]
     line = [job(i, gpus=8) for i in range(1, 6)]
-    d = decide([*line, job(6, "bob", gpus=4)], pool=pool)
+    d = decide([*line, job(6, "bob", gpus=4)], carol, pool=pool)
     assert started(d) == {6: ("n3",)}
     assert d[1].reason == "waiting for 8 x A100-80G on one node (7 free)"
     assert d[2].reason == "waiting for 8 x A100-80G on one node (7 free; 1 job ahead)"
@@ -188,7 +206,9 @@ def test_a_line_of_big_jobs_cannot_hold_the_whole_pool() -> None:
         "your jobs running or ahead need 16 cards and this one needs 8 more (the limit is 16 "
         "cards at once)"
     )
-    d = decide([*line, job(6, "bob", gpus=4)], pool=pool, limits=Limits(max_cards_per_user=64))
+    d = decide(
+        [*line, job(6, "bob", gpus=4)], carol, pool=pool, limits=Limits(max_cards_per_user=64)
+    )
     assert d[5].reason == (
         "you have 0 jobs running and 4 waiting ahead of this one (the limit is 4 at once)"
     )
@@ -199,10 +219,18 @@ def test_a_line_of_big_jobs_cannot_hold_the_whole_pool() -> None:
 
 
 def test_a_big_job_holds_its_place_against_small_ones_behind_it() -> None:
-    d = decide([job(1, gpus=4), job(2, "bob"), job(3, "carol")], pool=free(n1=3))
+    """Once it has waited RESERVE_AFTER, and its fourth card is in a job (it comes back)."""
+    dave = on(job(100, "dave"), "n1")
+    queued = [job(1, gpus=4), job(2, "bob"), job(3, "carol")]
+    d = decide(queued, [dave], pool=free(n1=3), now=1.0 + 20 * 60)
     assert started(d) == {}
     assert d[1].reason == "waiting for 4 x A100-80G on one node (3 free)"
-    assert d[2].reason == "waiting for 1 x A100-80G on one node (3 free; 1 job ahead)"
+    # What bob reads: the cards are free but kept, for how long, and by nobody named.
+    assert d[2].reason == (
+        "waiting for 1 x A100-80G on one node (3 free, kept for an older job that has waited "
+        "20 min)"
+    )
+    assert d[3].reason == d[2].reason  # bob's waiting job keeps nothing: nothing was left
 
 
 def test_a_small_job_backfills_where_the_big_one_does_not_wait() -> None:
@@ -259,12 +287,15 @@ def test_a_gang_gets_distinct_nodes_each_with_its_cards() -> None:
 def test_a_gang_that_cannot_be_placed_whole_starts_nowhere() -> None:
     """Issue 26: all or nothing, never a partial set holding cards."""
     pool = free(n1=4, n2=3, n3=4)
-    d = decide([job(1, gpus=4, nodes=3), job(2, "bob", gpus=3)], pool=pool)
+    dave = [on(job(100, "dave"), "n2")]  # n2's fourth card comes back when dave's job ends
+    d = decide([job(1, gpus=4, nodes=3), job(2, "bob", gpus=3)], dave, pool=pool)
     assert not d[1].start and d[1].nodes == ()
     assert d[1].reason == "waiting for 3 nodes with 4 x A100-80G free each (2 such nodes now)"
     # It holds its place on the three nodes with the most free: bob's 3 cards must wait too.
-    assert d[2].reason == "waiting for 3 x A100-80G on one node (4 free; 1 job ahead)"
-    d = decide([job(1, gpus=4, nodes=2), job(2, "bob", gpus=3)], pool=free(n1=4, n2=3, n3=3))
+    assert d[2].reason.startswith(
+        "waiting for 3 x A100-80G on one node (4 free, kept for an older job that has waited"
+    )
+    d = decide([job(1, gpus=4, nodes=2), job(2, "bob", gpus=3)], dave, pool=free(n1=4, n2=3, n3=3))
     assert not d[1].start
     assert started(d) == {2: ("n3",)}
 
@@ -304,3 +335,50 @@ def test_nothing_free_anywhere_says_so() -> None:
     assert d[1].reason == "waiting for 2 x A100-80G on one node (0 free)"
     d = decide([job(1, gpus=2, nodes=2)], pool=free())
     assert d[1].reason == "waiting for 2 nodes with 2 x A100-80G free each (0 such nodes now)"
+
+
+# ---- the place a waiting job keeps is bounded (issue 26, F2) ------------------------------
+
+
+def test_a_fresh_job_keeps_free_cards_only_from_its_owners_later_jobs() -> None:
+    """Issue 26, F2: alice's 4-card job waits for a card in dave's job. For RESERVE_AFTER
+    seconds it keeps nothing from other users (bob's 1-card job starts on a free card); her
+    own later jobs wait behind it from the start; once it has waited RESERVE_AFTER, bob waits
+    too and reads why, without anyone named."""
+    dave = [on(job(100, "dave"), "n1")]
+    queued = [job(1, gpus=4, at=1000.0), job(2, "bob", at=1001.0), job(3, at=1002.0)]
+    d = decide(queued, dave, pool=free(n1=3), now=1000.0 + 60)
+    assert started(d) == {2: ("n1",)}
+    assert d[3].reason == (
+        "waiting for 1 x A100-80G on one node (2 free, kept for your job 1 ahead of this one)"
+    )
+    d = decide(queued, dave, pool=free(n1=3), now=1000.0 + RESERVE_AFTER)
+    assert started(d) == {}
+    assert d[2].reason == (
+        "waiting for 1 x A100-80G on one node (3 free, kept for an older job that has waited "
+        "15 min)"
+    )
+    assert "alice" not in d[2].reason
+
+
+def test_a_job_waiting_for_cards_in_servers_keeps_nothing_from_anyone() -> None:
+    """Issue 26, F2 as the attack ran it: one of the four cards is in a notebook server (not a
+    job: the queue cannot stop it, it may never come back). A 4-card job that has waited for
+    hours still keeps no free card from bob's 1-card job, which starts at once."""
+    queued = [job(1, gpus=4, at=0.0), job(2, "bob", at=1.0)]
+    d = decide(queued, pool=free(n1=3), now=6 * 3600.0)
+    assert started(d) == {2: ("n1",)}
+    assert d[1].reason == "waiting for 4 x A100-80G on one node (3 free)"
+    # Its owner's own later job is not held back by it either: nothing is kept.
+    d = decide([job(1, gpus=4, at=0.0), job(3, at=2.0)], pool=free(n1=3), now=6 * 3600.0)
+    assert started(d) == {3: ("n1",)}
+
+
+def test_a_job_still_starting_counts_its_cards_as_coming_back_anywhere() -> None:
+    """A job just started has no node recorded yet: its cards may be on any node, so a job
+    that waits for them keeps its place (no starvation while a job starts)."""
+    starting = job(100, "dave", state=model.STARTING)
+    queued = [job(1, gpus=4, at=0.0), job(2, "bob", at=1.0)]
+    d = decide(queued, [starting], pool=free(n1=3), now=RESERVE_AFTER)
+    assert started(d) == {}
+    assert d[2].reason.startswith("waiting for 1 x A100-80G on one node (3 free, kept for")
