@@ -10,7 +10,8 @@ Everything derived here is a function of the *set* of accepted events, never of 
 - a kernel span is [earliest report, latest report] of that kernel (start, restart, heartbeat,
   stop): min/max are commutative and idempotent, and a late or forged "stop" can only extend a
   span, never erase time already reported;
-- a span belongs to the latest session of its server that started at or before the span;
+- a span belongs to the latest session of its server that started at or before the span (its
+  first report; the hub's observed span: its latest sample, see ``_placed_at``);
 - a session ends at the first ``server_stop`` at or after its start, or at the next session's start;
 - a session's billed time is the union of its spans clipped to the session; its amount is rated
   from that total (see ``rating``; seconds inside the paid reservation the session runs on, see
@@ -39,6 +40,7 @@ from gpulab.billing_service.rating import (
 )
 from gpulab.billing_service.schemas import (
     APP_PREFIX,
+    OBSERVED_PREFIX,
     ActivityEvent,
     AppEvent,
     Heartbeat,
@@ -262,15 +264,15 @@ def _assign_spans(
         touched[(u, s)].add(k)
     for pair in sorted(pairs):
         sess = sessions.get(pair, [])
-        q = select(KernelSpan.kernel_id, KernelSpan.first_us, KernelSpan.session_id).where(
-            KernelSpan.user == pair[0], KernelSpan.server == pair[1]
-        )
+        q = select(
+            KernelSpan.kernel_id, KernelSpan.first_us, KernelSpan.last_us, KernelSpan.session_id
+        ).where(KernelSpan.user == pair[0], KernelSpan.server == pair[1])
         if pair not in seen.resession:
             if not touched.get(pair):
                 continue
             q = q.where(KernelSpan.kernel_id.in_(sorted(touched[pair])))
-        for kernel_id, first_us, old in conn.execute(q).all():
-            sid = _session_at(sess, first_us)
+        for kernel_id, first_us, last_us, old in conn.execute(q).all():
+            sid = _session_at(sess, _placed_at(kernel_id, first_us, last_us))
             if sid is not None:
                 affected.add(sid)
             if sid != old:
@@ -286,6 +288,21 @@ def _assign_spans(
                     .values(session_id=sid)
                 )
     return affected
+
+
+def _placed_at(kernel_id: str, first_us: int, last_us: int) -> int:
+    """The time that decides which session of its server a span belongs to.
+
+    A reporter's kernel or app span: its first report (a reporter lives in one session). The
+    hub's observed span: its latest sample. The observer samples a server only while it is up,
+    so that sample lies in the span's own session, whereas its first second is the start time
+    of the server's first process as the kernel's process table reads it (boot time in whole
+    seconds plus ticks), which can read a little before the hub's clock said the session
+    started: a job runner starts its command at once, so its span placed by its first second
+    went to the session before (a re-run of the same ``job-ID``, clipped to that stopped
+    session: billed 0) or to none (a first attempt: billed nowhere). Clipped to its own
+    session, at most that skew is left out."""
+    return last_us if kernel_id.startswith(OBSERVED_PREFIX) else first_us
 
 
 def _lock_for_rating(conn: Connection, affected: set[int], now_us: int) -> None:

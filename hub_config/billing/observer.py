@@ -209,7 +209,7 @@ class ActivityObserver(SingletonConfigurable):
             started = _started(spawner)
             tracker = self.trackers[owner] = ActivityTracker(
                 session=alloc.alloc_id,
-                session_start=started,
+                session_start=_session_start(alloc, started),
                 cpu_threshold=self.cpu_threshold,
                 holds_cards=bool(alloc.uuids),
                 cards_since=_cards_since(alloc, started),
@@ -301,6 +301,19 @@ def _cards_since(alloc: Any, started: float) -> float | None:
     if not alloc.uuids:
         return None
     return alloc.created if alloc.created >= started else None
+
+
+def _session_start(alloc: Any, started: float) -> float:
+    """The earliest second a span of this session may claim: a time inside billing's session.
+
+    JupyterHub's ``started`` comes before billing hears ``server_start`` (the spawner's
+    ``pre_allocate_hook``); an allocation made by the spawn comes after it. A job runner starts
+    its command at once, and the kernel's process table (boot time in whole seconds plus ticks)
+    can date that child a little before both: bounded by the allocation's creation, its span
+    never reaches back before its session (issue 26, F6). An allocation made before the spawn
+    (a switch) bounds nothing; billing places observed spans by their latest sample anyway."""
+    created = getattr(alloc, "created", None)
+    return created if created is not None and created >= started else started
 
 
 def _started(spawner: Any) -> float:

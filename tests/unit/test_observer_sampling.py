@@ -12,6 +12,7 @@ import sys
 import time
 import types
 import uuid
+from datetime import UTC, datetime
 
 from gpulab.hub_config.billing.observer import ActivityObserver
 from gpulab.spawners.activity import Observation, Proc
@@ -104,3 +105,45 @@ def test_one_server_that_cannot_be_sampled_costs_no_other_its_billing() -> None:
     assert sorted(e["user"] for e in delivered) == ["alice", "bob"]
     assert set(observer.trackers) == {"mallory/", "alice/", "bob/"}
     assert observer.trackers["alice/"].spans and not observer.trackers["mallory/"].spans
+
+
+class JobServer:
+    """A job server just started: JupyterHub's ``started`` at ``t0``, billing told at ``t0 +
+    0.2`` (the spawner's pre_allocate_hook), its allocation made at ``t0 + 0.3``, and the job
+    runner's command, its only work, dated by the process table at ``t0 + 0.1`` (boot time in
+    whole seconds plus ticks reads a little early)."""
+
+    def __init__(self, owner: str, t0: float) -> None:
+        self.owner = owner
+        started = datetime.fromtimestamp(t0, UTC).replace(tzinfo=None)  # as JupyterHub keeps it
+        self.orm_spawner = types.SimpleNamespace(started=started)
+        self.allocation = types.SimpleNamespace(
+            alloc_id=f"a-{uuid.uuid4().hex[:6]}", uuids=[], created=t0 + 0.3, gpu_type=None
+        )
+        self.t0 = t0
+
+    async def observe_activity(self) -> Observation:
+        return Observation(t=time.time(), procs=(Proc(pid=4343, started=self.t0 + 0.1),), cpu=None)
+
+
+def test_a_job_servers_span_never_reaches_back_before_its_billing_session() -> None:
+    """Issue 26 (F6): a job runner starts its command at once, and the process table can date it
+    before the hub told billing the server started; the observed span began there, so billing
+    placed it in the session before (a re-run of the same job-ID: clipped to it, billed 0) or in
+    none (billed nowhere). The span starts no earlier than the server's allocation, which the
+    spawn makes after billing heard of the session."""
+    delivered: list[dict] = []
+
+    async def hub_api(method: str, path: str, body: object) -> tuple[int, str]:
+        return 200, ""
+
+    async def report(events: list[dict]) -> None:
+        delivered.extend(events)
+
+    t0 = time.time() - 5
+    job = JobServer("alice/job-17", t0)
+    observer = ActivityObserver(hub_api=hub_api, notices=None, report_hook=report)
+    asyncio.run(observer.tick([job]))
+    (event,) = delivered
+    assert event["server"] == "job-17"
+    assert event["first"] == job.allocation.created, (event["first"] - t0, event)
