@@ -9,10 +9,11 @@ from decimal import Decimal
 import pytest
 
 from gpulab.catalog import load_catalog
+from gpulab.spawners.courses import Course, CourseLimits
 from gpulab.spawners.jobs import model
 from gpulab.spawners.jobs.model import Job
 from gpulab.spawners.jobs.queue import Decision, Free, Limits, plan, queue_order
-from gpulab.spawners.jobs.spec import parse_job_spec
+from gpulab.spawners.jobs.spec import JobSpecError, check_course_rules, parse_job_spec
 
 CATALOG = load_catalog().model_copy(update={"max_gpus_per_server": 8})
 A100 = "a100-80g"
@@ -382,3 +383,28 @@ def test_a_job_still_starting_counts_its_cards_as_coming_back_anywhere() -> None
     d = decide(queued, [starting], pool=free(n1=3), now=RESERVE_AFTER)
     assert started(d) == {}
     assert d[2].reason.startswith("waiting for 1 x A100-80G on one node (3 free, kept for")
+
+
+# ---- the course rules at submit (issue 26, F0/F3) -----------------------------------------
+
+
+def test_a_job_its_owners_courses_do_not_allow_is_refused_naming_the_field() -> None:
+    """Issue 26, F0/F3: the course rules of a server start, applied at submit: a user in no
+    course may not name one, a student may not name a course of which they are not a student,
+    nor ask for what their course does not allow; each is a 400 naming the field."""
+    ml101 = Course(name="ml101", limits=CourseLimits(gpu_types=("rtx-4090", "none")))
+    cases = [
+        ({"course": "nonexist"}, [], "course", "you are not a student of course 'nonexist'"),
+        ({"course": "cv2"}, [ml101], "course", "you are not a student of course 'cv2'"),
+        ({"course": "ml101"}, [ml101], "gpu", "course ml101 does not allow gpu type 'a100-80g'"),
+    ]
+    for extra, courses, field, words in cases:
+        spec = job(1, **extra).spec
+        with pytest.raises(JobSpecError) as e:
+            check_course_rules(spec, courses, CATALOG)
+        assert e.value.field == field and e.value.status == 400
+        assert str(e.value).startswith(f"{field}:") and words in str(e.value), str(e.value)
+    # What the course allows, or no course for a user in none, passes.
+    check_course_rules(job(1, gpu="rtx-4090", course="ml101").spec, [ml101], CATALOG)
+    check_course_rules(job(1, gpu="rtx-4090").spec, [ml101], CATALOG)
+    check_course_rules(job(1).spec, [], CATALOG)
