@@ -45,7 +45,10 @@ from urllib.parse import urlparse
 
 PREFIX = "[gpulab]"
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-BANNER = b"gpulab job runner\n"
+# The listening socket's descriptor, when the launcher made it (spawners/inside/launcher.py).
+ENV_LISTEN_FD = "GPULAB_JOB_LISTEN_FD"
+# Methods the hub answers 405 on a URL outside its prefix (the others: 403, token or not).
+XSRF_SAFE = ("GET", "HEAD", "OPTIONS")
 
 
 def say(message: str) -> None:
@@ -66,32 +69,66 @@ def login_command(command: str, path: str) -> str:
 # ---- the HTTP answer --------------------------------------------------------------------------
 
 
-class _Handler(http.server.BaseHTTPRequestHandler):
-    server_version = "gpulab-job-runner"
-    sys_version = ""
+def hub_location(env: dict[str, str], uri: str) -> str:
+    """Where the hub sends a request for a server that is not running (its
+    ``PrefixRedirectHandler``): the same path below the hub's prefix (``/user/A/job-7/`` ->
+    ``/hub/user/A/job-7/``, query kept), on the hub's public host where it has one
+    (``JUPYTERHUB_HOST``: the public URL's or the subdomain host)."""
+    base = env.get("JUPYTERHUB_BASE_URL") or "/"
+    hub = base.rstrip("/") + "/hub/"
+    check = uri if uri.endswith("/") else uri + "/"
+    path = uri[len(base) :] if check.startswith(base) else urlparse(uri).path
+    return env.get("JUPYTERHUB_HOST", "") + _path_join(hub, path or "/")
 
-    def do_GET(self) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain; charset=utf-8")
-        self.send_header("Content-Length", str(len(BANNER)))
+
+def _path_join(*pieces: str) -> str:
+    """JupyterHub's ``url_path_join`` (this file imports nothing of JupyterHub's)."""
+    parts = list(pieces)
+    while parts and not parts[-1]:
+        del parts[-1]
+    if not parts:
+        return ""
+    result = "/".join(s for s in (p.strip("/") for p in parts) if s)
+    if parts[0].startswith("/"):
+        result = "/" + result
+    if parts[-1].endswith("/"):
+        result += "/"
+    return "/" if result == "//" else result
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    """Answers as the proxy and hub answer for a job server that is not running, so nobody
+    tells a running job from a stopped one by its URL: a GET is the hub's redirect to itself
+    (JupyterHub's readiness check takes any answer below 500), any other method the hub's 405
+    (its redirect handler has GET only)."""
+
+    server_version = "TornadoServer/6.5"
+    sys_version = ""
+    protocol_version = "HTTP/1.1"
+
+    def _answer(self, status: int, location: str = "") -> None:
+        self.send_response(status)
+        if location:
+            self.send_header("Location", location)
+        self.send_header("Content-Length", "0")
         self.end_headers()
-        self.wfile.write(BANNER)
         self.server.answered.set()  # type: ignore[attr-defined]
 
-    def do_HEAD(self) -> None:
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(BANNER)))
-        self.end_headers()
+    def do_GET(self) -> None:
+        self._answer(302, hub_location(self.server.env, self.path))  # type: ignore[attr-defined]
 
     def _refuse(self) -> None:
-        body = b"method not allowed: the job runner answers GET only\n"
-        self.send_response(405)
-        self.send_header("Allow", "GET, HEAD")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        length = self.headers.get("Content-Length", "")
+        if length.isdigit() and int(length) <= 2**20:
+            self.rfile.read(int(length))  # drained: the connection stays in step
+        else:
+            self.close_connection = True
+        if self.command in XSRF_SAFE:
+            self._answer(405)  # the hub's redirect handler has no such method
+        else:
+            self._answer(403)  # the hub refuses these before that (its XSRF check)
 
-    do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _refuse
+    do_HEAD = do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _refuse
 
     def log_message(self, format: str, *args: object) -> None:
         pass  # the hub's checks are no news in the job's output
@@ -100,10 +137,21 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 class _Server(http.server.ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int]) -> None:
+    def __init__(
+        self, address: tuple[str, int], env: dict[str, str], fd: int | None = None
+    ) -> None:
         if ":" in address[0]:
             self.address_family = socket.AF_INET6
-        super().__init__(address, _Handler)
+        super().__init__(address, _Handler, bind_and_activate=fd is None)
+        if fd is not None:
+            # The launcher's listening socket, made in the host's network namespace before it
+            # entered the job's own (sockets keep the namespace they were made in).
+            self.socket.close()
+            self.socket = socket.socket(fileno=fd)
+            self.socket.set_inheritable(False)
+            self.server_address = self.socket.getsockname()[:2]
+            self.server_name, self.server_port = "job", self.server_address[1]
+        self.env = env
         self.answered = threading.Event()
 
 
@@ -127,10 +175,15 @@ def listen_address(env: dict[str, str], argv: list[str]) -> tuple[str, int] | No
     return (ip, port) if port else None
 
 
-def serve(address: tuple[str, int] | None) -> _Server | None:
-    if address is None:
+def serve(address: tuple[str, int] | None, env: dict[str, str] | None = None) -> _Server | None:
+    """Answer HTTP at ``address``, or on the listening socket the launcher handed over
+    (``GPULAB_JOB_LISTEN_FD``: a job in a network of its own)."""
+    env = dict(os.environ) if env is None else env
+    fd_s = env.get(ENV_LISTEN_FD, "")
+    fd = int(fd_s) if fd_s.isdigit() else None
+    if address is None and fd is None:
         return None
-    server = _Server(address)
+    server = _Server(address or ("127.0.0.1", 0), env, fd)
     threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
     return server
 
@@ -220,7 +273,7 @@ def job_env(env: dict[str, str], home: str) -> dict[str, str]:
     if "CUDA_VISIBLE_DEVICES" not in out:
         out["CUDA_VISIBLE_DEVICES"] = ""
     # The runner's own settings are no business of the command's.
-    for name in ("GPULAB_JOB_COMMAND", "GPULAB_JOB_CWD", "GPULAB_JOB_LINGER"):
+    for name in ("GPULAB_JOB_COMMAND", "GPULAB_JOB_CWD", "GPULAB_JOB_LINGER", ENV_LISTEN_FD):
         out.pop(name, None)
     return out
 
@@ -371,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
     if not command or not job_id:
         say("GPULAB_JOB_COMMAND and GPULAB_JOB_ID must be set")
         return 2
-    server = serve(listen_address(env, argv))
+    server = serve(listen_address(env, argv), env)
     home = env.get("HOME") or os.getcwd()
     try:
         cwd = working_dir(home, env.get("GPULAB_JOB_CWD", ""))

@@ -18,12 +18,15 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import fcntl
 import importlib.abc
 import json
 import os
 import re
 import signal
+import socket
 import stat
+import struct
 import sys
 from pathlib import Path
 
@@ -52,6 +55,13 @@ SCRATCH_SHARED = "/tmp/.gpulab-shared"
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWIPC = 0x08000000
+CLONE_NEWNET = 0x40000000
+SIOCGIFFLAGS = 0x8913
+SIOCSIFFLAGS = 0x8914
+IFF_UP = 0x1
+# "private" (set by the local spawner for a job server, issue 26): the job's command runs in a
+# network namespace of its own with only its loopback; "host" or unset: the host's network.
+ENV_JOB_NETWORK = "GPULAB_JOB_NETWORK"
 MS_RDONLY = 0x1
 MS_NOSUID = 0x2
 MS_NODEV = 0x4
@@ -518,6 +528,45 @@ def _bind_back(c: ctypes.CDLL, old_fd: int, target: str, path: str) -> None:
         os.close(src)
 
 
+def private_job_network(env: dict[str, str], argv: list[str]) -> None:
+    """A job server's network of its own (``GPULAB_JOB_NETWORK=private``): nothing outside the
+    job reaches what it listens on (torchrun's TCPStore and gloo serve their rendezvous without
+    authentication on ``MASTER_ADDR=127.0.0.1``, which on the host's loopback every other
+    tenant's job and server could join), and the job reaches nothing outside either.
+
+    Runs as root, before anything else of the server: the runner's HTTP socket (the hub's
+    readiness check and route) is bound and listening first, in the host's namespace, and
+    handed to the runner by descriptor (``GPULAB_JOB_LISTEN_FD``: a socket keeps the namespace
+    it was made in); then this process enters a new network namespace and brings its ``lo`` up,
+    so ``127.0.0.1`` works inside the job and is the job's alone."""
+    if env.get(ENV_JOB_NETWORK) != "private" or not env.get(ENV_JOB_ID):
+        return
+    from gpulab.spawners.inside import jobrunner
+
+    address = jobrunner.listen_address(env, argv)
+    if address is None:
+        raise SystemExit("gpulab: a job server in a private network needs its port")
+    family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(address)
+    sock.listen(128)
+    fd = sock.detach()
+    os.set_inheritable(fd, True)
+    c = libc()
+    _check(c.unshare(CLONE_NEWNET), "unshare(CLONE_NEWNET)")
+    loopback_up()
+    os.environ[jobrunner.ENV_LISTEN_FD] = str(fd)
+
+
+def loopback_up() -> None:
+    """Bring this network namespace's ``lo`` up (SIOCSIFFLAGS; no ``ip`` binary needed)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        req = struct.pack("16sH22x", b"lo", 0)
+        flags = struct.unpack("16sH22x", fcntl.ioctl(s.fileno(), SIOCGIFFLAGS, req))[1]
+        fcntl.ioctl(s.fileno(), SIOCSIFFLAGS, struct.pack("16sH22x", b"lo", flags | IFF_UP))
+
+
 def start_server_environment(env: dict[str, str]) -> None:
     """Everything between the server's fork and JupyterHub's server, in this order: root's part
     (mounts, scratch), the sandbox (cgroup, account), then the user's part (links, app config)."""
@@ -590,6 +639,7 @@ def main(argv: list[str] | None = None) -> None:
     # children SIGINT ignored, which would make every stop wait for SIGTERM.
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    private_job_network(dict(os.environ), argv)
     start_server_environment(dict(os.environ))
     if os.environ.get(ENV_JOB_ID):
         # A job server (issue 26): the job runner answers in JupyterLab's place, in this

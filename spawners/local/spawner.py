@@ -32,13 +32,13 @@ from typing import Any
 from jupyterhub import spawner as jupyterhub_spawner
 from jupyterhub.spawner import LocalProcessSpawner
 from jupyterhub.utils import random_port
-from traitlets import Bool, Float, Integer, List, Unicode, default, validate
+from traitlets import Bool, CaselessStrEnum, Float, Integer, List, Unicode, default, validate
 
 from gpulab.catalog import App
 from gpulab.spawners.apps import checkout_problem
 from gpulab.spawners.images import ImageStatus
 from gpulab.spawners.inside.agent import signal_opted_in
-from gpulab.spawners.inside.launcher import ENV_SCRATCH, enter_sandbox
+from gpulab.spawners.inside.launcher import ENV_JOB_NETWORK, ENV_SCRATCH, enter_sandbox
 from gpulab.spawners.local import accounts, exchange, serverlog
 from gpulab.spawners.local.checkpoint import run_checkpoint
 from gpulab.spawners.local.forkserver import ForkServerClient
@@ -201,6 +201,21 @@ class GpuLocalSpawner(LocalIsolationMixin, GpuSpawnerMixin, LocalProcessSpawner)
         Only applies with the default `cmd` and without `shell_cmd` or `popen_kwargs` (a fork
         runs no shell and takes no Popen arguments; servers then start with Popen). False starts
         each server as a new process.""",
+    )
+
+    job_network = CaselessStrEnum(
+        ["private", "host"],
+        default_value="private",
+        config=True,
+        help="""The network a training job's command runs in (issue 26). 'private': a network
+        namespace of the job's own with only its loopback: its rendezvous (MASTER_ADDR=127.0.0.1,
+        MASTER_PORT; torchrun's TCPStore and gloo, which have no authentication) and whatever
+        else it listens on are out of every other user's reach, and the job has no network
+        beyond its own loopback: no outbound access (no downloads; put data in datasets or the
+        home first). The hub still reaches the job's server (its socket is made in the host's
+        network). Needs a hub that may make namespaces (root); elsewhere jobs use the host's
+        network. 'host': the host's network, shared with every other user's servers and jobs
+        on this node (their processes can connect to the job's ports).""",
     )
 
     trim_imports = Bool(
@@ -439,6 +454,10 @@ class GpuLocalSpawner(LocalIsolationMixin, GpuSpawnerMixin, LocalProcessSpawner)
         if scratch:
             env[ENV_SCRATCH] = json.dumps(scratch)
         env["GPULAB_TRIM_IMPORTS"] = "1" if self.trim_imports else "0"
+        if self.gpulab_job is not None:
+            # The job's own network where the hub can make one (spawners/inside/launcher.py).
+            private = self.job_network == "private" and self._dataset_mode() == "bind"
+            env[ENV_JOB_NETWORK] = "private" if private else "host"
         venv_bin = os.path.dirname(sys.executable)
         env["PATH"] = os.pathsep.join([venv_bin, env.get("PATH", os.defpath)])
         nbgrader_config = await asyncio.to_thread(self._prepare_assignments, sandbox)

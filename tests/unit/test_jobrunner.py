@@ -189,26 +189,39 @@ def test_one_node_rendezvous_is_local(tmp_path: Path) -> None:
     assert (env["LOCAL_WORLD_SIZE"], env["WORLD_SIZE"], env["NODE_RANK"]) == ("1", "1", "0")
 
 
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args, **kwargs):
+        return None  # the answer itself is what the tests look at
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect)
+
+
 def get(url: str, method: str = "GET") -> tuple[int, bytes]:
+    return answer(url, method)[:2]
+
+
+def answer(url: str, method: str = "GET") -> tuple[int, bytes, str]:
+    """(status, body, Location) of one request, redirects not followed."""
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, method=method), timeout=10) as r:
-            return r.status, r.read()
+        with _OPENER.open(urllib.request.Request(url, method=method), timeout=10) as r:
+            return r.status, r.read(), r.headers.get("Location", "")
     except urllib.error.HTTPError as e:
-        return e.code, e.read()
+        return e.code, e.read(), e.headers.get("Location", "")
 
 
 def test_answers_http_while_running(tmp_path: Path) -> None:
     """Issue 26 (a job needs no running server, yet runs as one): the runner answers the hub's
-    readiness check on the server's port (any GET: 200, anything else 405), while the job runs;
-    a job that ends before the hub asked waits for that first request, so its start is no
-    failed start."""
+    readiness check on the server's port (any answer below 500: a GET is the hub's redirect,
+    a POST 403), while the job runs; a job that ends before the hub asked waits for that
+    first request, so its start is no failed start."""
     port = free_port()
     url = f"http://127.0.0.1:{port}/user/alice/job-17/"
     proc = start(tmp_path, "sleep 1000", JUPYTERHUB_SERVICE_URL=url, GPULAB_JOB_LINGER="30")
     try:
         status, body = wait_for(lambda: _try(get, url), what="the runner to answer")
-        assert (status, body) == (200, b"gpulab job runner\n")
-        assert get(url + "api/contents", "POST")[0] == 405
+        assert (status, body) == (302, b"")
+        assert get(url + "api/contents", "POST")[0] == 403
         assert proc.poll() is None
     finally:
         proc.terminate()
@@ -225,7 +238,7 @@ def test_answers_http_while_running(tmp_path: Path) -> None:
     try:
         wait_for(lambda: "exited with code 3" in log.read_text(), what="the command's end")
         assert quick.poll() is None, "a quick job's runner waits for the hub's first request"
-        assert wait_for(lambda: _try(get, url), what="the runner to answer")[0] == 200
+        assert wait_for(lambda: _try(get, url), what="the runner to answer")[0] == 302
         assert quick.wait(timeout=30) == 3
     finally:
         if quick.poll() is None:
@@ -238,3 +251,39 @@ def _try(fn, *args):
         return fn(*args)
     except OSError:
         return None
+
+
+def test_answers_as_a_server_that_is_not_running(tmp_path: Path) -> None:
+    """Issue 26, finding F4 of the red team (anyone, not logged in, told running job ids from
+    stopped ones: the runner answered ``200 gpulab job runner``): every request to a running
+    job's URL gets what the hub gives for a server that is not running, JupyterHub's
+    PrefixRedirectHandler: a GET is 302 to the same path below ``/hub/`` on the hub's public
+    host, query kept; HEAD and OPTIONS 405, other methods 403 (the hub's refusal before its
+    missing handler). No word of the runner in any answer."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/user/alice/job-17/"
+    env = {
+        "JUPYTERHUB_SERVICE_URL": url,
+        "JUPYTERHUB_BASE_URL": "/",
+        "JUPYTERHUB_HOST": "http://hub.example:8000",
+        "GPULAB_JOB_LINGER": "30",
+    }
+    proc = start(tmp_path, "sleep 1000", **env)
+    try:
+        wait_for(lambda: _try(get, url), what="the runner to answer")
+        host = "http://hub.example:8000"
+        for path, location in (
+            ("/user/alice/job-17/", "/hub/user/alice/job-17/"),
+            ("/user/alice/job-17/api/status?x=1", "/hub/user/alice/job-17/api/status?x=1"),
+            ("/user/alice/job-17", "/hub/user/alice/job-17"),
+        ):
+            status, body, loc = answer(f"http://127.0.0.1:{port}{path}")
+            assert (status, loc) == (302, host + location), path
+            assert b"runner" not in body
+        for method, code in (("HEAD", 405), ("OPTIONS", 405), ("POST", 403), ("DELETE", 403)):
+            status, body, loc = answer(url, method)
+            assert (status, loc) == (code, ""), method
+            assert b"runner" not in body
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=30)
