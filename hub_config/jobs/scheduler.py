@@ -29,7 +29,6 @@ server JupyterHub restored is watched on.
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -41,6 +40,9 @@ from traitlets.config import SingletonConfigurable
 
 from gpulab.catalog import NO_GPU
 from gpulab.hub_config.jobs import hooks, logs
+from gpulab.hub_config.jobs.starts import RETRY_STATUSES
+from gpulab.hub_config.jobs.starts import answer as _answer
+from gpulab.hub_config.jobs.starts import start_error as _start_error
 from gpulab.spawners.courses import Course
 from gpulab.spawners.jobs import launch as launches
 from gpulab.spawners.jobs.model import (
@@ -60,12 +62,6 @@ from gpulab.spawners.market.hub_client import HubClient, server_path
 from gpulab.spawners.market.preemption import send_webhook
 from gpulab.spawners.node.allocator import owner_key
 from gpulab.spawners.node.holds import accounts_for
-
-# Answers to a start that mean "not now" (the job waits in the queue with the answer as reason):
-# the balance (402), no free card (409), too many spawns (429). Any other refusal (a bad option's
-# 400, a course rule's 403) will not change by waiting: the job ends failed with it, instead of
-# waiting forever in its place in the queue (issue 26, F0).
-RETRY_STATUSES = (402, 409, 429)
 
 
 class JobScheduler(SingletonConfigurable):
@@ -764,33 +760,6 @@ class JobScheduler(SingletonConfigurable):
         """Whether the job has ended and its output is archived."""
         job = self.store.get(job_id)
         return job is None or (job.state in TERMINAL and job_id not in self._busy)
-
-
-def _answer(body: str) -> tuple[str, bool]:
-    """(the hub's message for a person, whether the market queued the start) of an answer."""
-    try:
-        data = json.loads(body)
-    except ValueError:
-        return body.strip()[:500], False
-    if not isinstance(data, dict):
-        return str(data)[:500], False
-    message = str(data.get("human") or data.get("message") or "")
-    return message, bool(data.get("queued"))
-
-
-def _start_error(spawners: list[Any]) -> tuple[str, int | None]:
-    """The error of a spawn that failed (its message and HTTP status), or ("", None)."""
-    for spawner in spawners:
-        future = getattr(spawner, "_spawn_future", None)
-        if future is None or not future.done() or future.cancelled():
-            continue
-        error = future.exception()
-        if error is None:
-            continue
-        status = getattr(error, "status_code", None)
-        message = getattr(error, "jupyterhub_message", None) or getattr(error, "log_message", None)
-        return str(message or error), status
-    return "", None
 
 
 async def _poll(spawner: Any) -> int | None:
