@@ -30,7 +30,13 @@ from gpulab.spawners.activity import Observation
 from gpulab.spawners.apps import AppServersMixin
 from gpulab.spawners.courses import CourseRuleError, student_courses
 from gpulab.spawners.form import render_form
-from gpulab.spawners.jobs.launch import JobLaunch, is_job_server, launch_for
+from gpulab.spawners.jobs.launch import (
+    JobLaunch,
+    forget_exit,
+    is_job_server,
+    launch_for,
+    note_exit,
+)
 from gpulab.spawners.market.admission import MarketAnswer
 from gpulab.spawners.market.hub import SpotMarket
 from gpulab.spawners.node import counters
@@ -76,8 +82,8 @@ class GpuSpawnerMixin(AppServersMixin, HasTraits):
     # job scheduler filed, restored from its state after a hub restart, gone when it stops.
     gpulab_job: JobLaunch | None = None
     # The job runner's exit code once its process ended, as the hub saw it (kept past the stop,
-    # for the scheduler; reset at the next start).
-    _job_exit: int | None = None
+    # for the scheduler; reset at the next start): see the _job_exit property.
+    _gpulab_job_exit: int | None = None
     # Human label of the running mode, e.g. "A100-80G x1 (simulated)" or "No GPU".
     mode_label: str = ""
     # Seconds per phase of the last launch, as the concrete spawner measured them.
@@ -443,6 +449,20 @@ class GpuSpawnerMixin(AppServersMixin, HasTraits):
         where the spawner cannot tell (e.g. a server adopted after a hub restart)."""
         return self._job_exit
 
+    @property
+    def _job_exit(self) -> int | None:
+        """The job runner's exit code as this spawner saw it (None while it runs or unknown)."""
+        return self._gpulab_job_exit
+
+    @_job_exit.setter
+    def _job_exit(self, code: int | None) -> None:
+        # Every spawner sets its runner's exit code here, whatever saw it (poll, stop, Popen,
+        # Docker's ExitCode): it is also filed in the hub's memory under the owner key and
+        # attempt, where the scheduler finds it after JupyterHub dropped this spawner.
+        self._gpulab_job_exit = code
+        if code is not None and self.gpulab_job is not None:
+            note_exit(self.owner, self.gpulab_job.attempt, code)
+
     @staticmethod
     def exit_code_of(status: int) -> int:
         """A process's exit status as a shell shows it: 128+N for a process killed by N."""
@@ -570,6 +590,7 @@ class GpuSpawnerMixin(AppServersMixin, HasTraits):
         self._progress_reset()
         self._spawn_stage = "balance"  # who refuses, for the refusals' metric
         self._job_exit = None
+        forget_exit(self.owner)
         try:
             self.gpulab_job = self._take_job_launch()
             request = await self.check_affordable(self._start_request())

@@ -344,7 +344,7 @@ class JobScheduler(SingletonConfigurable):
                 self.store.save(job)
                 self.log.info("Job %s of %s running (attempt %s)", job.id, job.owner, attempt.n)
             return
-        codes = [await _exit_status(s) for s in spawners]
+        codes = [await _exit_status(s, job, i) for i, s in enumerate(spawners)]
         if self.restored(attempt) and all(c is None for c in codes):
             # The hub restarted while it ran: it is no longer the runner's parent (no exit code
             # of its own), so it asks the spawner whether the server still runs.
@@ -612,7 +612,7 @@ class JobScheduler(SingletonConfigurable):
             if i >= len(codes):
                 codes.append(None)
             if codes[i] is None:
-                codes[i] = await _exit_status(spawner)
+                codes[i] = await _exit_status(spawner, job, i)
         # Stop whatever still runs (the runner has exited, or it is cancelled): cards freed now.
         for rank, spawner in enumerate(spawners):
             if spawner is not None and (spawner.active or spawner.pending):
@@ -620,7 +620,7 @@ class JobScheduler(SingletonConfigurable):
         await self._wait_stopped(job, servers)
         for i, spawner in enumerate(spawners):
             if codes[i] is None:  # the ranks the stop ended have their exit codes now
-                codes[i] = await _exit_status(spawner)
+                codes[i] = await _exit_status(spawner, job, i)
         if info.get("retry"):
             # A gang whose rank was refused for now (a card taken, the balance): its started
             # ranks are stopped, nothing is archived, and it waits again.
@@ -640,7 +640,7 @@ class JobScheduler(SingletonConfigurable):
         ]
         for i, spawner in enumerate(spawners):
             if codes[i] is None:  # a spawner that keeps its exit code past the drop (Swarm)
-                codes[i] = await _exit_status(spawner)
+                codes[i] = await _exit_status(spawner, job, i)
         note = ""
         if self.restored(attempt) and codes and codes[0] is None:
             # No exit code the hub saw itself (it restarted meanwhile): the runner's own last
@@ -772,7 +772,11 @@ async def _poll(spawner: Any) -> int | None:
         return None
 
 
-async def _exit_status(spawner: Any) -> int | None:
+async def _exit_status(spawner: Any, job: Job | None = None, rank: int = 0) -> int | None:
+    if job is not None:  # filed by its spawner, also one JupyterHub dropped since (launch.py)
+        code = launches.exit_for(owner_key(job.owner, job.attempt.servers[rank]), job.attempt.n)
+        if code is not None:
+            return code
     reader = getattr(spawner, "gpulab_exit_status", None)
     if spawner is None or reader is None:
         return None

@@ -6,12 +6,19 @@ attempt, the rank and rendezvous of a gang, an allocation made ahead for a gang)
 the spawn options, which a user can set: the scheduler files it here, in the hub's memory, under
 the server's owner key before it asks for the start, and the spawner takes it at its start
 (:func:`launch_for`) and keeps it in its state. Nothing a user sends reaches this registry.
+
+The way back is here too: whenever a spawner sees a job runner's process or container end (its
+poll, its stop, Popen's wait, Docker's ExitCode) it files the exit code under the same owner key
+and attempt (:func:`note_exit`). JupyterHub drops the spawner of a server its own poll found
+stopped, so the scheduler, which may look later, reads the code here (:func:`exit_for`) rather
+than from a spawner that may no longer exist. Only the hub's own observations are filed here.
 """
 
 from __future__ import annotations
 
 import json
 import threading
+from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -76,6 +83,7 @@ def offer(owner_key: str, launch: JobLaunch) -> None:
     before it asks the hub to start it (replaces an earlier attempt's)."""
     with _LOCK:
         _OFFERED[owner_key] = launch
+        _EXITS.pop(owner_key, None)
 
 
 def launch_for(owner_key: str) -> JobLaunch | None:
@@ -88,3 +96,34 @@ def withdraw(owner_key: str) -> None:
     """The attempt is over: nothing is filed for ``owner_key`` any more."""
     with _LOCK:
         _OFFERED.pop(owner_key, None)
+
+
+# Exit codes the hub saw: owner key -> (attempt, code); the oldest go first past EXITS_KEPT.
+EXITS_KEPT = 4096
+_EXITS: OrderedDict[str, tuple[int, int]] = OrderedDict()
+
+
+def note_exit(owner_key: str, attempt: int, code: int) -> None:
+    """A spawner saw attempt ``attempt`` of ``owner_key``'s job runner end with ``code`` (the
+    first code seen for that attempt stays: a later stop of the ended server changes nothing)."""
+    with _LOCK:
+        kept = _EXITS.get(owner_key)
+        if kept is not None and kept[0] == attempt:
+            return
+        _EXITS.pop(owner_key, None)
+        _EXITS[owner_key] = (attempt, int(code))
+        while len(_EXITS) > EXITS_KEPT:
+            _EXITS.popitem(last=False)
+
+
+def exit_for(owner_key: str, attempt: int) -> int | None:
+    """The exit code a spawner saw for attempt ``attempt`` of ``owner_key``'s runner, or None."""
+    with _LOCK:
+        kept = _EXITS.get(owner_key)
+    return kept[1] if kept is not None and kept[0] == attempt else None
+
+
+def forget_exit(owner_key: str) -> None:
+    """A new start of ``owner_key``'s server: the exit code of an earlier one goes."""
+    with _LOCK:
+        _EXITS.pop(owner_key, None)

@@ -38,6 +38,7 @@ import os
 import re
 import stat
 import struct
+import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -204,17 +205,23 @@ def prepare_user(
     wanted = {s.course for s in seats}
     for entry in view.iterdir():
         if entry.name not in wanted and entry.is_symlink():
-            entry.unlink()
+            entry.unlink(missing_ok=True)  # another start of this user's may have done it
     for seat in seats:
         link = view / seat.course
         target = exchange / seat.course
         if link.is_symlink() and os.readlink(link) == str(target):
             continue
         if link.is_symlink():
-            link.unlink()
-        link.symlink_to(target, target_is_directory=True)
+            link.unlink(missing_ok=True)
+        try:
+            link.symlink_to(target, target_is_directory=True)
+        except FileExistsError:  # made by another start of this user's at the same moment
+            if not (link.is_symlink() and os.readlink(link) == str(target)):
+                raise
     config = user_dir / CONFIG_NAME
-    tmp = user_dir / f".{CONFIG_NAME}.tmp"
+    # A temporary name of this start's own: several servers of one user (a user's jobs) may
+    # start at once, each writing the same config (a shared name made the others' starts fail).
+    tmp = user_dir / f".{CONFIG_NAME}.{os.getpid()}.{threading.get_ident()}.tmp"
     tmp.write_text(config_text)
     if account is not None:
         # The user's account reads it (and may not change it); nobody else may.

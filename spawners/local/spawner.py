@@ -544,7 +544,9 @@ class GpuLocalSpawner(LocalIsolationMixin, GpuSpawnerMixin, LocalProcessSpawner)
             )
 
     async def stop(self, now: bool = False) -> None:
+        self._note_job_exit()  # ended already (JupyterHub's poll found it stopped)
         await super().stop(now=now)
+        self._note_job_exit()  # the stop ended it: Popen's wait has its status
         await asyncio.to_thread(self._trim_home)
 
     def _trim_home(self) -> None:
