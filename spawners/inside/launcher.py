@@ -29,6 +29,7 @@ import stat
 import struct
 import sys
 from pathlib import Path
+from urllib.parse import urlparse
 
 ENV_RUN_AS = "GPULAB_RUN_AS"  # "uid:gid:name" of the account the server runs as
 ENV_CGROUP = "GPULAB_CGROUP_PROCS"  # os.pathsep-joined cgroup.procs files the server joins
@@ -62,6 +63,8 @@ IFF_UP = 0x1
 # "private" (set by the local spawner for a job server, issue 26): the job's command runs in a
 # network namespace of its own with only its loopback; "host" or unset: the host's network.
 ENV_JOB_NETWORK = "GPULAB_JOB_NETWORK"
+# The runner's listening socket, made here (the job runner's ENV_LISTEN_FD; it imports nothing).
+ENV_JOB_LISTEN_FD = "GPULAB_JOB_LISTEN_FD"
 MS_RDONLY = 0x1
 MS_NOSUID = 0x2
 MS_NODEV = 0x4
@@ -528,7 +531,7 @@ def _bind_back(c: ctypes.CDLL, old_fd: int, target: str, path: str) -> None:
         os.close(src)
 
 
-def private_job_network(env: dict[str, str], argv: list[str]) -> None:
+def private_job_network(env: dict[str, str]) -> None:
     """A job server's network of its own (``GPULAB_JOB_NETWORK=private``): nothing outside the
     job reaches what it listens on (torchrun's TCPStore and gloo serve their rendezvous without
     authentication on ``MASTER_ADDR=127.0.0.1``, which on the host's loopback every other
@@ -541,11 +544,10 @@ def private_job_network(env: dict[str, str], argv: list[str]) -> None:
     so ``127.0.0.1`` works inside the job and is the job's alone."""
     if env.get(ENV_JOB_NETWORK) != "private" or not env.get(ENV_JOB_ID):
         return
-    from gpulab.spawners.inside import jobrunner
-
-    address = jobrunner.listen_address(env, argv)
-    if address is None:
-        raise SystemExit("gpulab: a job server in a private network needs its port")
+    url = urlparse(env.get("JUPYTERHUB_SERVICE_URL", ""))
+    if not url.port:
+        raise SystemExit("gpulab: a job server in a private network needs JUPYTERHUB_SERVICE_URL")
+    address = (url.hostname or "0.0.0.0", url.port)  # as the runner would bind it
     family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -556,7 +558,7 @@ def private_job_network(env: dict[str, str], argv: list[str]) -> None:
     c = libc()
     _check(c.unshare(CLONE_NEWNET), "unshare(CLONE_NEWNET)")
     loopback_up()
-    os.environ[jobrunner.ENV_LISTEN_FD] = str(fd)
+    os.environ[ENV_JOB_LISTEN_FD] = str(fd)
 
 
 def loopback_up() -> None:
@@ -639,7 +641,7 @@ def main(argv: list[str] | None = None) -> None:
     # children SIGINT ignored, which would make every stop wait for SIGTERM.
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
-    private_job_network(dict(os.environ), argv)
+    private_job_network(dict(os.environ))
     start_server_environment(dict(os.environ))
     if os.environ.get(ENV_JOB_ID):
         # A job server (issue 26): the job runner answers in JupyterLab's place, in this
