@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -287,3 +288,58 @@ def test_answers_as_a_server_that_is_not_running(tmp_path: Path) -> None:
     finally:
         proc.terminate()
         proc.communicate(timeout=30)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a network namespace needs root")
+def test_a_private_job_network_keeps_the_host_out_and_the_hub_in(tmp_path: Path) -> None:
+    """Issue 26, red-team finding (HIGH): the launcher with ``GPULAB_JOB_NETWORK=private`` (what
+    the local spawner sets for a job server) makes the runner's HTTP socket in the host's
+    network, then puts the job in a network of its own: the hub still gets its answer on the
+    server's port, the command's own rendezvous on 127.0.0.1 works, and a port listening on the
+    host's loopback (another user's job or server) is out of its reach."""
+    host = socket.socket()
+    host.bind(("127.0.0.1", 0))
+    host.listen(4)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/user/alice/job-17/"
+    command = (
+        'python3 -c "import socket as s, os\n'
+        "a = s.socket(); a.bind(('127.0.0.1', int(os.environ['MASTER_PORT']))); a.listen(1)\n"
+        "s.create_connection(('127.0.0.1', int(os.environ['MASTER_PORT'])), 5)\n"
+        "print('own rendezvous', a.accept()[1][0], flush=True)\n"
+        "try:\n"
+        f"    s.create_connection(('127.0.0.1', {host.getsockname()[1]}), 5); print('REACHED')\n"
+        "except OSError as e:\n"
+        "    print('host unreachable', type(e).__name__)\n"
+        '"; sleep 1000'
+    )
+    env = {
+        "PATH": os.environ.get("PATH", os.defpath),
+        "HOME": str(tmp_path),
+        "GPULAB_JOB_ID": "17",
+        "GPULAB_JOB_COMMAND": command,
+        "GPULAB_JOB_NETWORK": "private",
+        "JUPYTERHUB_SERVICE_URL": url,
+        "JUPYTERHUB_BASE_URL": "/",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpulab.spawners.inside.launcher"],
+        env=env,
+        cwd=str(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert wait_for(lambda: _try(get, url), what="the runner to answer")[0] == 302
+        assert proc.stdout.readline().strip() == "own rendezvous 127.0.0.1"
+        assert proc.stdout.readline().strip() == "host unreachable ConnectionRefusedError"
+        host.settimeout(0.5)
+        with pytest.raises(TimeoutError):
+            host.accept()
+        assert proc.poll() is None
+    finally:
+        host.close()
+        proc.terminate()
+        proc.communicate(timeout=30)
+    assert proc.returncode == 128 + 15
