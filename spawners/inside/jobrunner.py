@@ -3,9 +3,11 @@
 A job attempt is a named server of its owner (``job-17``); its spawner starts this in the
 server's place, with the server's account, cgroup or container, home, datasets and cards. It
 
-- answers HTTP on the server's port (from ``JUPYTERHUB_SERVICE_URL``, else ``--ip``/``--port``),
-  so that the hub's readiness check and route work: ``200 gpulab job runner`` on any GET, 405 on
-  anything else; nothing else is served;
+- answers HTTP on the server's port (from ``JUPYTERHUB_SERVICE_URL``, else ``--ip``/``--port``;
+  or on the listening socket the launcher made, ``GPULAB_JOB_LISTEN_FD``, when the job runs in a
+  network of its own), so that the hub's readiness check and route work, exactly as the hub
+  answers for a server that is not running (a GET: 302 to the hub; nobody tells a running job
+  from a stopped one by its URL); nothing else is served;
 - runs the job's command (``GPULAB_JOB_COMMAND``) as ``bash -lc COMMAND`` in the home (or its
   ``GPULAB_JOB_CWD`` below it), in a process group of its own, with the environment below;
 - forwards SIGTERM, SIGINT and SIGHUP to that process group, and SIGUSR1 (the checkpoint signal)
