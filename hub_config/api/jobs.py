@@ -91,8 +91,8 @@ class JobsHandler(JobsBase):
                 gangs=gangs,
                 courses=student_courses(user),
             )
-        except JobSpecError as e:
-            raise http_error(400, str(e), e, field=e.field) from None
+        except JobSpecError as e:  # 400 naming the field; 429 over the queue's limit
+            raise http_error(e.status, str(e), e, field=e.field) from None
         self.set_status(201)
         self.write(json.dumps(job_json(job, self.api_base)))
 

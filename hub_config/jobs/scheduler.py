@@ -39,7 +39,7 @@ from traitlets import Dict, Float, Integer
 from traitlets.config import SingletonConfigurable
 
 from gpulab.catalog import NO_GPU
-from gpulab.hub_config.jobs import hooks, logs
+from gpulab.hub_config.jobs import bounds, hooks, logs, tokens
 from gpulab.hub_config.jobs.starts import RETRY_STATUSES
 from gpulab.hub_config.jobs.starts import answer as _answer
 from gpulab.hub_config.jobs.starts import start_error as _start_error
@@ -80,6 +80,9 @@ class JobScheduler(SingletonConfigurable):
     ).tag(config=True)
     max_running_per_user = Integer(
         4, help="How many jobs of one user may be starting or running at once."
+    ).tag(config=True)
+    max_queued_per_user = Integer(
+        100, help="Most jobs a user may have queued; one more is 429, nothing made (0: no limit)."
     ).tag(config=True)
     max_cards_per_user = Integer(
         16, help="How many cards one user's starting and running jobs may hold together."
@@ -247,6 +250,7 @@ class JobScheduler(SingletonConfigurable):
             checkpoint_interval=self.checkpoint_interval,
         )
         check_course_rules(spec, list(courses), self.pool.catalog)
+        bounds.check(spec, self.pool.catalog, self.store.list(owner, [QUEUED]), self)
         job = self.store.submit(owner, spec)
         self.log.info("Job %s of %s queued: %s", job.id, owner, spec.command[:80])
         self.wake()
@@ -618,6 +622,7 @@ class JobScheduler(SingletonConfigurable):
             if spawner is not None and (spawner.active or spawner.pending):
                 await self.stop_rank(job, rank)
         await self._wait_stopped(job, servers)
+        tokens.revoke(job.owner, servers, self.spawner_record, self.log)  # F6: die with it
         for i, spawner in enumerate(spawners):
             if codes[i] is None:  # the ranks the stop ended have their exit codes now
                 codes[i] = await _exit_status(spawner, job, i)
