@@ -272,6 +272,11 @@ def job_env(env: dict[str, str], home: str) -> dict[str, str]:
             "OMP_NUM_THREADS": str(max(1, cpus // local)),
         }
     )
+    if env.get("GPULAB_JOB_NETWORK") == "private":
+        # The job's network has only its loopback: gloo and NCCL would otherwise look for the
+        # host name's address (not there) before falling back to it.
+        out.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        out.setdefault("NCCL_SOCKET_IFNAME", "lo")
     if "CUDA_VISIBLE_DEVICES" not in out:
         out["CUDA_VISIBLE_DEVICES"] = ""
     # The runner's own settings are no business of the command's.

@@ -311,7 +311,7 @@ def test_a_private_job_network_keeps_the_host_out_and_the_hub_in(tmp_path: Path)
         f"    s.create_connection(('127.0.0.1', {host.getsockname()[1]}), 5); print('REACHED')\n"
         "except OSError as e:\n"
         "    print('host unreachable', type(e).__name__)\n"
-        '"; sleep 1000'
+        '"; echo gloo $GLOO_SOCKET_IFNAME; sleep 1000'
     )
     env = {
         "PATH": os.environ.get("PATH", os.defpath),
@@ -334,6 +334,7 @@ def test_a_private_job_network_keeps_the_host_out_and_the_hub_in(tmp_path: Path)
         assert wait_for(lambda: _try(get, url), what="the runner to answer")[0] == 302
         assert proc.stdout.readline().strip() == "own rendezvous 127.0.0.1"
         assert proc.stdout.readline().strip() == "host unreachable ConnectionRefusedError"
+        assert proc.stdout.readline().strip() == "gloo lo"  # gloo binds the job's loopback
         host.settimeout(0.5)
         with pytest.raises(TimeoutError):
             host.accept()
