@@ -213,8 +213,9 @@ class GpuLocalSpawner(LocalIsolationMixin, GpuSpawnerMixin, LocalProcessSpawner)
         else it listens on are out of every other user's reach, and the job has no network
         beyond its own loopback: no outbound access (no downloads; put data in datasets or the
         home first). The hub still reaches the job's server (its socket is made in the host's
-        network). Needs a hub that may make namespaces (root); elsewhere jobs use the host's
-        network. 'host': the host's network, shared with every other user's servers and jobs
+        network). Applies where the hub makes mount namespaces (`dataset_mode` 'bind', or 'auto'
+        on a root hub); elsewhere every server runs as one account anyway and jobs use the
+        host's network. 'host': the host's network, shared with every other user's servers and jobs
         on this node (their processes can connect to the job's ports).""",
     )
 
