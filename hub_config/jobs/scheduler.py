@@ -39,7 +39,7 @@ from traitlets import Dict, Float, Integer
 from traitlets.config import SingletonConfigurable
 
 from gpulab.catalog import NO_GPU
-from gpulab.hub_config.jobs import bounds, hooks, logs, tokens
+from gpulab.hub_config.jobs import bounds, hooks, logs, notify, tokens
 from gpulab.hub_config.jobs.starts import RETRY_STATUSES
 from gpulab.hub_config.jobs.starts import answer as _answer
 from gpulab.hub_config.jobs.starts import start_error as _start_error
@@ -59,7 +59,6 @@ from gpulab.spawners.jobs.queue import Decision, Free, Limits, plan
 from gpulab.spawners.jobs.spec import check_course_rules, parse_job_spec
 from gpulab.spawners.jobs.store import JobStore
 from gpulab.spawners.market.hub_client import HubClient, server_path
-from gpulab.spawners.market.preemption import send_webhook
 from gpulab.spawners.node.allocator import owner_key
 from gpulab.spawners.node.holds import accounts_for
 
@@ -210,7 +209,7 @@ class JobScheduler(SingletonConfigurable):
         if self._wake is not None:
             self._wake.set()
 
-    def _spawn_task(self, coro: Any) -> None:
+    def spawn_task(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -328,6 +327,10 @@ class JobScheduler(SingletonConfigurable):
             return
         if job.state == STARTING:
             if not all(active):
+                codes = [await _exit_status(s, job, i) for i, s in enumerate(spawners)]
+                if all(c is not None for c in codes):  # it ran and ended before a pass saw it
+                    self._begin_end(job, {"exit_codes": codes})
+                    return
                 error, status = _start_error(spawners)
                 if status in RETRY_STATUSES and job.spec.nodes == 1:
                     # The card went to someone else between the plan and the start, or the
@@ -533,7 +536,7 @@ class JobScheduler(SingletonConfigurable):
         self.store.save(job)  # before anything starts: a crash now requeues it as lost
         self._planned[job.id] = tuple(decision.nodes)
         self._busy.add(job.id)
-        self._spawn_task(self._start_attempt(job.id, decision))
+        self.spawn_task(self._start_attempt(job.id, decision))
 
     async def _start_attempt(self, job_id: int, decision: Decision) -> None:
         # A start that fails ends its attempt, but only after this task's busy mark is gone: the
@@ -594,7 +597,7 @@ class JobScheduler(SingletonConfigurable):
         if job.id in self._busy:
             return
         self._busy.add(job.id)
-        self._spawn_task(self._end_attempt(job.id, info))
+        self.spawn_task(self._end_attempt(job.id, info))
 
     async def _end_attempt(self, job_id: int, info: dict[str, Any]) -> None:
         try:
@@ -724,33 +727,7 @@ class JobScheduler(SingletonConfigurable):
     # ---- telling the owner --------------------------------------------------------------------
 
     def _notify(self, job: Job, event: str) -> None:
-        text = {
-            "job-succeeded": f"Job {job.id} succeeded.",
-            "job-failed": f"Job {job.id} failed: {job.reason}.",
-            "job-cancelled": f"Job {job.id} was cancelled.",
-            "job-requeued": f"Job {job.id} is queued again: {job.reason}.",
-        }[event]
-        if self.notices is not None:
-            try:
-                self.notices.add(job.owner, "job", text, at=time.time())
-            except Exception:
-                self.log.exception("Could not note job %s's end", job.id)
-        if self.market is None:
-            return
-        settings = self.market.settings.get(job.owner, create_secret=False)
-        if not settings.get("webhook_url") or not settings.get("webhook_secret"):
-            return
-        n = job.attempt.n if job.attempt else 0
-        self._spawn_task(
-            send_webhook(
-                settings["webhook_url"],
-                settings["webhook_secret"],
-                event,
-                f"job-{job.id}-{n}-{event}",
-                {"job": job.to_api()},
-                self.market.webhook_networks,
-            )
-        )
+        notify.tell(self, job, event)
 
     # ---- the API's reads -----------------------------------------------------------------------
 

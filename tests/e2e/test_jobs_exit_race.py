@@ -36,7 +36,10 @@ _watch = JobScheduler._watch
 async def watch_after_hubs_own_poll(self, job, now):
     # Test only: a running job is watched only once its server is no longer active, so that
     # JupyterHub's own poll always sees the job runner's exit first (and drops its spawner).
-    if job.state == "running" and job.attempt is not None:
+    # A job whose command says UNSEEN is not watched while starting either: it runs and ends
+    # before any pass of the scheduler saw it ready.
+    unseen = job.state == "starting" and "UNSEEN" in job.spec.command
+    if (job.state == "running" or unseen) and job.attempt is not None:
         spawners = [self.spawner_of(job, name) for name in job.attempt.servers]
         if any(s is not None and s.active for s in spawners):
             return
@@ -106,3 +109,20 @@ def test_jobs_ending_together_keep_their_exit_codes_and_run_once(hub: ConfigFile
     # Nothing started again after the ends (a requeued attempt would be a second session).
     again = {jid: jobs.get(jid) for jid in wanted}
     assert all(len(j["attempts"]) == 1 for j in again.values()), again
+
+
+def test_a_job_that_ends_before_the_scheduler_saw_it_ready_keeps_its_exit(
+    hub: ConfigFileHub,
+) -> None:
+    """Issue 26 (a job's exit code kept; only preemption or a node failure requeues): a job whose
+    runner starts, runs its command and exits, and whose server JupyterHub's poll stops, all
+    before a pass of the scheduler saw it ready (a loaded hub). It ends ``exited`` with its own
+    exit code after one attempt and runs once. Failed before the fix: the attempt ended as a
+    start that was lost, and the job was queued again and ran a second time."""
+    user = hub.create_user()
+    jobs = Jobs(hub, user)
+    job = jobs.submit(command="echo UNSEEN-$GPULAB_JOB_ID; exit 4", gpu="none", gpus=0)
+    done = jobs.wait_state(job["id"], "succeeded", "failed", "cancelled")
+    assert [(a["end"], a["exit_code"]) for a in done["attempts"]] == [("exited", 4)], done
+    assert done["state"] == "failed" and done["exit_code"] == 4, done
+    assert jobs.log(job["id"]).count(f"UNSEEN-{job['id']}") == 1, jobs.log(job["id"])
