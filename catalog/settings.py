@@ -509,6 +509,8 @@ TABLE: tuple[Setting, ...] = (
             ("GPULAB_JOB_CWD", "job runner: the folder below the home the command runs in"),
             ("GPULAB_JOB_LINGER", "job runner: seconds a quick command waits for the hub's check"),
             ("GPULAB_JOB_SCOPE", "job runner: container: signal every catcher in the container"),
+            ("GPULAB_JOB_NETWORK", "launcher: private: the job's own network, loopback only"),
+            ("GPULAB_JOB_LISTEN_FD", "job runner: the HTTP socket the launcher bound for it"),
             ("GPULAB_CHECKPOINT_DIR", "job: the folder to write checkpoints into"),
             ("GPULAB_CHECKPOINT_SIGNAL", "job: the checkpoint signal (SIGUSR1)"),
             ("GPULAB_CHECKPOINT_SECONDS", "job: seconds it gets after the checkpoint signal"),
