@@ -13,8 +13,8 @@ submit or a cancel):
 1. every starting or running job is watched through its spawners: all ready -> running; the
    runner's exit (``gpulab_exit_status``), a server that is gone, or a cancel -> the attempt ends
    (:meth:`_end_attempt`): its servers are stopped (cards freed at once), its output archived
-   (:mod:`.logs`), why it ended is classified and what comes next decided (:mod:`.hooks`: J4's
-   ``resume.py``), the owner told (webhook, home-page notice);
+   (:mod:`.logs`), why it ended is classified and what comes next decided (:mod:`.resume`), the
+   owner told (:mod:`.notify`: webhook, home-page notice);
 2. the queue is planned (:func:`gpulab.spawners.jobs.queue.plan`, pure) against the pool's free
    cards, and each job that may start gets its :class:`~gpulab.spawners.jobs.launch.JobLaunch`
    filed in the hub's memory before its server is asked for (:meth:`_start_attempt`); a job
@@ -39,7 +39,7 @@ from traitlets import Dict, Float, Integer
 from traitlets.config import SingletonConfigurable
 
 from gpulab.catalog import NO_GPU
-from gpulab.hub_config.jobs import bounds, hooks, logs, notify, tokens
+from gpulab.hub_config.jobs import bounds, gang, logs, notify, resume, tokens
 from gpulab.hub_config.jobs.starts import RETRY_STATUSES
 from gpulab.hub_config.jobs.starts import answer as _answer
 from gpulab.hub_config.jobs.starts import start_error as _start_error
@@ -347,7 +347,7 @@ class JobScheduler(SingletonConfigurable):
                 attempt.running_at = now
                 attempt.nodes = [self._node_of(job, s) for s in attempt.servers]
                 self._planned.pop(job.id, None)
-                hooks.on_running(job, attempt)
+                resume.on_running(job, attempt)
                 self.store.save(job)
                 self.log.info("Job %s of %s running (attempt %s)", job.id, job.owner, attempt.n)
             return
@@ -364,8 +364,8 @@ class JobScheduler(SingletonConfigurable):
             return
         if await logs.note_resumed(attempt, spawners[0], now):  # display only: the user's text
             self.store.save(job)
-        if hooks.checkpoint_due(job, now):
-            await hooks.signal_checkpoint(job, spawners, now)
+        if resume.checkpoint_due(job, now):
+            await resume.signal_checkpoint(job, spawners, now)
             self.store.save(job)
 
     def restored(self, attempt: Attempt) -> bool:
@@ -470,7 +470,7 @@ class JobScheduler(SingletonConfigurable):
                 self._not_before.pop(job.id, None)
                 self._begin_start(job, decision, now)
             elif not decision.start and decision.reason:
-                reason = hooks.waiting_reason(job, decision.reason)
+                reason = resume.waiting_reason(job, decision.reason)
                 if reason != job.reason:
                     job.reason = reason
                     self.store.save(job)
@@ -503,7 +503,7 @@ class JobScheduler(SingletonConfigurable):
             gpus=job.spec.gpus,
             command=job.spec.command,
             cwd=job.spec.cwd,
-            checkpoint_seconds=hooks.checkpoint_seconds(self.market),
+            checkpoint_seconds=resume.checkpoint_seconds(self.market),
             env=dict(env or {}),
             alloc_id=alloc_id,
             network=network,
@@ -575,20 +575,14 @@ class JobScheduler(SingletonConfigurable):
         self, job: Job, attempt: Attempt, decision: Decision
     ) -> dict[str, Any] | None:
         """Start a gang's ranks; the end info of a start that failed for good, else None."""
-        start_gang, _, not_started = hooks.gang_hooks()
-        if start_gang is None:
-            self._back_to_queue(job, "jobs over several nodes need the Swarm spawner", time.time())
-            return None
         try:
-            await start_gang(self, job, attempt, decision)
-        except Exception as e:
-            if not_started is not None and isinstance(e, not_started):
-                job = self.store.get(job.id)
-                if getattr(e, "requeue", True):
-                    self._back_to_queue(job, str(getattr(e, "reason", e)), time.time())
-                    return None
-                return {"start_error": str(getattr(e, "reason", e))}
-            raise
+            await gang.start_gang(self, job, attempt, decision)
+        except gang.GangNotStarted as e:
+            job = self.store.get(job.id)
+            if e.requeue:
+                self._back_to_queue(job, e.reason, time.time())
+                return None
+            return {"start_error": e.reason}
         return None
 
     # ---- ending -------------------------------------------------------------------------------
@@ -636,9 +630,7 @@ class JobScheduler(SingletonConfigurable):
             for server in servers:
                 launches.withdraw(owner_key(job.owner, server))
             if job.spec.nodes > 1:
-                _, end_gang, _ = hooks.gang_hooks()
-                if end_gang is not None:
-                    await end_gang(self, job, attempt)
+                await gang.end_gang(self, job, attempt)
             self._back_to_queue(self.store.get(job_id), info.get("start_error", ""), time.time())
             return
         # A server JupyterHub found stopped (its wrapper dropped) still has its record and log.
@@ -663,9 +655,7 @@ class JobScheduler(SingletonConfigurable):
             self.store.log_dir(job.id), attempt.n, spawners, self.log_max_bytes
         )
         if job.spec.nodes > 1:
-            _, end_gang, _ = hooks.gang_hooks()
-            if end_gang is not None:
-                await end_gang(self, job, attempt)
+            await gang.end_gang(self, job, attempt)
         for server in servers:
             launches.withdraw(owner_key(job.owner, server))
         self._planned.pop(job.id, None)
@@ -692,12 +682,12 @@ class JobScheduler(SingletonConfigurable):
         }
         attempt.ended_at = ended_at
         attempt.exit_code = exit_code
-        attempt.end = hooks.classify_end(job, attempt, details)
+        attempt.end = resume.classify_end(job, attempt, details)
         if details["start_error"] and not attempt.note:
             attempt.note = details["start_error"]
         if note and not attempt.note:
             attempt.note = note
-        hooks.after_attempt(job, attempt)
+        resume.after_attempt(job, attempt)
         self.store.save(job)
         self.log.info(
             "Job %s of %s: attempt %s ended (%s, exit %s); job %s",
