@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import sys
 import urllib.error
@@ -152,14 +153,45 @@ def job_spec(args: argparse.Namespace) -> dict[str, Any]:
     return spec
 
 
+# A job's output is its owner's to write: on a terminal, its control characters (escape
+# sequences that retitle windows, clear screens, remap keys; C1 controls in UTF-8) are shown as
+# text, not obeyed. Tabs, newlines and carriage returns (progress bars) pass. Piped: raw bytes.
+_CONTROLS = re.compile(rb"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]|\xc2[\x80-\x9f]")
+
+
+def for_terminal(data: bytes) -> bytes:
+    """``data`` with every control character but tab, newline and carriage return made visible
+    (``ESC`` becomes ``^[``, a C1 control ``<U+009B>``)."""
+
+    def shown(m: re.Match[bytes]) -> bytes:
+        c = m.group()
+        if len(c) == 2:
+            return f"<U+{c[1]:04X}>".encode()
+        return b"^" + bytes([c[0] ^ 0x40])
+
+    return _CONTROLS.sub(shown, data)
+
+
+def _writer(out: Any) -> Any:
+    """Where output bytes go: ``out``'s binary buffer, cleaned of controls on a terminal."""
+    binary = getattr(out, "buffer", None) or sys.stdout.buffer
+    tty = getattr(out, "isatty", lambda: False)()
+
+    def write(chunk: bytes) -> None:
+        binary.write(for_terminal(chunk) if tty else chunk)
+        binary.flush()
+
+    return write
+
+
 def follow_log(client: Client, base: str, job_id: int, out: Any) -> None:
+    write = _writer(out)
     with client.open("GET", f"{base}/{job_id}/log?offset=0&follow=1", timeout=None) as resp:
         while True:
             chunk = resp.read1(65536) if hasattr(resp, "read1") else resp.read(65536)
             if not chunk:
                 break
-            out.write(chunk)
-            out.flush()
+            write(chunk)
 
 
 def print_list(jobs: list[dict[str, Any]], out: Any) -> None:
@@ -171,7 +203,7 @@ def print_list(jobs: list[dict[str, Any]], out: Any) -> None:
         cards = "no GPU" if j["gpu"] == NO_GPU else f"{j['gpu']} x{j['gpus']}"
         if j.get("nodes", 1) > 1:
             cards += f" x{j['nodes']}n"
-        label = j.get("name") or j["command"]
+        label = for_terminal((j.get("name") or j["command"]).encode()).decode()
         label = label if len(label) <= 28 else label[:27] + "…"
         why = j.get("reason") or ""
         if j.get("exit_code") is not None and j["state"] in ("succeeded", "failed"):
@@ -200,7 +232,7 @@ def cmd_jobs(args: argparse.Namespace, out: Any = None) -> int:
             if not args.follow:
                 print(job["id"], file=out)
                 return 0
-            follow_log(client, base, job["id"], getattr(out, "buffer", sys.stdout.buffer))
+            follow_log(client, base, job["id"], out)
             job = client.json("GET", f"{base}/{job['id']}")
             print(f"job {job['id']} {job['state']}: {job['reason']}", file=sys.stderr)
             return 0 if job["state"] == "succeeded" else int(job.get("exit_code") or 1)
@@ -209,13 +241,11 @@ def cmd_jobs(args: argparse.Namespace, out: Any = None) -> int:
         elif command == "show":
             print(json.dumps(client.json("GET", f"{base}/{args.job_id}"), indent=2), file=out)
         elif command == "logs":
-            binary = getattr(out, "buffer", sys.stdout.buffer)
             if args.follow:
-                follow_log(client, base, args.job_id, binary)
+                follow_log(client, base, args.job_id, out)
             else:
                 with client.open("GET", f"{base}/{args.job_id}/log?offset=0") as resp:
-                    binary.write(resp.read())
-                    binary.flush()
+                    _writer(out)(resp.read())
         elif command == "cancel":
             job = client.json("DELETE", f"{base}/{args.job_id}")
             print(f"job {job['id']} {job['state']}", file=out)

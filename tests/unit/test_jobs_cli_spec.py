@@ -64,3 +64,32 @@ def test_the_hub_url_is_its_rest_api(monkeypatch) -> None:
     monkeypatch.delenv("JUPYTERHUB_API_URL")
     with pytest.raises(HubError, match="--hub"):
         api_url("")
+
+
+def test_a_jobs_output_cannot_drive_the_readers_terminal() -> None:
+    """Issue 26 (a job's output streamed and kept), red team wave 2 (C3): a job printed a window
+    title (``ESC ] 0 ; … BEL``) and a clear-screen (``ESC [ 2 J``) that ``gpulab jobs logs``
+    passed to whoever read the log in a terminal (an admin reading a user's job). On a terminal
+    every control but tab, newline and carriage return is shown as text; piped, the bytes stay as
+    the job wrote them."""
+    import io
+
+    from gpulab.hub_config.cli.jobs import _writer, for_terminal
+
+    hostile = b"step 1\r\n\x1b]0;pwn\x07\x1b[2J\tloss 0.5\xc2\x9b31m \xe2\x82\xac\n"
+    shown = for_terminal(hostile)
+    assert b"\x1b" not in shown and b"\x07" not in shown and b"\xc2\x9b" not in shown
+    assert shown == b"step 1\r\n^[]0;pwn^G^[[2J\tloss 0.5<U+009B>31m \xe2\x82\xac\n"
+
+    class Out:
+        def __init__(self, tty: bool) -> None:
+            self.buffer, self.tty = io.BytesIO(), tty
+
+        def isatty(self) -> bool:
+            return self.tty
+
+    terminal, pipe = Out(True), Out(False)
+    _writer(terminal)(hostile)
+    _writer(pipe)(hostile)
+    assert terminal.buffer.getvalue() == shown
+    assert pipe.buffer.getvalue() == hostile
