@@ -44,6 +44,10 @@ class Jobs:
         assert r.status_code == 200, r.text
         return r.text
 
+    def cancel(self, job_id: int) -> None:
+        r = self.call("DELETE", f"/{job_id}")
+        assert r.status_code == 202, r.text
+
 
 def job_servers(hub: Hub, user: str) -> dict:
     return {k: v for k, v in hub.user(user)["servers"].items() if k.startswith("job-")}

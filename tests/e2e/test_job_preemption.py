@@ -21,6 +21,7 @@ import time
 
 import pytest
 from harness import REPO, Hub, wait_for
+from jobs_helpers import Jobs
 
 WARNING = 4
 SCRIPT = REPO / "tests" / "job_scripts" / "train.py"
@@ -67,35 +68,6 @@ def reference_loss(tmp_path_factory) -> str:
 def pin(hub: Hub, price: str | None) -> None:
     r = hub.api("PUT", "/gpulab/spot/prices/rtx-4090", json={"price": price})
     assert r.status_code == 200, r.text
-
-
-class Jobs:
-    """A user's view of their jobs, through the REST API with their own token."""
-
-    def __init__(self, hub: Hub, user: str) -> None:
-        self.hub, self.user = hub, user
-        r = hub.api("POST", f"/users/{user}/tokens", json={"expires_in": 3600, "note": "jobs"})
-        assert r.status_code == 201, r.text
-        self.token = r.json()["token"]
-
-    def submit(self, **spec) -> dict:
-        r = self.hub.api("POST", f"/gpulab/users/{self.user}/jobs", token=self.token, json=spec)
-        assert r.status_code == 201, r.text
-        return r.json()
-
-    def get(self, job_id: int) -> dict:
-        r = self.hub.api("GET", f"/gpulab/users/{self.user}/jobs/{job_id}", token=self.token)
-        assert r.status_code == 200, r.text
-        return r.json()
-
-    def log(self, job_id: int) -> str:
-        r = self.hub.api("GET", f"/gpulab/users/{self.user}/jobs/{job_id}/log", token=self.token)
-        assert r.status_code == 200, r.text
-        return r.text
-
-    def cancel(self, job_id: int) -> None:
-        r = self.hub.api("DELETE", f"/gpulab/users/{self.user}/jobs/{job_id}", token=self.token)
-        assert r.status_code == 202, r.text
 
 
 def steps_after(text: str, offset: int) -> list[int]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from decimal import Decimal
 
+import jobs_helpers
 import pytest
 from harness import Hub, wait_for
 
@@ -39,24 +40,8 @@ def hub(module_hub_factory) -> Hub:
     )
 
 
-class Jobs:
-    """A user's jobs, through the REST API with their own token."""
-
-    def __init__(self, hub: Hub, user: str) -> None:
-        self.hub, self.user = hub, user
-        r = hub.api("POST", f"/users/{user}/tokens", json={"expires_in": 3600, "note": "jobs"})
-        assert r.status_code == 201, r.text
-        self.token = r.json()["token"]
-
-    def submit(self, **spec) -> dict:
-        r = self.hub.api("POST", f"/gpulab/users/{self.user}/jobs", token=self.token, json=spec)
-        assert r.status_code == 201, r.text
-        return r.json()
-
-    def get(self, job_id: int) -> dict:
-        r = self.hub.api("GET", f"/gpulab/users/{self.user}/jobs/{job_id}", token=self.token)
-        assert r.status_code == 200, r.text
-        return r.json()
+class Jobs(jobs_helpers.Jobs):
+    """A user's jobs, and the hub's cancel of everyone's after a test."""
 
     def cancel_all(self) -> None:
         for j in self.hub.api("GET", "/gpulab/admin/jobs").json().get("jobs", []):
