@@ -14,10 +14,12 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
 from decimal import Decimal
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -645,3 +647,28 @@ def browser_log_in(page, hub: Hub, name: str, password: str, timeout: float = 90
     page.fill("input[name=password]", password)
     page.press("input[name=password]", "Enter")
     page.wait_for_url(lambda url: "/hub/login" not in url, timeout=timeout)
+
+
+class Receiver:
+    """A real HTTP server on loopback that records webhook deliveries."""
+
+    def __init__(self) -> None:
+        self.deliveries: list[tuple[dict, bytes]] = []
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                receiver.deliveries.append((dict(self.headers), body))
+                self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()

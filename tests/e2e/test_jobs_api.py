@@ -11,12 +11,10 @@ import hashlib
 import hmac
 import json
 import os
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from harness import PASSWORD, Hub, WebSession, approved_user, wait_for
+from harness import PASSWORD, Hub, Receiver, WebSession, approved_user, wait_for
 from jobs_helpers import Jobs, cli, job_servers
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="job servers run as users' accounts")
@@ -203,25 +201,11 @@ def test_the_owner_is_told_when_a_job_ends(hub: Hub) -> None:
     """Issue 26, Jobs: notified on end: the user's own webhook gets a signed job-succeeded and a
     job-failed event (X-Gpulab-Event, HMAC with their webhook secret), and the home page's
     notices say how each job ended."""
-    deliveries: list[tuple[dict, bytes]] = []
-
-    class Hook(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            deliveries.append(
-                (dict(self.headers), self.rfile.read(int(self.headers["Content-Length"])))
-            )
-            self.send_response(204)
-            self.end_headers()
-
-        def log_message(self, *args) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Hook)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    receiver = Receiver()
     try:
         user = hub.create_user()
         jobs = Jobs(hub, user)
-        url = f"http://127.0.0.1:{server.server_address[1]}/hook"
+        url = receiver.url
         r = hub.api(
             "PUT", f"/gpulab/spot/settings/{user}", token=jobs.token, json={"webhook_url": url}
         )
@@ -234,7 +218,7 @@ def test_the_owner_is_told_when_a_job_ends(hub: Hub) -> None:
 
         def events() -> dict | None:
             got = {}
-            for headers, body in deliveries:
+            for headers, body in receiver.deliveries:
                 data = json.loads(body)
                 got[data["job"]["id"]] = (headers, body, data)
             return got if {good["id"], bad["id"]} <= set(got) else None
@@ -251,7 +235,7 @@ def test_the_owner_is_told_when_a_job_ends(hub: Hub) -> None:
             assert headers["X-Gpulab-Signature"] == sign
         assert got[bad["id"]][2]["job"]["exit_code"] == 5
     finally:
-        server.shutdown()
+        receiver.close()
     r = hub.api("GET", f"/gpulab/users/{user}/notices")
     texts = [n["message"] for n in r.json()["notices"] if n["kind"] == "job"]
     assert f"Job {good['id']} succeeded." in texts, texts

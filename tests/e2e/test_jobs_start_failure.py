@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import json
 import os
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 from conftest import require
-from harness import ConfigFileHub, wait_for
+from harness import ConfigFileHub, Receiver, wait_for
 from jobs_helpers import Jobs, job_servers
 
 MARKER = "gpulab-test-refuse-start"
@@ -85,23 +83,15 @@ def test_a_refused_start_fails_the_job_once_with_its_error(hub: ConfigFileHub) -
     exactly once: one attempt, ended ``start_failed``, its note and the job's reason carrying the
     start's own error; it is not requeued nor run again, and no job server is left. Failed on the
     code before 83899bb (the attempt ended a second time as ``lost`` and the job was queued)."""
-    deliveries: list[dict] = []
+    receiver = Receiver()
 
-    class Hook(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            deliveries.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-            self.send_response(204)
-            self.end_headers()
+    def deliveries() -> list[dict]:
+        return [json.loads(body) for _, body in receiver.deliveries]
 
-        def log_message(self, *args) -> None:
-            pass
-
-    receiver = ThreadingHTTPServer(("127.0.0.1", 0), Hook)
-    threading.Thread(target=receiver.serve_forever, daemon=True).start()
     try:
         user = hub.create_user()
         jobs = Jobs(hub, user)
-        url = f"http://127.0.0.1:{receiver.server_address[1]}/hook"
+        url = receiver.url
         r = hub.api(
             "PUT", f"/gpulab/spot/settings/{user}", token=jobs.token, json={"webhook_url": url}
         )
@@ -116,15 +106,14 @@ def test_a_refused_start_fails_the_job_once_with_its_error(hub: ConfigFileHub) -
         assert jobs.wait_state(later["id"], "succeeded", "failed")["state"] == "succeeded"
         assert "later-job-ran" in jobs.log(later["id"])
         wait_for(
-            lambda: any(d["job"]["id"] == later["id"] for d in deliveries),
+            lambda: any(d["job"]["id"] == later["id"] for d in deliveries()),
             30,
             0.2,
             "the later job's webhook",
         )
         wait_for(lambda: not job_servers(hub, user), 30, what="the job servers to be gone")
     finally:
-        receiver.shutdown()
-        receiver.server_close()
+        receiver.close()
 
     job = jobs.get(refused["id"])
     assert job["state"] == "failed", job
@@ -138,7 +127,7 @@ def test_a_refused_start_fails_the_job_once_with_its_error(hub: ConfigFileHub) -
     assert f"echo {MARKER}" not in jobs.log(refused["id"])
     # The owner is told once that it failed: one webhook, one notice (the old code announced
     # each of its ends).
-    told = [d["event"] for d in deliveries if d["job"]["id"] == refused["id"]]
+    told = [d["event"] for d in deliveries() if d["job"]["id"] == refused["id"]]
     assert told == ["job-failed"], told
     r = hub.api("GET", f"/gpulab/users/{user}/notices")
     assert r.status_code == 200, r.text

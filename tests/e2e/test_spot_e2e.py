@@ -10,16 +10,14 @@ import hashlib
 import hmac
 import json
 import re
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from harness import PASSWORD, Hub, WebSession, approved_user, browser_log_in, wait_for
+from harness import PASSWORD, Hub, Receiver, WebSession, approved_user, browser_log_in, wait_for
 
 from gpulab.catalog.price_history import price_at
 
@@ -73,31 +71,6 @@ def preemptions(hub: Hub, user: str) -> list[dict]:
     r = hub.api("GET", "/gpulab/spot/preemptions")
     assert r.status_code == 200, r.text
     return [p for p in r.json()["preemptions"] if p["user"] == user]
-
-
-class Receiver:
-    """A real HTTP server on loopback that records webhook deliveries."""
-
-    def __init__(self) -> None:
-        self.deliveries: list[tuple[dict, bytes]] = []
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                receiver.deliveries.append((dict(self.headers), body))
-                self.send_response(204)
-                self.end_headers()
-
-            def log_message(self, *args) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
 
 
 @pytest.fixture
