@@ -539,14 +539,15 @@ class JobScheduler(SingletonConfigurable):
         self.spawn_task(self._start_attempt(job.id, decision))
 
     async def _start_attempt(self, job_id: int, decision: Decision) -> None:
-        # A start that fails ends its attempt, but only after this task's busy mark is gone: the
-        # end task sets its own (clearing it here afterwards let a second pass end it again).
-        failed: dict[str, Any] | None = None
+        # A start that fails (or whose command already ended) ends its attempt, but only after
+        # this task's busy mark is gone: the end task sets its own (clearing it here afterwards
+        # let a second pass end it again).
+        ended: dict[str, Any] | None = None
         try:
             job = self.store.get(job_id)
             attempt = job.attempt
             if job.spec.nodes > 1:
-                failed = await self._start_gang(job, attempt, decision)
+                ended = await self._start_gang(job, attempt, decision)
                 return
             self.make_launch(job, attempt, 0)
             code, body = await self.start_rank(job, 0)
@@ -559,16 +560,24 @@ class JobScheduler(SingletonConfigurable):
             elif code in RETRY_STATUSES:
                 self._back_to_queue(job, message, time.time())
             elif code >= 300 or code == 0:
+                exited = await _exit_status(self.spawner_of(job, attempt.servers[0]), job, 0)
+                if exited is not None:
+                    # The command ran and ended before the hub saw its server answer; JupyterHub
+                    # then calls the spawn failed ("Spawner failed to start [status=0]", after
+                    # its slow_spawn_timeout on a busy hub): the job's end is its own exit.
+                    self.log.info("Job %s exited (%s) while the hub started it", job_id, exited)
+                    ended = {"exit_codes": [exited]}
+                    return
                 self.log.warning("Job %s could not start: %s %s", job_id, code, message)
-                failed = {"start_error": message or f"HTTP {code}"}
+                ended = {"start_error": message or f"HTTP {code}"}
                 return
             self.log.info("Job %s of %s starting (attempt %s)", job.id, job.owner, attempt.n)
         except Exception:
             self.log.exception("Starting job %s failed", job_id)
         finally:
             self._busy.discard(job_id)
-            if failed is not None:
-                self._begin_end(self.store.get(job_id), failed)
+            if ended is not None:
+                self._begin_end(self.store.get(job_id), ended)
             self.wake()
 
     async def _start_gang(

@@ -289,7 +289,8 @@ def test_a_users_jobs_over_the_limit_wait_and_say_why(hub: Hub) -> None:
     assert waiting["state"] == "queued", waiting
     assert "you have 2 jobs running (the limit is 2 at once)" in waiting["reason"], waiting
     own = theirs.submit(command="echo theirs", gpu="none", gpus=0)
-    assert theirs.wait_state(own["id"], "succeeded", "failed")["state"] == "succeeded"
+    theirs_done = theirs.wait_state(own["id"], "succeeded", "failed")
+    assert theirs_done["state"] == "succeeded", theirs_done
     assert jobs.get(third["id"])["state"] == "queued"
     done = jobs.wait_state(third["id"], "succeeded", "failed", timeout=60)
     assert done["state"] == "succeeded", done
