@@ -535,8 +535,13 @@ class BillingService(Application):
         stop.set()
 
     def start(self) -> None:
-        Path(self.pid_file).parent.mkdir(parents=True, exist_ok=True)
-        Path(self.pid_file).write_text(str(os.getpid()))
+        # Written whole (a temporary file renamed over it): whoever reads it while a restarted
+        # service is starting sees the old id or the new one, never an empty file.
+        pid_file = Path(self.pid_file)
+        pid_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = pid_file.with_name(f".{pid_file.name}.{os.getpid()}")
+        tmp.write_text(str(os.getpid()))
+        os.replace(tmp, pid_file)
         url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10101"))
         asyncio.run(self._serve(url.hostname or "127.0.0.1", url.port or 80))
 
