@@ -43,6 +43,7 @@ from gpulab.spawners.local import accounts, exchange, serverlog
 from gpulab.spawners.local.checkpoint import run_checkpoint
 from gpulab.spawners.local.forkserver import ForkServerClient
 from gpulab.spawners.local.isolation import LocalIsolationMixin
+from gpulab.spawners.local.ports import PortTaken, held_by_another
 from gpulab.spawners.local.sandbox import Sandbox
 from gpulab.spawners.mixin import GpuSpawnerMixin, SpawnError
 from gpulab.spawners.node.pool import GpuPool
@@ -65,6 +66,8 @@ _FORKSERVERS: dict[str, ForkServerClient] = {}
 # server runs no shell (`shell_cmd`) and is no Popen (`popen_kwargs`). With either set, servers
 # start with Popen.
 FORK_EXCLUDES = ("shell_cmd", "popen_kwargs")
+# Starts of one server, each on another free port, when another process took the one chosen.
+PORT_TRIES = 3
 
 
 def forkserver_for(pool: GpuPool) -> ForkServerClient:
@@ -435,6 +438,27 @@ class GpuLocalSpawner(LocalIsolationMixin, GpuSpawnerMixin, LocalProcessSpawner)
         else:
             mode = "symlink"
 
+        # An operator's fixed port is kept (no other try); else a free one is chosen per try.
+        fixed = any(
+            c.__name__ in self.config and "port" in self.config[c.__name__]
+            for c in type(self).mro()
+        )
+        for tries_left in reversed(range(PORT_TRIES)):
+            try:
+                return await self._launch_on_a_port(request, home, mounts, mode)
+            except PortTaken as e:
+                # Another process of the host took the free port chosen for this server before
+                # the server bound it: this try is ended, the next one gets another port.
+                self.log.warning("%s: %s", self.owner, e)
+                await asyncio.to_thread(self.sandbox.kill_all, self.pid or None)
+                if fixed or not tries_left:
+                    raise SpawnError(503, f"{e}; try starting it again") from None
+                self.port = 0
+        raise AssertionError("unreachable")
+
+    async def _launch_on_a_port(
+        self, request: SpawnRequest, home: Path, mounts: list[list[str]], mode: str
+    ) -> tuple[str, int]:
         sandbox = await asyncio.to_thread(self._make_sandbox, home)
         usage = getattr(self, "_home_usage", None)
         if usage is not None:
@@ -659,6 +683,8 @@ class GpuLocalSpawner(LocalIsolationMixin, GpuSpawnerMixin, LocalProcessSpawner)
         while time.monotonic() < deadline:
             code = self._exit_code()
             if code is not None:
+                if any("already in use" in line for line in self.log_tail()):
+                    raise PortTaken(f"port {self.port} was in use when the server bound it")
                 raise SpawnError(500, self._early_exit_message(code))
             try:
                 _, writer = await asyncio.open_connection(host, self.port)
@@ -666,6 +692,8 @@ class GpuLocalSpawner(LocalIsolationMixin, GpuSpawnerMixin, LocalProcessSpawner)
                 await asyncio.sleep(self.ready_poll_interval)
                 continue
             writer.close()
+            if self.pid and await asyncio.to_thread(held_by_another, self.port, self.pid):
+                raise PortTaken(f"port {self.port} is another process's, not the server's")
             return
         raise SpawnError(500, f"Server did not listen on port {self.port} in {self.start_timeout}s")
 
