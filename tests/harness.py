@@ -496,7 +496,9 @@ class Kernel:
         self.base = hub.user_url(user, "api")
         self.headers = {"Authorization": f"token {hub.token}"}
         r = requests.post(f"{self.base}/kernels", headers=self.headers, json={}, timeout=60)
-        r.raise_for_status()
+        # Who answered, and whether the hub still has the server: a 403 with "_xsrf" is the hub's
+        # own (no route to a server), any other the server's or whatever holds its port.
+        assert r.status_code == 201, (r.status_code, r.text[:500], hub.server(user))
         self.id = r.json()["id"]
         ws_url = self.base.replace("http://", "ws://") + f"/kernels/{self.id}/channels"
         self.session = uuid.uuid4().hex

@@ -152,7 +152,12 @@ def test_the_families_are_the_statements_and_the_ledger(mhub, billing, muser) ->
     mhub.stop_server(muser)
     mhub.stop_server(other)
 
+    seen: list[dict] = []
+
     def agreed():
+        # Settled: the same money in two reads a heartbeat apart (a stopped server's last
+        # observed sample is charged when it arrives, up to a heartbeat after the stop; CI, stop
+        # 31), and the metric equal to the statements read between two scrapes that agree.
         before = scrape(billing)
         sums, usages = statements_by_series(billing)
         after = scrape(billing)
@@ -160,9 +165,13 @@ def test_the_families_are_the_statements_and_the_ledger(mhub, billing, muser) ->
         if before["gpulab_billing_revenue_total"] != revenue:
             return None  # still being charged
         got = {k: Decimal(str(v)) for k, v in revenue.items() if v}
-        return (after, usages) if got == {k: v for k, v in sums.items() if v} else None
+        if got != {k: v for k, v in sums.items() if v}:
+            return None
+        settled = seen[-1:] == [got]
+        seen.append(got)
+        return (after, usages) if settled else None
 
-    found, usages = wait_for(agreed, 60, 1, "the revenue metric to equal the statements")
+    found, usages = wait_for(agreed, 60, HB + 0.5, "the revenue metric to equal the statements")
     revenue = found["gpulab_billing_revenue_total"]
     a100 = (("course", ""), ("pricing", "on_demand"), ("type", "a100-80g"))
     none = (("course", ""), ("pricing", "on_demand"), ("type", "none"))
@@ -219,14 +228,21 @@ def test_the_families_are_the_statements_and_the_ledger(mhub, billing, muser) ->
     assert ingest[(("source", "event"),)] == stored.get(False, 0) > 0
     assert found["gpulab_billing_ingest_latency_seconds_count"][()] > 0
 
-    # The console's money: today's revenue and each user's total are the statements'.
-    report = billing.get("api/admin/revenue", params={"days": "1"}).json()
+    # The console's money: today's revenue and each user's total are the statements', read
+    # between two reports that agree.
+    def console():
+        first = billing.get("api/admin/revenue", params={"days": "1"}).json()
+        _, now = statements_by_series(billing)
+        report = billing.get("api/admin/revenue", params={"days": "1"}).json()
+        return (report, now) if report["by_user"] == first["by_user"] else None
+
+    report, usages = wait_for(console, 30, 0.5, "a revenue report between two that agree")
     by_user = {u["user"]: Decimal(u["total"]["exact"]) for u in report["by_user"]}
     for name in (muser, other):
         usage = usages[name]
         assert by_user[name] == Decimal(usage["total"]["amount"]["exact"]) + Decimal(
             usage["storage"]["total"]["exact"]
-        )
+        ), (name, report["by_user"], usage["total"])
     assert any(
         c["account"] == f"user:{other}" and c["kind"] == "credit" and c["amount"]["exact"] == "3"
         for c in report["credits"]
