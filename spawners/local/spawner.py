@@ -694,6 +694,8 @@ class GpuLocalSpawner(LocalIsolationMixin, GpuSpawnerMixin, LocalProcessSpawner)
             writer.close()
             if self.pid and await asyncio.to_thread(held_by_another, self.port, self.pid):
                 raise PortTaken(f"port {self.port} is another process's, not the server's")
+            if self._exit_code() is not None:
+                continue  # it answered, but the server is gone: the loop's first check says why
             return
         raise SpawnError(500, f"Server did not listen on port {self.port} in {self.start_timeout}s")
 
