@@ -15,13 +15,12 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
 import sys
 import time
 
 import pytest
 from harness import REPO, Hub, wait_for
-from jobs_helpers import Jobs
+from jobs_helpers import Jobs, run_reference
 
 WARNING = 4
 SCRIPT = REPO / "tests" / "job_scripts" / "train.py"
@@ -53,15 +52,9 @@ def reference_loss(tmp_path_factory) -> str:
     cwd = tmp_path_factory.mktemp("reference")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GPULAB_", "WORLD_SIZE"))}
     env["GPULAB_CHECKPOINT_DIR"] = str(cwd / "checkpoints")
-    out = subprocess.run(
-        [sys.executable, str(SCRIPT), *ARGS.replace("--sleep 0.2", "").split()],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    ).stdout
+    out = run_reference(
+        [sys.executable, str(SCRIPT), *ARGS.replace("--sleep 0.2", "").split()], cwd, env
+    )
     return FINAL_RE.findall(out)[-1]
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from harness import REPO, Hub, wait_for
+from jobs_helpers import run_reference
 from swarm_helpers import (
     SwarmCluster,
     remove_hub_services,
@@ -70,19 +71,16 @@ def reference_loss(tmp_path_factory) -> bytes:
     """The final loss of the same training, two processes, never interrupted, run here."""
     work = Path(tmp_path_factory.mktemp("ddp-reference"))
     env = {**os.environ, "GPULAB_CHECKPOINT_DIR": str(work / "ckpt"), "GPULAB_RESUME": ""}
-    out = subprocess.run(
+    out = run_reference(
         [
             *(sys.executable, "-m", "torch.distributed.run", "--standalone"),
             *("--nproc-per-node", "2", str(TRAIN)),
             *f"--steps {STEPS} --ckpt-every {EVERY}".split(),
         ],
-        capture_output=True,
-        env=env,
-        cwd=work,
-        timeout=240,
+        work,
+        env,
     )
-    assert out.returncode == 0, out.stderr[-2000:]
-    return FINAL.findall(out.stdout)[-1]
+    return FINAL.findall(out.encode())[-1]
 
 
 def user_with_script(hub: Hub, homes: Path) -> tuple[str, str]:
