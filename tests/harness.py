@@ -172,6 +172,28 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def run_whole(
+    args: list[str], *, timeout: float, what: str, **popen: Any
+) -> subprocess.CompletedProcess:
+    """Run ``args`` to its end in a process group of its own (text output, as ``popen`` asks).
+    ``timeout`` is a guard, not a speed check: past it the whole group is killed and the test
+    fails with the output so far. Whatever of the group outlives it goes too (torchrun's ranks,
+    a mock hub's proxy): a test leaves no process behind."""
+    proc = subprocess.Popen(args, text=True, start_new_session=True, **popen)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        raise AssertionError(f"{what} did not end in {timeout} s:\n{(out or '')[-5000:]}") from None
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return subprocess.CompletedProcess(args, proc.returncode, out, err)
+
+
 def wait_for(predicate, timeout: float = 30, interval: float = 0.1, what: str = "condition"):
     deadline = time.monotonic() + timeout
     while True:

@@ -4,10 +4,9 @@ servers a user has, and the ``gpulab jobs`` CLI run against a test hub."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 
-from harness import REPO, VENV_BIN, Hub, wait_for
+from harness import REPO, VENV_BIN, Hub, run_whole, wait_for
 
 
 class Jobs:
@@ -68,30 +67,16 @@ def cli(hub: Hub, token: str, *args: str, timeout: float = 120) -> subprocess.Co
 
 
 def run_reference(args: list[str], cwd, env: dict[str, str], timeout: float = 900) -> str:
-    """Run an uninterrupted reference training to its end; its stdout. The whole process group
-    goes when it does not end in ``timeout`` (a guard, not a speed check: on 2 loaded cores a
-    40-step gloo run took over 240 s), so no trainer is left behind (torchrun's ranks too)."""
-    proc = subprocess.Popen(
+    """Run an uninterrupted reference training to its end; its stdout. The guard is generous
+    (on 2 loaded cores a 40-step gloo run took over 240 s); its ranks never outlive it."""
+    out = run_whole(
         args,
+        timeout=timeout,
+        what="the reference training",
         cwd=cwd,
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
     )
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        raise AssertionError(
-            f"the reference run did not end in {timeout}s: {out[-1000:]}"
-        ) from None
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # whatever of it is left
-        except ProcessLookupError:
-            pass
-    assert proc.returncode == 0, err[-2000:]
-    return out
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout

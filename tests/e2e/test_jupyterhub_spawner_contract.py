@@ -23,7 +23,6 @@ import json
 import os
 import re
 import shlex
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -31,7 +30,7 @@ from pathlib import Path
 import jupyterhub
 import pytest
 from conftest import require
-from harness import REPO, passable_for_accounts
+from harness import REPO, passable_for_accounts, run_whole
 
 from gpulab.spawners.local.spawner import GpuLocalSpawner
 from gpulab.spawners.node.pool import GpuPool
@@ -92,7 +91,7 @@ def run_jupyterhub_tests(tmp_path: Path, name: str, **env: str) -> tuple[int, st
         **env,
     }
     full_env.pop("SSL_ENABLED", None)
-    proc = subprocess.Popen(
+    done = run_whole(
         [
             sys.executable,
             "-m",
@@ -111,21 +110,14 @@ def run_jupyterhub_tests(tmp_path: Path, name: str, **env: str) -> tuple[int, st
             "-q",
             str(JUPYTERHUB_TESTS / "test_spawner.py"),
         ],
+        timeout=270,
+        what="JupyterHub's spawner tests",
         cwd=work,
         env=full_env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
-        text=True,
-        # Its own process group: a run cut off at its limit takes its mock hubs' proxies along.
-        start_new_session=True,
     )
-    try:
-        output, _ = proc.communicate(timeout=270)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-        pytest.fail(f"JupyterHub's spawner tests did not finish in 270 s:\n{output[-5000:]}")
-    return proc.returncode, output
+    return done.returncode, done.stdout
 
 
 def counts(output: str) -> dict[str, int]:
