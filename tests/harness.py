@@ -664,6 +664,16 @@ def approve(hub: Hub, name: str) -> None:
     assert r.ok, (r.status_code, r.text[-2000:])
 
 
+def show_panel(page: Any, panel_id: str, timeout: float = SLOW) -> None:
+    """Open JupyterLab's sidebar panel ``panel_id`` (its tab's ``data-id``). A click on a tab
+    toggles its panel, and a reloaded JupyterLab restores the panels that were open (after a
+    switch, the one just used): click only when it is not the current one."""
+    tab = page.locator(f'.lm-TabBar-tab[data-id="{panel_id}"]')
+    if "lm-mod-current" not in (tab.get_attribute("class", timeout=timeout) or "").split():
+        tab.click()
+    page.locator(f"#{panel_id}").wait_for(state="visible", timeout=timeout)
+
+
 def browser_log_in(page, hub: Hub, name: str, password: str, timeout: float = 90_000) -> None:
     """Log in through the hub's own form in a Playwright page, as a person would."""
     page.goto(f"{hub.url}/hub/login")

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from harness import PASSWORD, REPO, SLOW, Hub, approved_user, browser_log_in
+from harness import PASSWORD, REPO, SLOW, Hub, approved_user, browser_log_in, show_panel
 
 SHOTS = REPO / "artifacts" / "screenshots"
 # Nothing here is a timed assert: SLOW (harness) is how long JupyterLab may take to load.
@@ -101,7 +101,7 @@ def test_status_bar_toggle_and_datasets_in_the_browser(hub: Hub, renter: str, br
             timeout=SLOW,
         )
         # GPU panel: the simulated state, said clearly.
-        page.locator('.lm-TabBar-tab[data-id="gpulab-gpus"]').click()
+        show_panel(page, "gpulab-gpus")
         page.locator("#gpulab-gpus").get_by_text("these GPUs are simulated").wait_for(timeout=SLOW)
         shot(page, "01-gpu-session")
 
@@ -113,7 +113,7 @@ def test_status_bar_toggle_and_datasets_in_the_browser(hub: Hub, renter: str, br
         page.keyboard.press("Escape")
 
         # An open document with unsaved changes: the switch must save it first.
-        page.locator('.lm-TabBar-tab[data-id="filebrowser"]').click()
+        show_panel(page, "filebrowser")
         page.locator(".jp-DirListing-itemText", has_text="train.py").dblclick()
         editor = page.locator(".jp-FileEditor .cm-content")
         editor.click()
@@ -126,7 +126,7 @@ def test_status_bar_toggle_and_datasets_in_the_browser(hub: Hub, renter: str, br
         to_cpu = confirm_switch(page, "CNY 2.10/h → CNY 0.09/h", "02-confirm-no-gpu")
         wait_mode(page, "No GPU")
         assert "CNY 0.09/h" in page.locator("#gpulab-status").inner_text()
-        page.locator('.lm-TabBar-tab[data-id="gpulab-gpus"]').click()
+        show_panel(page, "gpulab-gpus")
         page.locator("#gpulab-gpus").get_by_text("No GPU in this mode").wait_for(timeout=SLOW)
         shot(page, "03-no-gpu-after-switch")
         saved = 'print("epoch 1")\n# epoch 2 unsaved'
@@ -155,13 +155,13 @@ def test_status_bar_toggle_and_datasets_in_the_browser(hub: Hub, renter: str, br
             assert env.strip() == uuids[0]
 
         # ---- mount a dataset from the Datasets panel -------------------------------------------
-        page.locator('.lm-TabBar-tab[data-id="gpulab-datasets"]').click()
+        show_panel(page, "gpulab-datasets")
         card = page.locator('.jp-gpulab-dataset[data-slug="sklearn-toy"]')
         card.wait_for(timeout=SLOW)
         assert "not mounted" in card.inner_text() and "BSD-3-Clause" in card.inner_text()
         card.locator(".jp-gpulab-mount").click()
         mount = confirm_switch(page, "The price stays CNY 2.10/h.")
-        page.locator('.lm-TabBar-tab[data-id="gpulab-datasets"]').click()
+        show_panel(page, "gpulab-datasets")
         card = page.locator('.jp-gpulab-dataset[data-slug="sklearn-toy"]')
         card.locator(".jp-gpulab-mounted").wait_for(timeout=SLOW)
         shot(page, "05-datasets-panel")
