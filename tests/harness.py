@@ -28,6 +28,7 @@ import requests
 import websocket
 
 from gpulab.hub_config.origin import user_label
+from gpulab.spawners.node.procs import process_env
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
@@ -172,26 +173,39 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+RUN_WHOLE_ENV = "GPULAB_RUN_WHOLE"
+
+
 def run_whole(
     args: list[str], *, timeout: float, what: str, **popen: Any
 ) -> subprocess.CompletedProcess:
-    """Run ``args`` to its end in a process group of its own (text output, as ``popen`` asks).
-    ``timeout`` is a guard, not a speed check: past it the whole group is killed and the test
-    fails with the output so far. Whatever of the group outlives it goes too (torchrun's ranks,
-    a mock hub's proxy): a test leaves no process behind."""
-    proc = subprocess.Popen(args, text=True, start_new_session=True, **popen)
+    """Run ``args`` to its end (text output, as ``popen`` asks). ``timeout`` is a guard, not a
+    speed check: past it everything the command started is killed and the test fails with the
+    output so far. Whatever it started that outlives it goes too, found by a marker in its
+    environment: a process group is not enough (torchrun starts each rank in a session of its
+    own, and a rank left by a dead torchrun is init's child). A test leaves no process behind."""
+    marker = uuid.uuid4().hex
+    env = {**(popen.pop("env", None) or os.environ), RUN_WHOLE_ENV: marker}
+    proc = subprocess.Popen(args, text=True, start_new_session=True, env=env, **popen)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        _kill_marked(marker)
         out, _ = proc.communicate()
         raise AssertionError(f"{what} did not end in {timeout} s:\n{(out or '')[-5000:]}") from None
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        _kill_marked(marker)
     return subprocess.CompletedProcess(args, proc.returncode, out, err)
+
+
+def _kill_marked(marker: str) -> None:
+    """SIGKILL every process whose environment carries ``marker`` (``run_whole``'s)."""
+    for pid in [int(p) for p in os.listdir("/proc") if p.isdigit()]:
+        if process_env(pid, (RUN_WHOLE_ENV,)).get(RUN_WHOLE_ENV) == marker:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def wait_for(predicate, timeout: float = 30, interval: float = 0.1, what: str = "condition"):
@@ -662,6 +676,16 @@ def approve(hub: Hub, name: str) -> None:
     the XSRF token (a GET changes nothing: hub_config/signup_handlers.py)."""
     r = admin_web(hub).post(f"/hub/authorize/{name}", {"authorized": "1"})
     assert r.ok, (r.status_code, r.text[-2000:])
+
+
+# Console errors a page gets from the host, not from gpulab: Chromium fails the loads in flight
+# when the host's network changes (another test's Swarm fixture adding veths and bridges).
+HOST_NETWORK_ERRORS = ("net::ERR_NETWORK_CHANGED",)
+
+
+def page_error(message: Any) -> bool:
+    """Whether a Playwright console message is an error of the page's own (not the host's)."""
+    return message.type == "error" and not any(e in message.text for e in HOST_NETWORK_ERRORS)
 
 
 def show_panel(page: Any, panel_id: str, timeout: float = SLOW) -> None:

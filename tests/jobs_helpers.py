@@ -66,7 +66,7 @@ def cli(hub: Hub, token: str, *args: str, timeout: float = 120) -> subprocess.Co
     )
 
 
-def run_reference(args: list[str], cwd, env: dict[str, str], timeout: float = 900) -> str:
+def run_reference(args: list[str], cwd, env: dict[str, str], timeout: float = 600) -> str:
     """Run an uninterrupted reference training to its end; its stdout. The guard is generous
     (on 2 loaded cores a 40-step gloo run took over 240 s); its ranks never outlive it."""
     out = run_whole(

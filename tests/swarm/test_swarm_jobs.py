@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from harness import REPO, Hub, wait_for
+from harness import REPO, Hub, free_port, wait_for
 from jobs_helpers import run_reference
 from swarm_helpers import (
     SwarmCluster,
@@ -71,9 +71,13 @@ def reference_loss(tmp_path_factory) -> bytes:
     """The final loss of the same training, two processes, never interrupted, run here."""
     work = Path(tmp_path_factory.mktemp("ddp-reference"))
     env = {**os.environ, "GPULAB_CHECKPOINT_DIR": str(work / "ckpt"), "GPULAB_RESUME": ""}
+    # torchrun's static rendezvous on a port of this worker's own (harness.free_port: below the
+    # kernel's ephemeral range), not --standalone's: a port it picks free and binds a moment
+    # later can be taken meanwhile on a busy machine, and a rank then waits for ever.
     out = run_reference(
         [
-            *(sys.executable, "-m", "torch.distributed.run", "--standalone"),
+            *(sys.executable, "-m", "torch.distributed.run", "--nnodes", "1"),
+            *("--master-addr", "127.0.0.1", "--master-port", str(free_port())),
             *("--nproc-per-node", "2", str(TRAIN)),
             *f"--steps {STEPS} --ckpt-every {EVERY}".split(),
         ],
@@ -123,6 +127,7 @@ def rank_services(cluster: SwarmCluster, job_id: int) -> list[dict]:
     ]
 
 
+@pytest.mark.timeout(900)  # with its reference training, run first (a module fixture)
 def test_ddp_over_two_nodes_survives_a_node_failure(
     jhub: Hub, swarm_cluster: SwarmCluster, homes: Path, reference_loss: bytes
 ) -> None:
