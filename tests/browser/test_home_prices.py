@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 from course_helpers import make_course, token_for
-from harness import FAST_BILLING_ENV, PASSWORD, SLOW, Hub, approved_user, browser_log_in
+from harness import FAST_BILLING_ENV, PASSWORD, SLOW, Hub, approved_user, browser_log_in, page_error
 
 SHOTS = os.environ.get("GPULAB_SCREENSHOTS")
 LAB = '.gpulab-app-tile[data-app="jupyterlab"]'
@@ -50,7 +50,7 @@ def open_home(browser, hub: Hub, name: str):
     context = browser.new_context(viewport={"width": 1280, "height": 1000})
     page = context.new_page()
     errors: list[str] = []
-    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("console", lambda m: errors.append(m.text) if page_error(m) else None)
     browser_log_in(page, hub, name, PASSWORD, timeout=SLOW)
     page.goto(f"{hub.url}/hub/home")
     page.locator(f"{LAB} .gpulab-plan").wait_for(timeout=SLOW)

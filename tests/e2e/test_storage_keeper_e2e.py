@@ -10,6 +10,7 @@ code before part F: no home was ever warned about or released (no keeper).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -198,8 +199,10 @@ def test_a_sigkill_mid_release_spares_a_running_users_home(hub_factory, tmp_path
         fresh = write_in_home(home(hub, alice), "new.txt", "alice again")
     finally:
         for trash in (hub.data_dir / "users").glob(trash_glob):
-            for p in trash.rglob("stuck.txt"):
-                subprocess.run(["chattr", "-i", str(p)], check=False)
+            # os.walk, not rglob: the resumed release may be deleting this folder meanwhile.
+            for folder, _, files in os.walk(trash):
+                if "stuck.txt" in files:
+                    subprocess.run(["chattr", "-i", os.path.join(folder, "stuck.txt")], check=False)
         if stuck.exists():
             subprocess.run(["chattr", "-i", str(stuck)], check=False)
     wait_for(lambda: not list((hub.data_dir / "users").glob(trash_glob)), 60, what="the purge")
