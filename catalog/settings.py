@@ -543,6 +543,7 @@ TABLE: tuple[Setting, ...] = (
             ("GPULAB_SCREENSHOTS", "a folder to keep the browser tests' screenshots"),
             ("GPULAB_PG_BIN", "PostgreSQL's bin folder"),
             ("GPULAB_TEST_SESSION", "marks what one test session started (leftover checks)"),
+            ("GPULAB_RUN_WHOLE", "marks what one command a test runs whole started (run_whole)"),
             ("GPULAB_CONTRACT_WAIT", "JupyterHub's spawner contract tests: wait_until_listening"),
             ("GPULAB_CONTRACT_ONLY", "JupyterHub's spawner contract tests: the only ones to run"),
             ("GPULAB_CONTRACT_DESELECT", "JupyterHub's spawner contract tests: ones left out"),
