@@ -121,6 +121,10 @@ def h100_market(tmp_path):
     config = Config()
     config.GpuPool.data_dir = str(tmp_path)
     config.GpuInventory.simulate_gpus = "H100-80G:1"
+    # No low-price window: the prices below are the day's, whatever the hour the suite runs at
+    # (18:00-09:00 and weekends are low by default; CI may run at night).
+    config.SpotMarket.low_price_windows = []
+    config.SpotMarket.weekends_low = False
     pool = GpuPool.instance(config=config)
     market = SpotMarket.instance(config=config, pool=pool)
     warned: list[tuple[str, str]] = []
